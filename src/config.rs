@@ -1,0 +1,516 @@
+//! TOML configuration (DESIGN.md section 6).
+//!
+//! Loading is two steps: serde parses the file (unknown fields are errors, so a
+//! typo never silently falls back to a default), then [`Config::validate`]
+//! checks the values. Every error names the file and the field.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Default request body limit (Kubernetes uses 3 MiB).
+pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("{file}: field `{field}`: {message}")]
+    Invalid {
+        file: String,
+        field: String,
+        message: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(file: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            file: file.to_string(),
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Address the HTTP API listens on.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    #[serde(default)]
+    pub etcd: EtcdConfig,
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub resources: Vec<ResourceConfig>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdConfig {
+    #[serde(default = "default_endpoints")]
+    pub endpoints: Vec<String>,
+    /// Key prefix: key = {prefix}/{plural}/{ns}/{name}; non-core: {prefix}/{group}/{plural}/...
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// Deadline for every etcd request, in milliseconds.
+    #[serde(default = "default_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+    /// Deadline for establishing a connection, in milliseconds.
+    #[serde(default = "default_dial_timeout_ms")]
+    pub dial_timeout_ms: u64,
+    /// Bounded retries of a GuaranteedUpdate on CAS conflict.
+    #[serde(default = "default_max_update_retries")]
+    pub max_update_retries: u32,
+    /// Window within which writes with a TTL reuse one lease.
+    #[serde(default = "default_lease_reuse_seconds")]
+    pub lease_reuse_seconds: u64,
+    /// Page size of the reflector's initial list.
+    #[serde(default = "default_list_page_size")]
+    pub list_page_size: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ServerConfig {
+    /// Request bodies larger than this get 413.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Concurrent watches beyond this get 429.
+    #[serde(default = "default_max_watches")]
+    pub max_watches: usize,
+    /// Slow clients that do not finish their headers in this time are dropped.
+    #[serde(default = "default_header_read_timeout_ms")]
+    pub header_read_timeout_ms: u64,
+    /// Bound of the consistent-read wait before falling back to etcd.
+    #[serde(default = "default_consistent_read_timeout_ms")]
+    pub consistent_read_timeout_ms: u64,
+    /// Interval of periodic watch bookmarks.
+    #[serde(default = "default_bookmark_interval_ms")]
+    pub bookmark_interval_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ResourceConfig {
+    #[serde(default)]
+    pub group: String,
+    pub version: String,
+    pub kind: String,
+    pub plural: String,
+    #[serde(default)]
+    pub namespaced: bool,
+    /// Field paths usable in fieldSelector and watch routing.
+    #[serde(default)]
+    pub indexes: Vec<String>,
+    #[serde(default = "default_history_capacity")]
+    pub history_capacity: usize,
+    /// Optional override of the etcd key prefix for this resource.
+    #[serde(default)]
+    pub key_prefix: Option<String>,
+    /// Optional TTL: writes attach a (reused) lease.
+    #[serde(default)]
+    pub ttl_seconds: Option<u64>,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:8080".into()
+}
+fn default_endpoints() -> Vec<String> {
+    vec!["http://127.0.0.1:2379".into()]
+}
+fn default_prefix() -> String {
+    "/registry".into()
+}
+fn default_request_timeout_ms() -> u64 {
+    5_000
+}
+fn default_dial_timeout_ms() -> u64 {
+    3_000
+}
+fn default_max_update_retries() -> u32 {
+    100
+}
+fn default_lease_reuse_seconds() -> u64 {
+    60
+}
+fn default_list_page_size() -> i64 {
+    10_000
+}
+fn default_max_body_bytes() -> usize {
+    DEFAULT_MAX_BODY_BYTES
+}
+fn default_max_watches() -> usize {
+    100_000
+}
+fn default_header_read_timeout_ms() -> u64 {
+    10_000
+}
+fn default_consistent_read_timeout_ms() -> u64 {
+    3_000
+}
+fn default_bookmark_interval_ms() -> u64 {
+    60_000
+}
+fn default_history_capacity() -> usize {
+    10_000
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: default_endpoints(),
+            prefix: default_prefix(),
+            request_timeout_ms: default_request_timeout_ms(),
+            dial_timeout_ms: default_dial_timeout_ms(),
+            max_update_retries: default_max_update_retries(),
+            lease_reuse_seconds: default_lease_reuse_seconds(),
+            list_page_size: default_list_page_size(),
+        }
+    }
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            max_body_bytes: default_max_body_bytes(),
+            max_watches: default_max_watches(),
+            header_read_timeout_ms: default_header_read_timeout_ms(),
+            consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
+            bookmark_interval_ms: default_bookmark_interval_ms(),
+        }
+    }
+}
+
+impl EtcdConfig {
+    pub fn request_timeout(&self) -> Duration {
+        Duration::from_millis(self.request_timeout_ms)
+    }
+    pub fn dial_timeout(&self) -> Duration {
+        Duration::from_millis(self.dial_timeout_ms)
+    }
+}
+
+impl ResourceConfig {
+    /// `apiVersion` as written in objects: `v1` for core, `group/version` otherwise.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// Base path of the REST API: `/api/v1` for core, `/apis/{group}/{version}` otherwise.
+    pub fn base_path(&self) -> String {
+        if self.group.is_empty() {
+            format!("/api/{}", self.version)
+        } else {
+            format!("/apis/{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The etcd key prefix of this resource, always ending in `/`.
+    pub fn key_prefix(&self, etcd_prefix: &str) -> String {
+        let mut p = match &self.key_prefix {
+            Some(p) => p.clone(),
+            None => {
+                let base = etcd_prefix.trim_end_matches('/');
+                if self.group.is_empty() {
+                    format!("{base}/{}", self.plural)
+                } else {
+                    format!("{base}/{}/{}", self.group, self.plural)
+                }
+            }
+        };
+        if !p.ends_with('/') {
+            p.push('/');
+        }
+        p
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Config::parse(&text, &file)
+    }
+
+    /// Parses and validates config text; `file` names the source in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_string(),
+            message: parse_message(&e),
+        })?;
+        cfg.validate(file)?;
+        Ok(cfg)
+    }
+
+    /// The example configuration shipped in `config/watchcache.toml` (used by dev mode).
+    pub fn example() -> Config {
+        // The file is part of the crate, so parsing it cannot fail at run time
+        // unless the source tree itself is broken; a unit test guards that.
+        Config::parse(EXAMPLE_CONFIG, "config/watchcache.toml")
+            .unwrap_or_else(|e| panic!("shipped example config is invalid: {e}"))
+    }
+
+    pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
+        self.listen_addr()
+            .map_err(|m| ConfigError::invalid(file, "listen", m))?;
+        if self.etcd.endpoints.is_empty() {
+            return Err(ConfigError::invalid(
+                file,
+                "etcd.endpoints",
+                "at least one endpoint is required",
+            ));
+        }
+        for (i, ep) in self.etcd.endpoints.iter().enumerate() {
+            validate_endpoint(ep)
+                .map_err(|m| ConfigError::invalid(file, format!("etcd.endpoints[{i}]"), m))?;
+        }
+        if !self.etcd.prefix.starts_with('/') {
+            return Err(ConfigError::invalid(
+                file,
+                "etcd.prefix",
+                format!("must start with '/', got {:?}", self.etcd.prefix),
+            ));
+        }
+        if self.etcd.request_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "etcd.request_timeout_ms",
+                "must be greater than 0",
+            ));
+        }
+        if self.etcd.dial_timeout_ms == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "etcd.dial_timeout_ms",
+                "must be greater than 0",
+            ));
+        }
+        if self.etcd.list_page_size <= 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "etcd.list_page_size",
+                "must be greater than 0",
+            ));
+        }
+        if self.server.max_body_bytes == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "server.max_body_bytes",
+                "must be greater than 0",
+            ));
+        }
+        if self.server.max_watches == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "server.max_watches",
+                "must be greater than 0",
+            ));
+        }
+        if self.resources.is_empty() {
+            return Err(ConfigError::invalid(
+                file,
+                "resources",
+                "at least one [[resources]] entry is required",
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (i, r) in self.resources.iter().enumerate() {
+            let at = |f: &str| format!("resources[{i}].{f}");
+            if r.version.is_empty() || !is_dns_label(&r.version) {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("version"),
+                    format!("invalid version {:?}", r.version),
+                ));
+            }
+            if !r.group.is_empty() && !is_dns_subdomain(&r.group) {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("group"),
+                    format!("invalid group {:?}", r.group),
+                ));
+            }
+            if r.kind.is_empty() || !r.kind.chars().all(|c| c.is_ascii_alphanumeric()) {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("kind"),
+                    format!("invalid kind {:?}", r.kind),
+                ));
+            }
+            if !is_dns_label(&r.plural) {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("plural"),
+                    format!(
+                        "invalid plural {:?}: lowercase letters, digits and '-'",
+                        r.plural
+                    ),
+                ));
+            }
+            if !seen.insert((r.group.clone(), r.plural.clone())) {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("plural"),
+                    format!("duplicate resource {:?} in group {:?}", r.plural, r.group),
+                ));
+            }
+            if r.history_capacity == 0 {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("history_capacity"),
+                    "must be greater than 0",
+                ));
+            }
+            for (j, path) in r.indexes.iter().enumerate() {
+                validate_field_path(path).map_err(|m| {
+                    ConfigError::invalid(file, format!("resources[{i}].indexes[{j}]"), m)
+                })?;
+            }
+            if let Some(p) = &r.key_prefix
+                && !p.starts_with('/')
+            {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("key_prefix"),
+                    format!("must start with '/', got {p:?}"),
+                ));
+            }
+            if r.ttl_seconds == Some(0) {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("ttl_seconds"),
+                    "must be greater than 0 when set",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn listen_addr(&self) -> Result<SocketAddr, String> {
+        self.listen
+            .parse::<SocketAddr>()
+            .map_err(|e| format!("invalid address {:?}: {e} (want HOST:PORT)", self.listen))
+    }
+}
+
+/// Path of the example config inside the source tree.
+pub fn example_config_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/watchcache.toml")
+}
+
+const EXAMPLE_CONFIG: &str = include_str!("../config/watchcache.toml");
+
+fn parse_message(e: &toml::de::Error) -> String {
+    // toml's message already names the offending key ("unknown field `x`",
+    // "missing field `kind`") and the line; keep it on one line.
+    let msg = e.message().trim().to_string();
+    match e.span() {
+        Some(span) => format!("{msg} (at byte {})", span.start),
+        None => msg,
+    }
+}
+
+fn validate_endpoint(ep: &str) -> Result<(), String> {
+    let rest = ep
+        .strip_prefix("http://")
+        .or_else(|| ep.strip_prefix("https://"))
+        .ok_or_else(|| format!("invalid endpoint {ep:?}: want http://HOST:PORT"))?;
+    let (host, port) = rest
+        .rsplit_once(':')
+        .ok_or_else(|| format!("invalid endpoint {ep:?}: missing port"))?;
+    if host.is_empty() {
+        return Err(format!("invalid endpoint {ep:?}: missing host"));
+    }
+    port.trim_end_matches('/')
+        .parse::<u16>()
+        .map_err(|_| format!("invalid endpoint {ep:?}: bad port {port:?}"))?;
+    Ok(())
+}
+
+/// An index path is a dotted field path like `spec.nodeName` (segments of
+/// letters, digits, `_` and `-`).
+pub fn validate_field_path(path: &str) -> Result<(), String> {
+    if path.is_empty() {
+        return Err("empty field path".into());
+    }
+    for seg in path.split('.') {
+        if seg.is_empty()
+            || !seg
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(format!(
+                "unparsable field path {path:?}: want dotted segments like spec.nodeName"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// RFC 1123 label: lowercase alphanumerics and '-', starting and ending alphanumeric, max 63.
+pub fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// RFC 1123 subdomain: dot-separated labels, max 253.
+pub fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn example_config_is_valid() {
+        let cfg = Config::example();
+        assert!(cfg.resources.iter().any(|r| r.plural == "pods"));
+        assert!(cfg.resources.iter().any(|r| !r.group.is_empty()));
+    }
+
+    #[test]
+    fn key_prefix_core_and_group() {
+        let cfg = Config::example();
+        let pods = cfg.resources.iter().find(|r| r.plural == "pods").unwrap();
+        assert_eq!(pods.key_prefix("/registry"), "/registry/pods/");
+        let mut dep = pods.clone();
+        dep.group = "apps".into();
+        dep.plural = "deployments".into();
+        assert_eq!(dep.key_prefix("/registry/"), "/registry/apps/deployments/");
+        assert_eq!(dep.api_version(), "apps/v1");
+        assert_eq!(dep.base_path(), "/apis/apps/v1");
+    }
+
+    #[test]
+    fn dns_rules() {
+        assert!(is_dns_label("pods"));
+        assert!(!is_dns_label("Pods"));
+        assert!(!is_dns_label("-a"));
+        assert!(is_dns_subdomain("apps.example.com"));
+        assert!(!is_dns_subdomain("apps..com"));
+    }
+}
