@@ -255,7 +255,7 @@ impl Config {
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
         let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             file: file.to_string(),
-            message: parse_message(&e),
+            message: parse_message(&e, text),
         })?;
         cfg.validate(file)?;
         Ok(cfg)
@@ -419,12 +419,17 @@ pub fn example_config_path() -> PathBuf {
 
 const EXAMPLE_CONFIG: &str = include_str!("../config/watchcache.toml");
 
-fn parse_message(e: &toml::de::Error) -> String {
-    // toml's message already names the offending key ("unknown field `x`",
-    // "missing field `kind`") and the line; keep it on one line.
-    let msg = e.message().trim().to_string();
+fn parse_message(e: &toml::de::Error, text: &str) -> String {
+    // toml's message names unknown and missing keys ("unknown field `x`");
+    // for type errors the key is only in the source line, so quote that line.
+    let msg = e.message().trim().replace('\n', " ");
     match e.span() {
-        Some(span) => format!("{msg} (at byte {})", span.start),
+        Some(span) => {
+            let start = span.start.min(text.len());
+            let line_no = text[..start].matches('\n').count() + 1;
+            let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
+            format!("line {line_no}: `{line}`: {msg}")
+        }
         None => msg,
     }
 }
@@ -512,5 +517,154 @@ mod tests {
         assert!(!is_dns_label("-a"));
         assert!(is_dns_subdomain("apps.example.com"));
         assert!(!is_dns_subdomain("apps..com"));
+    }
+
+    const GOOD: &str = r#"
+listen = "127.0.0.1:8080"
+[etcd]
+endpoints = ["http://127.0.0.1:2379"]
+[[resources]]
+version = "v1"
+kind = "Pod"
+plural = "pods"
+namespaced = true
+indexes = ["spec.nodeName"]
+"#;
+
+    /// Parses `text` and returns the error message, which must name `field`.
+    fn error_naming(text: &str, field: &str) -> String {
+        let err = Config::parse(text, "test.toml").expect_err("config should be rejected");
+        let msg = err.to_string();
+        assert!(msg.contains("test.toml"), "message names the file: {msg}");
+        assert!(msg.contains(field), "message names `{field}`: {msg}");
+        msg
+    }
+
+    #[test]
+    fn good_config_parses_with_defaults() {
+        let cfg = Config::parse(GOOD, "test.toml").unwrap();
+        assert_eq!(cfg.resources[0].history_capacity, 10_000);
+        assert_eq!(cfg.etcd.prefix, "/registry");
+        assert_eq!(cfg.server.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    #[test]
+    fn unknown_top_level_field() {
+        error_naming(&format!("bogus = 1\n{GOOD}"), "bogus");
+    }
+
+    #[test]
+    fn unknown_resource_field() {
+        error_naming(
+            &GOOD.replace("namespaced = true", "namespaced = true\ncolour = 1"),
+            "colour",
+        );
+    }
+
+    #[test]
+    fn bad_listen_address() {
+        error_naming(&GOOD.replace("127.0.0.1:8080", "localhost"), "listen");
+    }
+
+    #[test]
+    fn bad_etcd_endpoint() {
+        error_naming(
+            &GOOD.replace("http://127.0.0.1:2379", "127.0.0.1"),
+            "etcd.endpoints[0]",
+        );
+        error_naming(
+            &GOOD.replace("http://127.0.0.1:2379", "http://h:port"),
+            "etcd.endpoints[0]",
+        );
+    }
+
+    #[test]
+    fn empty_resources() {
+        let text = "listen = \"127.0.0.1:8080\"\n";
+        error_naming(text, "resources");
+        error_naming(&format!("{text}resources = []\n"), "resources");
+    }
+
+    #[test]
+    fn duplicate_plural() {
+        let dup =
+            format!("{GOOD}\n[[resources]]\nversion = \"v1\"\nkind = \"Pod\"\nplural = \"pods\"\n");
+        let msg = error_naming(&dup, "resources[1].plural");
+        assert!(msg.contains("duplicate"), "{msg}");
+    }
+
+    #[test]
+    fn same_plural_in_another_group_is_fine() {
+        let other = format!(
+            "{GOOD}\n[[resources]]\ngroup = \"example.com\"\nversion = \"v1\"\nkind = \"Pod\"\nplural = \"pods\"\n"
+        );
+        Config::parse(&other, "test.toml").unwrap();
+    }
+
+    #[test]
+    fn unparsable_index_path() {
+        error_naming(
+            &GOOD.replace("spec.nodeName", "spec..nodeName"),
+            "resources[0].indexes[0]",
+        );
+        error_naming(
+            &GOOD.replace("spec.nodeName", "spec.node name"),
+            "resources[0].indexes[0]",
+        );
+    }
+
+    #[test]
+    fn zero_history() {
+        error_naming(
+            &GOOD.replace(
+                "namespaced = true",
+                "namespaced = true\nhistory_capacity = 0",
+            ),
+            "resources[0].history_capacity",
+        );
+    }
+
+    #[test]
+    fn missing_required_field() {
+        error_naming(&GOOD.replace("kind = \"Pod\"\n", ""), "kind");
+    }
+
+    #[test]
+    fn bad_plural_and_kind_and_group() {
+        error_naming(
+            &GOOD.replace("plural = \"pods\"", "plural = \"Pods\""),
+            "resources[0].plural",
+        );
+        error_naming(
+            &GOOD.replace("kind = \"Pod\"", "kind = \"Po d\""),
+            "resources[0].kind",
+        );
+        error_naming(
+            &GOOD.replace(
+                "version = \"v1\"",
+                "group = \"Bad_Group\"\nversion = \"v1\"",
+            ),
+            "resources[0].group",
+        );
+    }
+
+    #[test]
+    fn wrong_type() {
+        error_naming(
+            &GOOD.replace("namespaced = true", "namespaced = \"yes\""),
+            "namespaced",
+        );
+    }
+
+    #[test]
+    fn zero_ttl_and_bad_prefix() {
+        error_naming(
+            &GOOD.replace("namespaced = true", "namespaced = true\nttl_seconds = 0"),
+            "resources[0].ttl_seconds",
+        );
+        error_naming(
+            &GOOD.replace("[etcd]", "[etcd]\nprefix = \"registry\""),
+            "etcd.prefix",
+        );
     }
 }

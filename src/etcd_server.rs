@@ -26,22 +26,29 @@ pub enum EtcdServerError {
 /// Finds the etcd binary: `$WATCHCACHE_ETCD_BIN`, the project's `tools/` folder
 /// (relative to the working directory, then to the source tree), then `PATH`.
 pub fn find_etcd_binary() -> Option<PathBuf> {
-    find_tool("WATCHCACHE_ETCD_BIN", "etcd")
+    find_tool("WATCHCACHE_ETCD_BIN", "etcd", "etcd")
 }
 
 /// Finds etcdctl the same way as [`find_etcd_binary`].
 pub fn find_etcdctl_binary() -> Option<PathBuf> {
-    find_tool("WATCHCACHE_ETCDCTL_BIN", "etcdctl")
+    find_tool("WATCHCACHE_ETCDCTL_BIN", "etcd", "etcdctl")
 }
 
-fn find_tool(env: &str, name: &str) -> Option<PathBuf> {
+/// Finds kubectl: `$WATCHCACHE_KUBECTL_BIN`, `tools/kubernetes` (fetched by
+/// scripts/setup.sh, so every machine tests the same client), then `PATH`.
+pub fn find_kubectl_binary() -> Option<PathBuf> {
+    find_tool("WATCHCACHE_KUBECTL_BIN", "kubernetes", "kubectl")
+}
+
+/// Looks for `name` in `$env`, `tools/{package}/usr/bin` (cwd, then source tree), then `PATH`.
+fn find_tool(env: &str, package: &str, name: &str) -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(env) {
         let p = PathBuf::from(p);
         if p.is_file() {
             return Some(p);
         }
     }
-    let rel = Path::new("tools/etcd/usr/bin").join(name);
+    let rel = Path::new("tools").join(package).join("usr/bin").join(name);
     let candidates = [
         rel.clone(),
         Path::new(env!("CARGO_MANIFEST_DIR")).join(&rel),

@@ -106,3 +106,153 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Resources used by daemon-level tests: namespaced core (with an index),
+/// cluster-scoped core, and a non-core group.
+pub const TEST_RESOURCES: &str = r#"
+[[resources]]
+group = ""
+version = "v1"
+kind = "Pod"
+plural = "pods"
+namespaced = true
+indexes = ["spec.nodeName"]
+history_capacity = 1000
+
+[[resources]]
+group = ""
+version = "v1"
+kind = "Node"
+plural = "nodes"
+namespaced = false
+history_capacity = 1000
+
+[[resources]]
+group = "example.com"
+version = "v1"
+kind = "Widget"
+plural = "widgets"
+namespaced = true
+history_capacity = 1000
+"#;
+
+/// A config file text for the daemon: etcd at `endpoint`, keys under `prefix`.
+pub fn daemon_config(endpoint: &str, prefix: &str, extra: &str) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\n[etcd]\nendpoints = [\"{endpoint}\"]\nprefix = \"{prefix}\"\nrequest_timeout_ms = 2000\ndial_timeout_ms = 1000\n{extra}\n{TEST_RESOURCES}"
+    )
+}
+
+/// The `watchcache` binary running as a child process on a free port.
+pub struct Daemon {
+    child: Option<std::process::Child>,
+    pub addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+    pub config_path: std::path::PathBuf,
+}
+
+impl Daemon {
+    /// Starts the daemon with this config text and extra args; waits for `/healthz`.
+    pub async fn start(config_text: &str, args: &[&str]) -> Daemon {
+        Daemon::start_env(config_text, args, &[]).await
+    }
+
+    /// Like [`Daemon::start`], with extra environment variables (e.g. `RUST_LOG`).
+    pub async fn start_env(config_text: &str, args: &[&str], envs: &[(&str, &str)]) -> Daemon {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config_path = dir.path().join("watchcache.toml");
+        std::fs::write(&config_path, config_text).expect("write config");
+        let port = watchcache::etcd_server::free_port().expect("free port");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let log = std::fs::File::create(dir.path().join("watchcache.log")).expect("log file");
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_watchcache"))
+            .arg("--config")
+            .arg(&config_path)
+            .arg("--listen")
+            .arg(addr.to_string())
+            .args(args)
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .envs(envs.iter().copied())
+            .stdin(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn watchcache");
+        let mut daemon = Daemon {
+            child: Some(child),
+            addr,
+            _dir: dir,
+            config_path,
+        };
+        let url = daemon.url("/healthz");
+        let up = eventually(Duration::from_secs(30), || {
+            let url = url.clone();
+            async move { matches!(reqwest::get(&url).await, Ok(r) if r.status().is_success()) }
+        })
+        .await;
+        if !up {
+            let status = daemon
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().ok().flatten());
+            panic!(
+                "watchcache did not answer /healthz (exit status: {status:?}); log:\n{}",
+                daemon.log()
+            );
+        }
+        daemon
+    }
+
+    /// Starts the daemon against `endpoint` with [`TEST_RESOURCES`] under `prefix`.
+    pub async fn start_default(endpoint: &str, prefix: &str) -> Daemon {
+        Daemon::start(&daemon_config(endpoint, prefix, ""), &[]).await
+    }
+
+    /// Everything the daemon logged to stderr so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("watchcache.log")).unwrap_or_default()
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Sends SIGTERM.
+    pub fn sigterm(&self) {
+        // SAFETY: kill(2) on our own unreaped child.
+        unsafe {
+            libc::kill(self.pid() as libc::pid_t, libc::SIGTERM);
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit; returns its status.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}

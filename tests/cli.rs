@@ -1,0 +1,132 @@
+//! The `watchcache` binary: CLI flags, config errors at start-up, dev mode.
+mod common;
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+fn watchcache() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_watchcache"))
+}
+
+/// Runs the daemon with `config_text` and returns (exit code, stderr).
+fn run_with_config(config_text: &str) -> (Option<i32>, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(&path, config_text).unwrap();
+    let out = watchcache().arg("--config").arg(&path).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn help_and_version() {
+    let out = watchcache().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--config",
+        "--listen",
+        "--etcd-endpoints",
+        "--dev",
+        "--help",
+        "--version",
+    ] {
+        assert!(help.contains(flag), "--help mentions {flag}: {help}");
+    }
+    let out = watchcache().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains(env!("CARGO_PKG_VERSION")));
+}
+
+#[test]
+fn invalid_config_stops_startup_naming_file_and_field() {
+    let cases = [
+        (
+            "colour = 1\n[[resources]]\nversion=\"v1\"\nkind=\"Pod\"\nplural=\"pods\"\n",
+            "colour",
+        ),
+        (
+            "listen = \"nowhere\"\n[[resources]]\nversion=\"v1\"\nkind=\"Pod\"\nplural=\"pods\"\n",
+            "listen",
+        ),
+        ("listen = \"127.0.0.1:1\"\n", "resources"),
+        (
+            "[[resources]]\nversion=\"v1\"\nkind=\"Pod\"\nplural=\"pods\"\nhistory_capacity=0\n",
+            "resources[0].history_capacity",
+        ),
+    ];
+    for (text, field) in cases {
+        let (code, stderr) = run_with_config(text);
+        assert_eq!(code, Some(2), "exit code for {field}: {stderr}");
+        assert!(stderr.contains("bad.toml"), "names the file: {stderr}");
+        assert!(stderr.contains(field), "names {field}: {stderr}");
+    }
+}
+
+#[test]
+fn missing_config_file_and_bad_override() {
+    let out = watchcache()
+        .args(["--config", "/nonexistent/wc.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/wc.toml"));
+
+    let out = watchcache().output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--config"));
+
+    let out = watchcache()
+        .args(["--dev", "--etcd-endpoints", "ftp://x"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("etcd.endpoints[0]"));
+}
+
+#[tokio::test]
+async fn dev_mode_serves_healthz_and_cleans_up() {
+    let port = watchcache::etcd_server::free_port().unwrap();
+    let mut child = watchcache()
+        .args(["--dev", "--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let url = format!("http://127.0.0.1:{port}/healthz");
+    let up = common::eventually(Duration::from_secs(60), || {
+        let url = url.clone();
+        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status().is_success()) }
+    })
+    .await;
+    // SAFETY: SIGTERM to our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(up, "dev mode answered /healthz; log:\n{stderr}");
+    assert!(
+        status.success(),
+        "clean exit on SIGTERM: {status:?}\n{stderr}"
+    );
+    let data_dir = stderr
+        .split("data_dir=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("log names the dev etcd data dir");
+    assert!(
+        !std::path::Path::new(data_dir).exists(),
+        "dev etcd data dir {data_dir} removed on exit"
+    );
+}
