@@ -1,1 +1,875 @@
-//! See docs/ARCHITECTURE.md.
+//! The etcd3 store (DESIGN.md section 3), after the Kubernetes
+//! `storage/etcd3` store: CAS create/update/delete as etcd transactions,
+//! `GuaranteedUpdate`, preconditions, lease reuse for TTLs, a value
+//! transformer hook and dry-run.
+//!
+//! Keys are absolute etcd keys (the object layer builds them). Every etcd call
+//! runs under the configured request deadline, so an unreachable etcd turns
+//! into [`StorageError::Unavailable`] / [`StorageError::Timeout`] instead of a
+//! hang. Reads are retried with backoff within that deadline (they are
+//! idempotent); writes are not (a lost answer may hide an applied write).
+
+mod error;
+mod lease;
+mod preconditions;
+mod transformer;
+
+pub use error::StorageError;
+pub use lease::{DEFAULT_MAX_ATTACHED_OBJECTS, LeaseManager};
+pub use preconditions::Preconditions;
+pub use transformer::{IdentityTransformer, Transformer};
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions,
+    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+};
+use tokio::time::Instant;
+use tracing::{Instrument, debug, debug_span, warn};
+
+use crate::config::EtcdConfig;
+
+/// HTTP/2 keepalive: detect a dead etcd connection under a long watch. Idle
+/// pings stay off because etcd answers pings without streams with GOAWAY.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+/// First and largest pause between retries of an idempotent read.
+const READ_BACKOFF_START: Duration = Duration::from_millis(50);
+const READ_BACKOFF_MAX: Duration = Duration::from_millis(500);
+
+/// One key as stored in etcd, value already passed through
+/// [`Transformer::from_storage`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredObject {
+    pub key: String,
+    pub value: Bytes,
+    /// The key's last modification revision: the object's resourceVersion.
+    /// 0 for the result of a dry-run create (nothing was written).
+    pub mod_revision: i64,
+    pub create_revision: i64,
+    /// Number of writes since creation (etcd `version`).
+    pub version: i64,
+    /// Attached lease id, 0 if none.
+    pub lease: i64,
+}
+
+impl StoredObject {
+    fn from_kv(kv: KeyValue, transformer: &dyn Transformer) -> Result<Self, StorageError> {
+        let create_revision = kv.create_revision();
+        let mod_revision = kv.mod_revision();
+        let version = kv.version();
+        let lease = kv.lease();
+        let (key, value) = kv.into_key_value();
+        let key = match String::from_utf8(key) {
+            Ok(k) => k,
+            Err(e) => {
+                return Err(StorageError::InvalidObject(format!(
+                    "non-UTF-8 key {:?}",
+                    String::from_utf8_lossy(e.as_bytes())
+                )));
+            }
+        };
+        let value = transformer.from_storage(&key, Bytes::from(value))?;
+        Ok(StoredObject {
+            key,
+            value,
+            mod_revision,
+            create_revision,
+            version,
+            lease,
+        })
+    }
+}
+
+/// Options of a write.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Attach a (reused) lease so the key expires after at least this long.
+    pub ttl_seconds: Option<u64>,
+    /// Run every check, write nothing, return the would-be object.
+    pub dry_run: bool,
+}
+
+impl WriteOptions {
+    pub fn dry_run() -> Self {
+        WriteOptions {
+            dry_run: true,
+            ..Default::default()
+        }
+    }
+
+    pub fn with_ttl(ttl_seconds: u64) -> Self {
+        WriteOptions {
+            ttl_seconds: Some(ttl_seconds),
+            ..Default::default()
+        }
+    }
+}
+
+/// Options of one list page.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListOptions {
+    /// Revision to read at; 0 = latest. Pass the first page's
+    /// [`ListPage::revision`] for later pages so all pages are one snapshot.
+    pub revision: i64,
+    /// Page size; 0 = everything.
+    pub limit: i64,
+    /// Where the page starts (inclusive); `None` = the prefix itself. Must lie
+    /// within the prefix. Use the previous page's [`ListPage::next_start_key`].
+    pub start_key: Option<String>,
+}
+
+/// One page of a list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// Items in key order.
+    pub items: Vec<StoredObject>,
+    /// The revision the page was read at (the header revision for a read at
+    /// latest, else the requested revision).
+    pub revision: i64,
+    /// More keys follow this page.
+    pub more: bool,
+    /// How many keys follow this page (at `revision`).
+    pub remaining: i64,
+    /// Start key of the next page when `more`.
+    pub next_start_key: Option<String>,
+}
+
+/// What an update function decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpdateAction {
+    /// Store this new (plain) value.
+    Update(Bytes),
+    /// Leave the object as it is; no write happens.
+    Unchanged,
+}
+
+/// The etcd3 store. Cheap to clone; clones share the connection, the lease
+/// manager and the counters.
+#[derive(Clone)]
+pub struct Storage {
+    client: Client,
+    transformer: Arc<dyn Transformer>,
+    request_timeout: Duration,
+    max_update_retries: u32,
+    leases: Arc<LeaseManager>,
+    conflict_retries: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Storage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Storage")
+            .field("request_timeout", &self.request_timeout)
+            .field("max_update_retries", &self.max_update_retries)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The end of the key range `[prefix, end)` that holds every key starting with `prefix`.
+pub fn prefix_range_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    // All 0xff (or empty): the range runs to the end of the keyspace.
+    vec![0]
+}
+
+/// Records one etcd round trip in `watchcache_etcd_request_duration_seconds`
+/// (`op` is one of a fixed set of names, so the label stays bounded).
+pub(crate) fn observe(op: &str, started: Instant) {
+    crate::metrics::metrics()
+        .etcd_request_duration
+        .with_label_values(&[op])
+        .observe(started.elapsed().as_secs_f64());
+}
+
+fn header_revision(h: Option<&etcd_client::ResponseHeader>) -> Result<i64, StorageError> {
+    h.map(|h| h.revision())
+        .ok_or_else(|| StorageError::Internal("etcd response without header".into()))
+}
+
+/// The first kv of the `Get` in a txn's else branch, if the key exists.
+fn txn_else_kv(resp: &TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+        _ => None,
+    })
+}
+
+/// The prev_kv of the put in a txn's then branch.
+fn txn_put_prev(resp: &TxnResponse) -> Option<KeyValue> {
+    resp.op_responses().into_iter().find_map(|r| match r {
+        TxnOpResponse::Put(mut p) => p.take_prev_key(),
+        _ => None,
+    })
+}
+
+impl Storage {
+    /// Builds the client. The connection itself is lazy (as etcd's clientv3
+    /// without `WithBlock`): the daemon can start while etcd is still coming
+    /// up, and each call then fails within its deadline until etcd answers.
+    pub async fn connect(cfg: &EtcdConfig) -> Result<Storage, StorageError> {
+        let request_timeout = cfg.request_timeout();
+        // No client-wide request timeout (`with_timeout`): it would also cut
+        // the Reflector's long-lived watch streams on this client. Unary calls
+        // get their deadline from `call`/`read` instead.
+        let opts = ConnectOptions::new()
+            .with_connect_timeout(cfg.dial_timeout())
+            .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
+            .with_tcp_keepalive(TCP_KEEPALIVE);
+        let client = match tokio::time::timeout(
+            cfg.dial_timeout(),
+            Client::connect(&cfg.endpoints, Some(opts)),
+        )
+        .await
+        {
+            Err(_) => {
+                return Err(StorageError::Timeout(format!(
+                    "connecting to {:?} took longer than {:?}",
+                    cfg.endpoints,
+                    cfg.dial_timeout()
+                )));
+            }
+            Ok(Err(e)) => return Err(StorageError::from_etcd("connect", 0, e)),
+            Ok(Ok(c)) => c,
+        };
+        debug!(endpoints = ?cfg.endpoints, "etcd client ready");
+        let leases = LeaseManager::new(
+            client.clone(),
+            Duration::from_secs(cfg.lease_reuse_seconds),
+            request_timeout,
+        );
+        Ok(Storage {
+            client,
+            transformer: Arc::new(IdentityTransformer),
+            request_timeout,
+            max_update_retries: cfg.max_update_retries,
+            leases: Arc::new(leases),
+            conflict_retries: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    pub fn with_transformer(mut self, t: Arc<dyn Transformer>) -> Storage {
+        self.transformer = t;
+        self
+    }
+
+    /// The underlying client, for the Reflector's watch.
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    pub fn transformer(&self) -> &Arc<dyn Transformer> {
+        &self.transformer
+    }
+
+    pub fn request_timeout(&self) -> Duration {
+        self.request_timeout
+    }
+
+    pub fn lease_manager(&self) -> &LeaseManager {
+        &self.leases
+    }
+
+    /// How many times a GuaranteedUpdate or delete lost a CAS race and retried
+    /// (shared by clones of this `Storage`).
+    pub fn conflict_retries(&self) -> u64 {
+        self.conflict_retries.load(Ordering::Relaxed)
+    }
+
+    // ---- call plumbing -------------------------------------------------
+
+    /// One etcd call under the request deadline, not retried (writes).
+    async fn call<T, Fut>(&self, op: &str, requested: i64, fut: Fut) -> Result<T, StorageError>
+    where
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let started = Instant::now();
+        let r = match tokio::time::timeout(self.request_timeout, fut).await {
+            Err(_) => Err(StorageError::Timeout(format!(
+                "{op}: etcd did not answer within {:?}",
+                self.request_timeout
+            ))),
+            Ok(r) => r.map_err(|e| StorageError::from_etcd(op, requested, e)),
+        };
+        observe(op, started);
+        debug!(
+            op,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            ok = r.is_ok(),
+            "etcd call"
+        );
+        r
+    }
+
+    /// An idempotent read: retried with backoff on transient errors, all
+    /// attempts together within the request deadline.
+    async fn read<T, F, Fut>(&self, op: &str, requested: i64, mut f: F) -> Result<T, StorageError>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.request_timeout;
+        let mut backoff = READ_BACKOFF_START;
+        loop {
+            let started = Instant::now();
+            let left = deadline.saturating_duration_since(started);
+            let r = match tokio::time::timeout(left, f(self.client.clone())).await {
+                Err(_) => Err(StorageError::Timeout(format!(
+                    "{op}: etcd did not answer within {:?}",
+                    self.request_timeout
+                ))),
+                Ok(r) => r.map_err(|e| StorageError::from_etcd(op, requested, e)),
+            };
+            observe(op, started);
+            match r {
+                Err(StorageError::Unavailable(msg)) if Instant::now() + backoff < deadline => {
+                    debug!(op, error = %msg, "transient etcd error, retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(READ_BACKOFF_MAX);
+                }
+                Err(StorageError::Compacted { requested, .. }) => {
+                    let compacted = self.compacted_revision(requested).await;
+                    return Err(StorageError::Compacted {
+                        requested,
+                        compacted,
+                    });
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// etcd's compaction error does not carry the compaction revision; a
+    /// watch from the compacted revision does, so ask one (best effort, 0 on
+    /// failure).
+    async fn compacted_revision(&self, requested: i64) -> i64 {
+        let mut watch = self.client.watch_client();
+        let probe = async move {
+            let mut stream = watch
+                .watch(
+                    "\0",
+                    Some(WatchOptions::new().with_start_revision(requested.max(1))),
+                )
+                .await?;
+            while let Some(resp) = stream.message().await? {
+                if resp.compact_revision() > 0 {
+                    return Ok(resp.compact_revision());
+                }
+                if resp.canceled() || !resp.events().is_empty() {
+                    break;
+                }
+            }
+            Ok::<i64, etcd_client::Error>(0)
+        };
+        let wait = self.request_timeout.min(Duration::from_secs(1));
+        match tokio::time::timeout(wait, probe).await {
+            Ok(Ok(rev)) => rev,
+            _ => 0,
+        }
+    }
+
+    async fn lease_for(&self, opts: &WriteOptions) -> Result<i64, StorageError> {
+        match opts.ttl_seconds {
+            Some(ttl) if !opts.dry_run => self.leases.get_lease(ttl).await,
+            _ => Ok(0),
+        }
+    }
+
+    fn put_options(lease: i64) -> PutOptions {
+        if lease != 0 {
+            PutOptions::new().with_lease(lease)
+        } else {
+            PutOptions::new()
+        }
+    }
+
+    /// Reads the key at the latest revision; `None` if it does not exist.
+    async fn read_current(&self, key: &str) -> Result<Option<StoredObject>, StorageError> {
+        let k = key.to_string();
+        let mut resp = self
+            .read("get", 0, |mut c| {
+                let k = k.clone();
+                async move { c.get(k, None).await }
+            })
+            .await?;
+        match resp.take_kvs().into_iter().next() {
+            Some(kv) => Ok(Some(StoredObject::from_kv(kv, self.transformer.as_ref())?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn read_existing(&self, key: &str) -> Result<StoredObject, StorageError> {
+        self.read_current(key)
+            .await?
+            .ok_or_else(|| StorageError::not_found(key))
+    }
+
+    // ---- reads ---------------------------------------------------------
+
+    /// etcd's current revision, from the header of a cheap count-only range
+    /// (a linearizable read, so the answer is at least every acknowledged write).
+    pub async fn current_revision(&self) -> Result<i64, StorageError> {
+        let resp = self
+            .read("current_revision", 0, |mut c| async move {
+                c.get("\0", Some(GetOptions::new().with_count_only())).await
+            })
+            .instrument(debug_span!("storage.current_revision"))
+            .await?;
+        header_revision(resp.header())
+    }
+
+    /// One key at `revision` (0 = latest).
+    pub async fn get(&self, key: &str, revision: i64) -> Result<StoredObject, StorageError> {
+        let span = debug_span!("storage.get", key, revision);
+        async {
+            let k = key.to_string();
+            let mut resp = self
+                .read("get", revision, |mut c| {
+                    let k = k.clone();
+                    let opts = (revision > 0).then(|| GetOptions::new().with_revision(revision));
+                    async move { c.get(k, opts).await }
+                })
+                .await?;
+            match resp.take_kvs().into_iter().next() {
+                Some(kv) => StoredObject::from_kv(kv, self.transformer.as_ref()),
+                None => Err(StorageError::not_found(key)),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// One page of the keys under `prefix`, in key order, at one revision.
+    pub async fn list(&self, prefix: &str, opts: &ListOptions) -> Result<ListPage, StorageError> {
+        let span = debug_span!(
+            "storage.list",
+            prefix,
+            revision = opts.revision,
+            limit = opts.limit
+        );
+        async {
+            let start = match &opts.start_key {
+                Some(s) if !s.starts_with(prefix) => {
+                    return Err(StorageError::InvalidObject(format!(
+                        "list start key {s:?} is outside the prefix {prefix:?}"
+                    )));
+                }
+                Some(s) => s.clone(),
+                None => prefix.to_string(),
+            };
+            let end = prefix_range_end(prefix);
+            let (revision, limit) = (opts.revision, opts.limit.max(0));
+            let mut resp = self
+                .read("list", revision, |mut c| {
+                    let (start, end) = (start.clone(), end.clone());
+                    async move {
+                        let mut o = GetOptions::new().with_range(end).with_limit(limit);
+                        if revision > 0 {
+                            o = o.with_revision(revision);
+                        }
+                        c.get(start, Some(o)).await
+                    }
+                })
+                .await?;
+            // At a past revision the header still carries the current
+            // revision; the page is "at" the one we asked for.
+            let page_rev = if revision > 0 {
+                revision
+            } else {
+                header_revision(resp.header())?
+            };
+            let more = resp.more();
+            let count = resp.count();
+            let kvs = resp.take_kvs();
+            let remaining = (count - kvs.len() as i64).max(0);
+            let mut items = Vec::with_capacity(kvs.len());
+            for kv in kvs {
+                items.push(StoredObject::from_kv(kv, self.transformer.as_ref())?);
+            }
+            let next_start_key = if more {
+                items.last().map(|o| format!("{}\0", o.key))
+            } else {
+                None
+            };
+            debug!(items = items.len(), page_rev, more, remaining, "listed");
+            Ok(ListPage {
+                items,
+                revision: page_rev,
+                more,
+                remaining,
+                next_start_key,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Every key under `prefix` at one revision (0 = latest), read in pages
+    /// of `page_size`; returns the items and the revision they are at.
+    pub async fn list_all(
+        &self,
+        prefix: &str,
+        revision: i64,
+        page_size: i64,
+    ) -> Result<(Vec<StoredObject>, i64), StorageError> {
+        let mut opts = ListOptions {
+            revision,
+            limit: page_size.max(0),
+            start_key: None,
+        };
+        let mut items = Vec::new();
+        loop {
+            let page = self.list(prefix, &opts).await?;
+            opts.revision = page.revision;
+            items.extend(page.items);
+            match page.next_start_key {
+                Some(next) if page.more => opts.start_key = Some(next),
+                _ => return Ok((items, opts.revision)),
+            }
+        }
+    }
+
+    /// Number of keys under `prefix` (latest revision).
+    pub async fn count(&self, prefix: &str) -> Result<i64, StorageError> {
+        let end = prefix_range_end(prefix);
+        let p = prefix.to_string();
+        let resp = self
+            .read("count", 0, |mut c| {
+                let (p, end) = (p.clone(), end.clone());
+                async move {
+                    c.get(p, Some(GetOptions::new().with_range(end).with_count_only()))
+                        .await
+                }
+            })
+            .instrument(debug_span!("storage.count", prefix))
+            .await?;
+        Ok(resp.count())
+    }
+
+    // ---- writes --------------------------------------------------------
+
+    /// Creates `key`; fails with `AlreadyExists` (value untouched) if it exists.
+    pub async fn create(
+        &self,
+        key: &str,
+        value: Bytes,
+        opts: &WriteOptions,
+    ) -> Result<StoredObject, StorageError> {
+        let span = debug_span!("storage.create", key, dry_run = opts.dry_run);
+        async {
+            let data = self.transformer.to_storage(key, value.clone())?;
+            if opts.dry_run {
+                if self.read_current(key).await?.is_some() {
+                    return Err(StorageError::already_exists(key));
+                }
+                return Ok(StoredObject {
+                    key: key.to_string(),
+                    value,
+                    mod_revision: 0,
+                    create_revision: 0,
+                    version: 0,
+                    lease: 0,
+                });
+            }
+            let lease = self.lease_for(opts).await?;
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key,
+                    Vec::from(data),
+                    Some(Self::put_options(lease)),
+                )])
+                .or_else([TxnOp::get(key, None)]);
+            let mut kv = self.client.kv_client();
+            let resp = self.call("create", 0, kv.txn(txn)).await?;
+            if !resp.succeeded() {
+                debug!("create: key exists");
+                return Err(StorageError::already_exists(key));
+            }
+            let rev = header_revision(resp.header())?;
+            Ok(StoredObject {
+                key: key.to_string(),
+                value,
+                mod_revision: rev,
+                create_revision: rev,
+                version: 1,
+                lease,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// CAS put: succeeds only if the key's mod_revision is
+    /// `expected_mod_revision`; `Conflict` otherwise, `NotFound` if the key is gone.
+    pub async fn update(
+        &self,
+        key: &str,
+        value: Bytes,
+        expected_mod_revision: i64,
+        opts: &WriteOptions,
+    ) -> Result<StoredObject, StorageError> {
+        let span = debug_span!(
+            "storage.update",
+            key,
+            expected_mod_revision,
+            dry_run = opts.dry_run
+        );
+        async {
+            let data = self.transformer.to_storage(key, value.clone())?;
+            if opts.dry_run {
+                let cur = self.read_existing(key).await?;
+                if cur.mod_revision != expected_mod_revision {
+                    return Err(StorageError::modified(key));
+                }
+                return Ok(StoredObject { value, ..cur });
+            }
+            let lease = self.lease_for(opts).await?;
+            let txn = Txn::new()
+                .when([
+                    // Guards against expected 0 recreating a missing key.
+                    Compare::create_revision(key, CompareOp::Greater, 0),
+                    Compare::mod_revision(key, CompareOp::Equal, expected_mod_revision),
+                ])
+                .and_then([TxnOp::put(
+                    key,
+                    Vec::from(data),
+                    Some(Self::put_options(lease).with_prev_key()),
+                )])
+                .or_else([TxnOp::get(key, None)]);
+            let mut kv = self.client.kv_client();
+            let resp = self.call("update", 0, kv.txn(txn)).await?;
+            if !resp.succeeded() {
+                return match txn_else_kv(&resp) {
+                    None => Err(StorageError::not_found(key)),
+                    Some(kv) => {
+                        debug!(current = kv.mod_revision(), "update: CAS lost");
+                        Err(StorageError::modified(key))
+                    }
+                };
+            }
+            let rev = header_revision(resp.header())?;
+            let (create_revision, version) = match txn_put_prev(&resp) {
+                Some(prev) => (prev.create_revision(), prev.version() + 1),
+                None => (0, 0),
+            };
+            Ok(StoredObject {
+                key: key.to_string(),
+                value,
+                mod_revision: rev,
+                create_revision,
+                version,
+                lease,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Read-modify-write with CAS retries, as Kubernetes `GuaranteedUpdate`.
+    ///
+    /// Starts from `suggestion` (e.g. the cached object) when given, saving a
+    /// read; since it may be stale, a precondition failure, an update error or
+    /// a no-op decided on it is re-checked against a fresh read before it is
+    /// believed. On a lost CAS the txn's else-branch read is the fresh state,
+    /// so a retry costs one round trip. Retries are bounded by
+    /// `max_update_retries`, then `Conflict`.
+    pub async fn guaranteed_update<F>(
+        &self,
+        key: &str,
+        preconditions: &Preconditions,
+        suggestion: Option<StoredObject>,
+        opts: &WriteOptions,
+        mut update: F,
+    ) -> Result<StoredObject, StorageError>
+    where
+        F: FnMut(&StoredObject) -> Result<UpdateAction, StorageError> + Send,
+    {
+        let span = debug_span!("storage.guaranteed_update", key, dry_run = opts.dry_run);
+        async {
+            let (mut state, mut is_current) = match suggestion {
+                Some(s) if s.key == key => (s, false),
+                _ => (self.read_existing(key).await?, true),
+            };
+            let mut lease: Option<i64> = None;
+            let mut conflicts: u32 = 0;
+            loop {
+                if let Err(e) = preconditions.check(key, &state) {
+                    if is_current {
+                        return Err(e);
+                    }
+                    debug!("precondition failed on suggestion, re-reading");
+                    state = self.read_existing(key).await?;
+                    is_current = true;
+                    continue;
+                }
+                let action = match update(&state) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        if is_current {
+                            return Err(e);
+                        }
+                        let cached_rev = state.mod_revision;
+                        state = self.read_existing(key).await?;
+                        is_current = true;
+                        if state.mod_revision == cached_rev {
+                            return Err(e);
+                        }
+                        continue;
+                    }
+                };
+                let new_value = match action {
+                    UpdateAction::Update(v) if v != state.value => Some(v),
+                    _ => None,
+                };
+                let Some(new_value) = new_value else {
+                    if !is_current {
+                        // A no-op against possibly stale data proves nothing.
+                        debug!("no-op on suggestion, re-reading");
+                        state = self.read_existing(key).await?;
+                        is_current = true;
+                        continue;
+                    }
+                    debug!(rev = state.mod_revision, "no change, skipping write");
+                    return Ok(state);
+                };
+                let data = self.transformer.to_storage(key, new_value.clone())?;
+                if opts.dry_run {
+                    if !is_current {
+                        state = self.read_existing(key).await?;
+                        is_current = true;
+                        continue;
+                    }
+                    return Ok(StoredObject {
+                        value: new_value,
+                        ..state
+                    });
+                }
+                let lease_id = match lease {
+                    Some(l) => l,
+                    None => {
+                        let l = self.lease_for(opts).await?;
+                        lease = Some(l);
+                        l
+                    }
+                };
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        key,
+                        CompareOp::Equal,
+                        state.mod_revision,
+                    )])
+                    .and_then([TxnOp::put(
+                        key,
+                        Vec::from(data),
+                        Some(Self::put_options(lease_id)),
+                    )])
+                    .or_else([TxnOp::get(key, None)]);
+                let mut kv = self.client.kv_client();
+                let resp = self.call("guaranteed_update", 0, kv.txn(txn)).await?;
+                if resp.succeeded() {
+                    let rev = header_revision(resp.header())?;
+                    return Ok(StoredObject {
+                        key: key.to_string(),
+                        value: new_value,
+                        mod_revision: rev,
+                        create_revision: state.create_revision,
+                        version: state.version + 1,
+                        lease: lease_id,
+                    });
+                }
+                self.conflict_retries.fetch_add(1, Ordering::Relaxed);
+                conflicts += 1;
+                if conflicts > self.max_update_retries {
+                    warn!(conflicts, "guaranteed_update gave up");
+                    return Err(StorageError::conflict(
+                        key,
+                        format!("gave up after {conflicts} conflicting concurrent updates"),
+                    ));
+                }
+                debug!(conflicts, "CAS lost, retrying on the fresh state");
+                state = match txn_else_kv(&resp) {
+                    Some(kv) => StoredObject::from_kv(kv, self.transformer.as_ref())?,
+                    None => return Err(StorageError::not_found(key)),
+                };
+                is_current = true;
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Deletes `key` if `preconditions` hold against the current object and
+    /// returns the deleted object. CAS on mod_revision: if the object changed
+    /// between read and delete, preconditions are checked again on the fresh
+    /// state and the delete retried (bounded by `max_update_retries`).
+    pub async fn delete(
+        &self,
+        key: &str,
+        preconditions: &Preconditions,
+        opts: &WriteOptions,
+    ) -> Result<StoredObject, StorageError> {
+        let span = debug_span!("storage.delete", key, dry_run = opts.dry_run);
+        async {
+            let mut state = self.read_existing(key).await?;
+            let mut conflicts: u32 = 0;
+            loop {
+                preconditions.check(key, &state)?;
+                if opts.dry_run {
+                    return Ok(state);
+                }
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        key,
+                        CompareOp::Equal,
+                        state.mod_revision,
+                    )])
+                    .and_then([TxnOp::delete(key, Some(DeleteOptions::new()))])
+                    .or_else([TxnOp::get(key, None)]);
+                let mut kv = self.client.kv_client();
+                let resp = self.call("delete", 0, kv.txn(txn)).await?;
+                if resp.succeeded() {
+                    debug!(rev = state.mod_revision, "deleted");
+                    return Ok(state);
+                }
+                self.conflict_retries.fetch_add(1, Ordering::Relaxed);
+                conflicts += 1;
+                if conflicts > self.max_update_retries {
+                    return Err(StorageError::conflict(
+                        key,
+                        format!("gave up after {conflicts} conflicting concurrent updates"),
+                    ));
+                }
+                state = match txn_else_kv(&resp) {
+                    Some(kv) => StoredObject::from_kv(kv, self.transformer.as_ref())?,
+                    None => return Err(StorageError::not_found(key)),
+                };
+            }
+        }
+        .instrument(span)
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn range_end() {
+        assert_eq!(prefix_range_end("/a/"), b"/a0".to_vec());
+        assert_eq!(prefix_range_end("a\u{7f}"), b"a\x80".to_vec());
+        assert_eq!(prefix_range_end(""), vec![0]);
+    }
+}

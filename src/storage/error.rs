@@ -1,0 +1,153 @@
+//! Storage errors, shaped after the Kubernetes `storage.StorageError` codes so
+//! the API layer can map each one to a `Status` (404, 409, 410, 5xx, ...).
+
+/// An error of the etcd3 store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StorageError {
+    #[error("key not found: {key}")]
+    NotFound { key: String },
+    #[error("key already exists: {key}")]
+    AlreadyExists { key: String },
+    #[error("conflict on {key}: {message}")]
+    Conflict { key: String, message: String },
+    #[error("invalid object: {0}")]
+    InvalidObject(String),
+    /// The requested revision is older than etcd's compaction point.
+    /// `compacted` is 0 when etcd did not tell us the compaction revision.
+    #[error("required revision {requested} has been compacted (compacted revision: {compacted})")]
+    Compacted { requested: i64, compacted: i64 },
+    #[error("etcd unavailable: {0}")]
+    Unavailable(String),
+    #[error("etcd request timed out: {0}")]
+    Timeout(String),
+    #[error("internal storage error: {0}")]
+    Internal(String),
+}
+
+impl StorageError {
+    pub fn not_found(key: &str) -> Self {
+        StorageError::NotFound {
+            key: key.to_string(),
+        }
+    }
+
+    pub fn already_exists(key: &str) -> Self {
+        StorageError::AlreadyExists {
+            key: key.to_string(),
+        }
+    }
+
+    pub fn conflict(key: &str, message: impl Into<String>) -> Self {
+        StorageError::Conflict {
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// The Kubernetes wording for a lost compare-and-swap, so clients that
+    /// match on it (and humans) recognise it.
+    pub(crate) fn modified(key: &str) -> Self {
+        Self::conflict(
+            key,
+            "the object has been modified; please apply your changes to the latest version and try again",
+        )
+    }
+
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, StorageError::NotFound { .. })
+    }
+
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StorageError::Conflict { .. })
+    }
+
+    /// True for errors worth retrying later (etcd down, slow or overloaded).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            StorageError::Unavailable(_) | StorageError::Timeout(_)
+        )
+    }
+
+    /// Maps an etcd-client error. `requested` is the revision a read asked
+    /// for (0 if none), used to fill [`StorageError::Compacted`].
+    pub(crate) fn from_etcd(op: &str, requested: i64, err: etcd_client::Error) -> Self {
+        use etcd_client::Error as E;
+        match err {
+            E::GRpcStatus(status) => Self::from_status(op, requested, &status),
+            // A transport error means we never got an answer: etcd is down,
+            // unreachable or the connection broke.
+            E::TransportError(e) => StorageError::Unavailable(format!("{op}: {e}")),
+            E::IoError(e) => StorageError::Unavailable(format!("{op}: {e}")),
+            E::InvalidUri(e) => StorageError::Internal(format!("{op}: invalid endpoint: {e}")),
+            E::InvalidArgs(e) => StorageError::Internal(format!("{op}: invalid arguments: {e}")),
+            other => StorageError::Internal(format!("{op}: {other}")),
+        }
+    }
+
+    fn from_status(op: &str, requested: i64, status: &tonic::Status) -> Self {
+        use tonic::Code;
+        let msg = status.message();
+        match status.code() {
+            Code::OutOfRange if msg.contains("compacted") => StorageError::Compacted {
+                requested,
+                compacted: 0,
+            },
+            Code::DeadlineExceeded => StorageError::Timeout(format!("{op}: {msg}")),
+            // Cancelled shows up when the connection drops under a request.
+            Code::Unavailable | Code::Cancelled | Code::Aborted | Code::ResourceExhausted => {
+                StorageError::Unavailable(format!("{op}: {msg}"))
+            }
+            // tonic reports a broken or refused connection as Unknown
+            // "transport error"; etcd reports leader trouble as Unknown too.
+            Code::Unknown
+                if msg.contains("transport error")
+                    || msg.contains("connection")
+                    || msg.contains("leader changed")
+                    || msg.contains("no leader")
+                    || msg.contains("timed out") =>
+            {
+                StorageError::Unavailable(format!("{op}: {msg}"))
+            }
+            // e.g. "etcdserver: request is too large".
+            Code::InvalidArgument => StorageError::InvalidObject(format!("{op}: {msg}")),
+            code => StorageError::Internal(format!("{op}: {code:?}: {msg}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_mapping() {
+        let e = StorageError::from_etcd(
+            "list",
+            5,
+            etcd_client::Error::GRpcStatus(tonic::Status::out_of_range(
+                "etcdserver: mvcc: required revision has been compacted",
+            )),
+        );
+        assert_eq!(
+            e,
+            StorageError::Compacted {
+                requested: 5,
+                compacted: 0
+            }
+        );
+        let e = StorageError::from_etcd(
+            "get",
+            0,
+            etcd_client::Error::GRpcStatus(tonic::Status::unavailable("down")),
+        );
+        assert!(matches!(e, StorageError::Unavailable(_)));
+        let e = StorageError::from_etcd(
+            "get",
+            0,
+            etcd_client::Error::GRpcStatus(tonic::Status::deadline_exceeded("slow")),
+        );
+        assert!(matches!(e, StorageError::Timeout(_)));
+        assert!(e.is_transient());
+    }
+}

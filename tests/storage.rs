@@ -1,0 +1,934 @@
+//! The etcd3 store against a real etcd (DESIGN.md section 3).
+mod common;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+use watchcache::config::EtcdConfig;
+use watchcache::storage::{
+    ListOptions, Preconditions, Storage, StorageError, StoredObject, Transformer, UpdateAction,
+    WriteOptions,
+};
+
+async fn storage_with(cfg: EtcdConfig) -> Storage {
+    Storage::connect(&cfg).await.expect("connect")
+}
+
+/// A Storage on the shared etcd and a key prefix of its own.
+async fn shared(name: &str) -> (Storage, String) {
+    let prefix = common::unique_prefix(name);
+    let s = storage_with(common::etcd_config(common::etcd(), &prefix)).await;
+    (s, prefix)
+}
+
+async fn raw_client(endpoint: &str) -> etcd_client::Client {
+    etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("raw client")
+}
+
+/// The value as etcd holds it, read behind the storage layer's back.
+async fn raw_get(endpoint: &str, key: &str) -> Option<(Vec<u8>, i64)> {
+    let mut c = raw_client(endpoint).await;
+    let r = c.get(key, None).await.expect("raw get");
+    r.kvs()
+        .first()
+        .map(|kv| (kv.value().to_vec(), kv.mod_revision()))
+}
+
+fn obj(name: &str, uid: &str, n: i64) -> Bytes {
+    Bytes::from(
+        serde_json::to_vec(&json!({"metadata": {"name": name, "uid": uid}, "n": n})).expect("json"),
+    )
+}
+
+fn counter(o: &StoredObject) -> i64 {
+    let v: Value = serde_json::from_slice(&o.value).expect("stored json");
+    v["n"].as_i64().expect("n")
+}
+
+fn with_counter(o: &StoredObject, n: i64) -> Bytes {
+    let mut v: Value = serde_json::from_slice(&o.value).expect("stored json");
+    v["n"] = json!(n);
+    Bytes::from(serde_json::to_vec(&v).expect("json"))
+}
+
+#[tokio::test]
+async fn create_existing_key_is_already_exists_and_value_unchanged() {
+    let (s, p) = shared("create").await;
+    let key = format!("{p}/a");
+    let first = s
+        .create(&key, obj("a", "u1", 1), &WriteOptions::default())
+        .await
+        .unwrap();
+    assert!(first.mod_revision > 0);
+    assert_eq!(first.create_revision, first.mod_revision);
+
+    let err = s
+        .create(&key, obj("a", "u2", 2), &WriteOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StorageError::AlreadyExists { ref key } if key.ends_with("/a")),
+        "{err:?}"
+    );
+    let (raw, rev) = raw_get(common::etcd(), &key).await.unwrap();
+    assert_eq!(raw, obj("a", "u1", 1).to_vec());
+    assert_eq!(rev, first.mod_revision);
+    let got = s.get(&key, 0).await.unwrap();
+    assert_eq!(got, first);
+    assert!(
+        s.get(&format!("{p}/missing"), 0)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+
+    // Every etcd round trip is timed for /metrics.
+    let text = watchcache::metrics::gather();
+    for op in ["create", "get"] {
+        assert!(
+            text.contains(&format!(
+                "watchcache_etcd_request_duration_seconds_count{{operation=\"{op}\"}}"
+            )),
+            "no duration recorded for {op}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn update_is_cas_on_mod_revision() {
+    let (s, p) = shared("update").await;
+    let key = format!("{p}/a");
+    let w = WriteOptions::default();
+    let v1 = s.create(&key, obj("a", "u", 1), &w).await.unwrap();
+    let v2 = s
+        .update(&key, obj("a", "u", 2), v1.mod_revision, &w)
+        .await
+        .unwrap();
+    assert!(v2.mod_revision > v1.mod_revision);
+    assert_eq!(v2.create_revision, v1.create_revision);
+    assert_eq!(v2.version, 2);
+
+    // Stale revision: Conflict, and etcd keeps v2.
+    let err = s
+        .update(&key, obj("a", "u", 3), v1.mod_revision, &w)
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict(), "{err:?}");
+    assert_eq!(s.get(&key, 0).await.unwrap(), v2);
+
+    // Missing key: NotFound, even with expected revision 0 (no accidental create).
+    let missing = format!("{p}/missing");
+    let err = s
+        .update(&missing, obj("m", "u", 1), 0, &w)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+    assert!(raw_get(common::etcd(), &missing).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_guaranteed_updates_lose_nothing() {
+    let (s, p) = shared("gu-concurrent").await;
+    let key = format!("{p}/counter");
+    s.create(&key, obj("counter", "u", 0), &WriteOptions::default())
+        .await
+        .unwrap();
+    let calls = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let (s, key, calls) = (s.clone(), key.clone(), calls.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..100 {
+                s.guaranteed_update(
+                    &key,
+                    &Preconditions::none(),
+                    None,
+                    &WriteOptions::default(),
+                    |cur| {
+                        calls.fetch_add(1, Ordering::Relaxed);
+                        Ok(UpdateAction::Update(with_counter(cur, counter(cur) + 1)))
+                    },
+                )
+                .await
+                .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let end = s.get(&key, 0).await.unwrap();
+    assert_eq!(counter(&end), 800);
+    assert_eq!(end.version, 801);
+    let retries = s.conflict_retries();
+    assert!(retries >= 1, "8 writers on one key never conflicted?");
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        800 + retries,
+        "each conflict costs exactly one more call of the update fn"
+    );
+}
+
+#[tokio::test]
+async fn guaranteed_update_with_stale_suggestion_lands_on_current_value() {
+    let (s, p) = shared("gu-stale").await;
+    let key = format!("{p}/a");
+    let w = WriteOptions::default();
+    let stale = s.create(&key, obj("a", "u", 1), &w).await.unwrap();
+    // Someone else moves the object to n=10 behind our back.
+    let fresh = s
+        .update(&key, obj("a", "u", 10), stale.mod_revision, &w)
+        .await
+        .unwrap();
+
+    let mut seen = Vec::new();
+    let out = s
+        .guaranteed_update(
+            &key,
+            &Preconditions::none(),
+            Some(stale.clone()),
+            &w,
+            |cur| {
+                seen.push(counter(cur));
+                Ok(UpdateAction::Update(with_counter(cur, counter(cur) + 1)))
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        seen,
+        vec![1, 10],
+        "tried the suggestion, then the fresh state"
+    );
+    assert_eq!(counter(&out), 11);
+    assert!(out.mod_revision > fresh.mod_revision);
+    assert_eq!(counter(&s.get(&key, 0).await.unwrap()), 11);
+
+    // A no-op decided on a stale suggestion is re-checked on fresh data: the
+    // update fn "sets n=11", which equals the stale value only after re-read.
+    let stale2 = StoredObject {
+        value: with_counter(&out, 5),
+        ..out.clone()
+    };
+    let s2 = s
+        .update(&key, with_counter(&out, 12), out.mod_revision, &w)
+        .await
+        .unwrap();
+    let r = s
+        .guaranteed_update(&key, &Preconditions::none(), Some(stale2), &w, |_| {
+            Ok(UpdateAction::Unchanged)
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        r, s2,
+        "no-op returns the current object from etcd, not the suggestion"
+    );
+}
+
+#[tokio::test]
+async fn guaranteed_update_noop_does_not_bump_revision() {
+    // A private etcd: the global revision must not move at all.
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let p = "/noop".to_string();
+    let s = storage_with(common::etcd_config(&etcd.endpoint(), &p)).await;
+    let key = format!("{p}/a");
+    let w = WriteOptions::default();
+    let created = s.create(&key, obj("a", "u", 1), &w).await.unwrap();
+    let before = s.current_revision().await.unwrap();
+
+    let same = s
+        .guaranteed_update(&key, &Preconditions::none(), None, &w, |cur| {
+            Ok(UpdateAction::Update(cur.value.clone()))
+        })
+        .await
+        .unwrap();
+    let unchanged = s
+        .guaranteed_update(
+            &key,
+            &Preconditions::none(),
+            Some(created.clone()),
+            &w,
+            |_| Ok(UpdateAction::Unchanged),
+        )
+        .await
+        .unwrap();
+    assert_eq!(same, created);
+    assert_eq!(unchanged, created);
+    assert_eq!(s.current_revision().await.unwrap(), before);
+    assert_eq!(
+        s.get(&key, 0).await.unwrap().mod_revision,
+        created.mod_revision
+    );
+
+    // Missing key -> NotFound, the update fn is never called.
+    let err = s
+        .guaranteed_update(
+            &format!("{p}/missing"),
+            &Preconditions::none(),
+            None,
+            &w,
+            |_| panic!("called on a missing key"),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+}
+
+#[tokio::test]
+async fn guaranteed_update_checks_preconditions() {
+    let (s, p) = shared("gu-precond").await;
+    let key = format!("{p}/a");
+    let w = WriteOptions::default();
+    let created = s.create(&key, obj("a", "u1", 1), &w).await.unwrap();
+    let err = s
+        .guaranteed_update(&key, &Preconditions::uid("other"), None, &w, |cur| {
+            Ok(UpdateAction::Update(with_counter(cur, 2)))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict(), "{err:?}");
+    assert_eq!(s.get(&key, 0).await.unwrap(), created);
+    let ok = s
+        .guaranteed_update(&key, &Preconditions::uid("u1"), None, &w, |cur| {
+            Ok(UpdateAction::Update(with_counter(cur, 2)))
+        })
+        .await
+        .unwrap();
+    assert_eq!(counter(&ok), 2);
+}
+
+#[tokio::test]
+async fn delete_checks_preconditions_and_returns_the_deleted_object() {
+    let (s, p) = shared("delete").await;
+    let key = format!("{p}/a");
+    let w = WriteOptions::default();
+    let created = s.create(&key, obj("a", "u1", 1), &w).await.unwrap();
+
+    let err = s
+        .delete(&key, &Preconditions::uid("wrong"), &w)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StorageError::Conflict { message, .. } if message.contains("UID")),
+        "{err:?}"
+    );
+    let err = s
+        .delete(
+            &key,
+            &Preconditions::resource_version(created.mod_revision - 1),
+            &w,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StorageError::Conflict { message, .. } if message.contains("ResourceVersion")),
+        "{err:?}"
+    );
+    assert_eq!(s.get(&key, 0).await.unwrap(), created, "object intact");
+
+    let deleted = s
+        .delete(
+            &key,
+            &Preconditions {
+                uid: Some("u1".into()),
+                resource_version: Some(created.mod_revision),
+            },
+            &w,
+        )
+        .await
+        .unwrap();
+    assert_eq!(deleted, created);
+    assert!(raw_get(common::etcd(), &key).await.is_none());
+    let err = s
+        .delete(&key, &Preconditions::none(), &w)
+        .await
+        .unwrap_err();
+    assert!(err.is_not_found(), "{err:?}");
+}
+
+/// Identity transformer that, on the first read it sees, writes `next` to the
+/// key behind the storage layer's back: it moves the object between a
+/// delete's read and its CAS, deterministically.
+struct WriteOnFirstRead {
+    endpoint: String,
+    next: Bytes,
+    fired: std::sync::atomic::AtomicBool,
+}
+
+impl Transformer for WriteOnFirstRead {
+    fn to_storage(&self, _key: &str, v: Bytes) -> Result<Bytes, StorageError> {
+        Ok(v)
+    }
+    fn from_storage(&self, key: &str, v: Bytes) -> Result<Bytes, StorageError> {
+        if !self.fired.swap(true, Ordering::SeqCst) {
+            let (ep, key, next) = (self.endpoint.clone(), key.to_string(), self.next.to_vec());
+            // Sync hook, async client: write from a thread with its own runtime.
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(async {
+                    let mut c = raw_client(&ep).await;
+                    c.put(key, next, None).await.expect("sneaky put");
+                });
+            })
+            .join()
+            .expect("writer thread");
+        }
+        Ok(v)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delete_retries_when_object_moves_but_preconditions_hold() {
+    let (s, p) = shared("delete-retry").await;
+    let w = WriteOptions::default();
+
+    // The object changes (same uid) between read and CAS: delete retries on
+    // the fresh state and succeeds, returning what it actually deleted.
+    let key = format!("{p}/a");
+    s.create(&key, obj("a", "u1", 0), &w).await.unwrap();
+    let deleter = s.clone().with_transformer(Arc::new(WriteOnFirstRead {
+        endpoint: common::etcd().to_string(),
+        next: obj("a", "u1", 42),
+        fired: Default::default(),
+    }));
+    let before = s.conflict_retries();
+    let deleted = deleter
+        .delete(&key, &Preconditions::uid("u1"), &w)
+        .await
+        .unwrap();
+    assert_eq!(counter(&deleted), 42, "returns the object it deleted");
+    assert_eq!(s.conflict_retries() - before, 1, "exactly one CAS retry");
+    assert!(raw_get(common::etcd(), &key).await.is_none());
+
+    // The object is replaced by one with another uid meanwhile: the retry
+    // re-checks the preconditions and refuses; the new object stays.
+    let key = format!("{p}/b");
+    s.create(&key, obj("b", "u1", 0), &w).await.unwrap();
+    let deleter = s.clone().with_transformer(Arc::new(WriteOnFirstRead {
+        endpoint: common::etcd().to_string(),
+        next: obj("b", "u2", 0),
+        fired: Default::default(),
+    }));
+    let err = deleter
+        .delete(&key, &Preconditions::uid("u1"), &w)
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict(), "{err:?}");
+    let (raw, _) = raw_get(common::etcd(), &key).await.unwrap();
+    assert_eq!(raw, obj("b", "u2", 0).to_vec());
+}
+
+#[tokio::test]
+async fn paginated_list_stays_at_one_revision_while_writes_continue() {
+    let (s, p) = shared("list").await;
+    let w = WriteOptions::default();
+    for i in 0..25 {
+        s.create(&format!("{p}/k{i:03}"), obj("k", "u", i), &w)
+            .await
+            .unwrap();
+    }
+    // A key just outside the prefix must never show up.
+    s.create(&format!("{p}0"), obj("x", "u", 0), &w)
+        .await
+        .unwrap();
+    assert_eq!(s.count(&format!("{p}/")).await.unwrap(), 25);
+
+    let prefix = format!("{p}/");
+    let mut opts = ListOptions {
+        revision: 0,
+        limit: 10,
+        start_key: None,
+    };
+    let first = s.list(&prefix, &opts).await.unwrap();
+    assert_eq!(first.items.len(), 10);
+    assert!(first.more);
+    assert_eq!(first.remaining, 15);
+    let list_rev = first.revision;
+    assert!(list_rev >= first.items.iter().map(|o| o.mod_revision).max().unwrap());
+
+    // Writes after the list revision: a change, a delete, a new key.
+    s.update(&format!("{p}/k015"), obj("k", "u", 999), 0, &w)
+        .await
+        .unwrap_err();
+    let k15 = s.get(&format!("{p}/k015"), 0).await.unwrap();
+    s.update(
+        &format!("{p}/k015"),
+        obj("k", "u", 999),
+        k15.mod_revision,
+        &w,
+    )
+    .await
+    .unwrap();
+    s.delete(&format!("{p}/k020"), &Preconditions::none(), &w)
+        .await
+        .unwrap();
+    s.create(&format!("{p}/k0125"), obj("k", "u", 7), &w)
+        .await
+        .unwrap();
+
+    let mut items = first.items.clone();
+    opts.revision = list_rev;
+    opts.start_key = first.next_start_key.clone();
+    loop {
+        let page = s.list(&prefix, &opts).await.unwrap();
+        assert_eq!(page.revision, list_rev);
+        assert_eq!(
+            page.remaining,
+            25 - items.len() as i64 - page.items.len() as i64
+        );
+        items.extend(page.items);
+        if !page.more {
+            break;
+        }
+        opts.start_key = page.next_start_key;
+    }
+    let keys: Vec<String> = items.iter().map(|o| o.key.clone()).collect();
+    let want: Vec<String> = (0..25).map(|i| format!("{p}/k{i:03}")).collect();
+    assert_eq!(
+        keys, want,
+        "the snapshot at the list revision, in key order"
+    );
+    assert!(items.iter().all(|o| o.mod_revision <= list_rev));
+    assert_eq!(
+        counter(&items[15]),
+        15,
+        "change after the revision not seen"
+    );
+
+    // list_all at the old revision sees the same; at latest the new state.
+    let (all, rev) = s.list_all(&prefix, list_rev, 7).await.unwrap();
+    assert_eq!(rev, list_rev);
+    assert_eq!(all, items);
+    let (now, now_rev) = s.list_all(&prefix, 0, 7).await.unwrap();
+    assert!(now_rev > list_rev);
+    assert_eq!(now.len(), 25);
+    assert!(now.iter().any(|o| o.key.ends_with("/k0125")));
+
+    // A start key outside the prefix is refused.
+    let bad = ListOptions {
+        start_key: Some("/elsewhere".into()),
+        ..Default::default()
+    };
+    assert!(matches!(
+        s.list(&prefix, &bad).await,
+        Err(StorageError::InvalidObject(_))
+    ));
+}
+
+#[tokio::test]
+async fn list_and_get_at_compacted_revision_fail_with_compacted() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let s = storage_with(common::etcd_config(&ep, "/c")).await;
+    let w = WriteOptions::default();
+    let a = s.create("/c/a", obj("a", "u", 1), &w).await.unwrap();
+    let old = a.mod_revision;
+    s.update("/c/a", obj("a", "u", 2), old, &w).await.unwrap();
+    s.create("/c/b", obj("b", "u", 1), &w).await.unwrap();
+    let now = s.current_revision().await.unwrap();
+    let mut raw = raw_client(&ep).await;
+    raw.compact(now, None).await.unwrap();
+
+    let err = s
+        .list(
+            "/c/",
+            &ListOptions {
+                revision: old,
+                limit: 1,
+                start_key: None,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        StorageError::Compacted {
+            requested: old,
+            compacted: now
+        }
+    );
+    let err = s.get("/c/a", old).await.unwrap_err();
+    assert!(matches!(err, StorageError::Compacted { requested, .. } if requested == old));
+    // The compaction revision itself is still readable.
+    let page = s
+        .list(
+            "/c/",
+            &ListOptions {
+                revision: now,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(page.items.len(), 2);
+}
+
+#[tokio::test]
+async fn ttl_writes_share_leases_and_expire() {
+    let prefix = common::unique_prefix("ttl");
+    let cfg = EtcdConfig {
+        lease_reuse_seconds: 2,
+        ..common::etcd_config(common::etcd(), &prefix)
+    };
+    let s = storage_with(cfg).await;
+    let w = WriteOptions::with_ttl(2);
+    let started = Instant::now();
+    // 4 concurrent writers x 25: concurrent first writes must share one grant.
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let (s, prefix, w) = (s.clone(), prefix.clone(), w.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut ids = Vec::new();
+            for i in 0..25 {
+                let o = s
+                    .create(&format!("{prefix}/k{t}-{i:03}"), obj("k", "u", i), &w)
+                    .await
+                    .unwrap();
+                ids.push(o.lease);
+            }
+            ids
+        }));
+    }
+    let mut leases = HashSet::new();
+    for t in tasks {
+        leases.extend(t.await.unwrap());
+    }
+    let took = started.elapsed();
+    assert!(!leases.contains(&0), "a TTL write without a lease");
+    // Within the 2 s reuse window: at most 2 leases. A very slow machine may
+    // legitimately need one more lease per further window.
+    let allowed = 2 + (took.as_millis() / 2_000) as usize;
+    assert!(
+        leases.len() <= allowed,
+        "{} distinct leases for 100 writes in {took:?}",
+        leases.len()
+    );
+    assert_eq!(s.lease_manager().granted() as usize, leases.len());
+    // The etcd view agrees: every key is attached to one of those leases.
+    let mut raw = raw_client(common::etcd()).await;
+    let r = raw
+        .get(
+            prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.kvs().len(), 100);
+    assert!(r.kvs().iter().all(|kv| leases.contains(&kv.lease())));
+
+    // Keys vanish after ttl (+ at most the reuse window).
+    let gone = common::eventually(Duration::from_secs(10), || {
+        let s = s.clone();
+        let p = format!("{prefix}/");
+        async move { matches!(s.count(&p).await, Ok(0)) }
+    })
+    .await;
+    assert!(gone, "keys outlived their lease");
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "expired too early"
+    );
+}
+
+#[tokio::test]
+async fn dry_run_changes_nothing() {
+    // A private etcd: the global revision must not move at all.
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let p = "/dry".to_string();
+    let s = storage_with(common::etcd_config(&ep, &p)).await;
+    let key = format!("{p}/a");
+    let w = WriteOptions::default();
+    let dry = WriteOptions::dry_run();
+    let rev0 = s.current_revision().await.unwrap();
+
+    // Create: would-be object back, nothing written.
+    let would = s.create(&key, obj("a", "u1", 1), &dry).await.unwrap();
+    assert_eq!(would.value, obj("a", "u1", 1));
+    assert!(raw_get(&ep, &key).await.is_none());
+    assert_eq!(s.current_revision().await.unwrap(), rev0);
+
+    let created = s.create(&key, obj("a", "u1", 1), &w).await.unwrap();
+    let rev1 = s.current_revision().await.unwrap();
+    // Dry-run create of an existing key still fails.
+    assert!(matches!(
+        s.create(&key, obj("a", "u1", 1), &dry).await,
+        Err(StorageError::AlreadyExists { .. })
+    ));
+
+    // Update: CAS still checked; success returns the would-be object.
+    let err = s
+        .update(&key, obj("a", "u1", 2), created.mod_revision - 1, &dry)
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict());
+    let u = s
+        .update(&key, obj("a", "u1", 2), created.mod_revision, &dry)
+        .await
+        .unwrap();
+    assert_eq!(counter(&u), 2);
+
+    // GuaranteedUpdate: would-be object, nothing written.
+    let g = s
+        .guaranteed_update(&key, &Preconditions::none(), None, &dry, |cur| {
+            Ok(UpdateAction::Update(with_counter(cur, 3)))
+        })
+        .await
+        .unwrap();
+    assert_eq!(counter(&g), 3);
+    let err = s
+        .guaranteed_update(&key, &Preconditions::uid("nope"), None, &dry, |cur| {
+            Ok(UpdateAction::Update(with_counter(cur, 3)))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_conflict());
+
+    // Delete: preconditions checked; returns the object; it stays.
+    assert!(
+        s.delete(&key, &Preconditions::uid("nope"), &dry)
+            .await
+            .unwrap_err()
+            .is_conflict()
+    );
+    let d = s
+        .delete(&key, &Preconditions::uid("u1"), &dry)
+        .await
+        .unwrap();
+    assert_eq!(d, created);
+    assert!(
+        s.delete(&format!("{p}/missing"), &Preconditions::none(), &dry)
+            .await
+            .unwrap_err()
+            .is_not_found()
+    );
+
+    // TTL with dry-run grants no lease.
+    let t = s
+        .create(
+            &format!("{p}/ttl"),
+            obj("t", "u", 1),
+            &WriteOptions {
+                ttl_seconds: Some(30),
+                dry_run: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(t.lease, 0);
+    assert_eq!(s.lease_manager().granted(), 0);
+
+    assert_eq!(
+        s.current_revision().await.unwrap(),
+        rev1,
+        "no write happened"
+    );
+    assert_eq!(s.get(&key, 0).await.unwrap(), created);
+}
+
+/// Reverses the bytes: enough to tell stored from plain values apart.
+struct Reverse;
+impl Transformer for Reverse {
+    fn to_storage(&self, _key: &str, v: Bytes) -> Result<Bytes, StorageError> {
+        Ok(v.iter().rev().copied().collect::<Vec<u8>>().into())
+    }
+    fn from_storage(&self, _key: &str, v: Bytes) -> Result<Bytes, StorageError> {
+        Ok(v.iter().rev().copied().collect::<Vec<u8>>().into())
+    }
+}
+
+#[tokio::test]
+async fn transformer_applies_on_every_write_and_read() {
+    let (s, p) = shared("transformer").await;
+    let s = s.with_transformer(Arc::new(Reverse));
+    let key = format!("{p}/a");
+    let w = WriteOptions::default();
+    let plain = obj("a", "u1", 1);
+    let c = s.create(&key, plain.clone(), &w).await.unwrap();
+    let (raw, _) = raw_get(common::etcd(), &key).await.unwrap();
+    let reversed: Vec<u8> = plain.iter().rev().copied().collect();
+    assert_eq!(raw, reversed);
+    assert_eq!(s.get(&key, 0).await.unwrap().value, plain);
+    let page = s
+        .list(&format!("{p}/"), &ListOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(page.items[0].value, plain);
+    // Preconditions see the plain JSON.
+    let g = s
+        .guaranteed_update(&key, &Preconditions::uid("u1"), Some(c), &w, |cur| {
+            Ok(UpdateAction::Update(with_counter(cur, 2)))
+        })
+        .await
+        .unwrap();
+    let (raw, _) = raw_get(common::etcd(), &key).await.unwrap();
+    assert_eq!(raw, g.value.iter().rev().copied().collect::<Vec<u8>>());
+    let d = s.delete(&key, &Preconditions::uid("u1"), &w).await.unwrap();
+    assert_eq!(counter(&d), 2);
+}
+
+#[tokio::test]
+async fn stopped_etcd_fails_within_the_deadline() {
+    let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let cfg = EtcdConfig {
+        request_timeout_ms: 1_000,
+        dial_timeout_ms: 500,
+        ..common::etcd_config(&etcd.endpoint(), "/down")
+    };
+    let s = storage_with(cfg).await;
+    let w = WriteOptions::default();
+    let a = s.create("/down/a", obj("a", "u", 1), &w).await.unwrap();
+    etcd.kill();
+
+    let limit = Duration::from_millis(1_000 + 1_500);
+    let check = |what: &str, r: Result<(), StorageError>, took: Duration| {
+        let err = r.expect_err(what);
+        eprintln!("{what}: {err} after {took:?}");
+        assert!(err.is_transient(), "{what}: {err:?}");
+        assert!(took < limit, "{what} took {took:?}");
+    };
+    let t = Instant::now();
+    let r = s.get("/down/a", 0).await.map(|_| ());
+    check("get", r, t.elapsed());
+    let t = Instant::now();
+    let r = s.current_revision().await.map(|_| ());
+    check("current_revision", r, t.elapsed());
+    let t = Instant::now();
+    let r = s.list("/down/", &ListOptions::default()).await.map(|_| ());
+    check("list", r, t.elapsed());
+    let t = Instant::now();
+    let r = s.create("/down/b", obj("b", "u", 1), &w).await.map(|_| ());
+    check("create", r, t.elapsed());
+    let t = Instant::now();
+    let r = s
+        .update("/down/a", obj("a", "u", 2), a.mod_revision, &w)
+        .await
+        .map(|_| ());
+    check("update", r, t.elapsed());
+    let t = Instant::now();
+    let r = s
+        .guaranteed_update(
+            "/down/a",
+            &Preconditions::none(),
+            Some(a.clone()),
+            &w,
+            |cur| Ok(UpdateAction::Update(with_counter(cur, 5))),
+        )
+        .await
+        .map(|_| ());
+    check("guaranteed_update", r, t.elapsed());
+    let t = Instant::now();
+    let r = s
+        .delete("/down/a", &Preconditions::none(), &w)
+        .await
+        .map(|_| ());
+    check("delete", r, t.elapsed());
+    let t = Instant::now();
+    let r = s
+        .create("/down/c", obj("c", "u", 1), &WriteOptions::with_ttl(5))
+        .await
+        .map(|_| ());
+    check("create with ttl (lease grant)", r, t.elapsed());
+
+    // A Storage connected while etcd is down also fails in time, not hangs.
+    let t = Instant::now();
+    let s2 = Storage::connect(&EtcdConfig {
+        request_timeout_ms: 1_000,
+        dial_timeout_ms: 500,
+        ..common::etcd_config(&etcd.endpoint(), "/down")
+    })
+    .await;
+    if let Ok(s2) = s2 {
+        let r = s2.get("/down/a", 0).await.map(|_| ());
+        check("get on a fresh connection", r, t.elapsed());
+    }
+
+    // And recovers once etcd is back.
+    etcd.restart().await.expect("restart");
+    let back = common::eventually(Duration::from_secs(15), || {
+        let s = s.clone();
+        async move { s.get("/down/a", 0).await.is_ok() }
+    })
+    .await;
+    assert!(back, "storage did not recover after etcd restarted");
+}
+
+/// Stops (SIGSTOP) the process on drop's opposite: resumes it when dropped, so
+/// a failing assertion never leaves a frozen etcd behind.
+struct Frozen(u32);
+impl Frozen {
+    fn new(pid: u32) -> Frozen {
+        // SAFETY: kill(2) on the pid of the etcd this test started.
+        unsafe {
+            libc::kill(pid as libc::pid_t, libc::SIGSTOP);
+        }
+        Frozen(pid)
+    }
+}
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        // SAFETY: as above.
+        unsafe {
+            libc::kill(self.0 as libc::pid_t, libc::SIGCONT);
+        }
+    }
+}
+
+#[tokio::test]
+async fn frozen_etcd_times_out_instead_of_hanging() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let cfg = EtcdConfig {
+        request_timeout_ms: 800,
+        dial_timeout_ms: 500,
+        ..common::etcd_config(&etcd.endpoint(), "/frozen")
+    };
+    let s = storage_with(cfg).await;
+    let w = WriteOptions::default();
+    let a = s.create("/frozen/a", obj("a", "u", 1), &w).await.unwrap();
+    let frozen = Frozen::new(etcd.pid().expect("etcd pid"));
+
+    // The connection is up but nobody answers: only our deadline ends it.
+    let limit = Duration::from_millis(800 + 1_200);
+    let t = Instant::now();
+    let err = s.get("/frozen/a", 0).await.unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    assert!(t.elapsed() < limit, "get took {:?}", t.elapsed());
+    let t = Instant::now();
+    let err = s
+        .update("/frozen/a", obj("a", "u", 2), a.mod_revision, &w)
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    assert!(t.elapsed() < limit, "update took {:?}", t.elapsed());
+    let t = Instant::now();
+    let err = s
+        .guaranteed_update(&a.key, &Preconditions::none(), None, &w, |cur| {
+            Ok(UpdateAction::Update(with_counter(cur, 3)))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_transient(), "{err:?}");
+    assert!(
+        t.elapsed() < limit,
+        "guaranteed_update took {:?}",
+        t.elapsed()
+    );
+
+    drop(frozen);
+    let back = common::eventually(Duration::from_secs(10), || {
+        let s = s.clone();
+        async move { s.get("/frozen/a", 0).await.is_ok() }
+    })
+    .await;
+    assert!(back, "storage did not recover after etcd resumed");
+}
