@@ -8,8 +8,10 @@ use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
 use tracing::info;
 
+use watchcache::api::Server;
 use watchcache::config::{Config, ConfigError};
 use watchcache::etcd_server::EtcdServer;
+use watchcache::storage::Storage;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -141,7 +143,14 @@ async fn main() -> Result<()> {
     run(cfg, listener).await
 }
 
-async fn run(_cfg: Config, _listener: tokio::net::TcpListener) -> Result<()> {
-    shutdown_signal().await;
+/// Connects to etcd (lazily: an etcd that is down at start only delays
+/// readiness), starts one Cacher per resource and serves until a signal.
+async fn run(cfg: Config, listener: tokio::net::TcpListener) -> Result<()> {
+    let storage = Storage::connect(&cfg.etcd)
+        .await
+        .with_context(|| format!("connecting to etcd at {:?}", cfg.etcd.endpoints))?;
+    let server = Server::new(cfg, storage);
+    server.serve(listener, shutdown_signal()).await?;
+    info!("watchcache stopped");
     Ok(())
 }

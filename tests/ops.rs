@@ -172,7 +172,7 @@ async fn dashboard_queries_return_data_from_real_prometheus() {
     .replace("evaluation_interval: 15s", "evaluation_interval: 1s");
     std::fs::write(dir.path().join("prometheus.yml"), cfg).unwrap();
     let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-    let mut prom = Command::new(tool("prometheus/usr/bin/prometheus"))
+    let prom = Command::new(tool("prometheus/usr/bin/prometheus"))
         .arg(format!(
             "--config.file={}",
             dir.path().join("prometheus.yml").display()
@@ -241,7 +241,7 @@ async fn dashboard_queries_return_data_from_real_prometheus() {
             }
         }
         // Series can take a scrape or two to have two points for rate().
-        let ok = eventually(Duration::from_secs(20), || {
+        let ok = eventually(Duration::from_secs(10), || {
             let url = format!("{api}/query");
             let q = q.clone();
             async move {

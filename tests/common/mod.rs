@@ -1,7 +1,7 @@
 //! The shared integration-test harness: a real etcd per test binary (free
 //! loopback ports, temp dir, killed at exit), private etcds for tests that
 //! kill or compact, and client helpers. Later layers add the daemon here.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
