@@ -1,1 +1,284 @@
-//! See docs/ARCHITECTURE.md.
+//! The front doors: an HTTP server (hyper 1.x; HTTP/1.1 and h2c with prior
+//! knowledge on one port) serving the Kubernetes-style REST API ([`k8s`]) and
+//! the operational endpoints ([`ops`]).
+//!
+//! [`Server::new`] starts one [`Cacher`] per configured resource;
+//! [`Server::serve`] accepts connections until the shutdown future resolves,
+//! then stops accepting, shuts every cacher down (which ends open watch
+//! streams), lets in-flight requests finish and returns within 5 s.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, debug, info, warn};
+
+use crate::cacher::{Cacher, CacherOptions};
+use crate::config::{Config, ResourceConfig};
+use crate::storage::Storage;
+
+pub mod discovery;
+mod errors;
+pub mod k8s;
+pub mod ops;
+pub mod params;
+mod reads;
+mod smp;
+pub mod status;
+pub mod table;
+mod writes;
+
+pub use status::ApiStatus;
+
+/// How long [`Server::serve`] waits for connections to drain after shutdown.
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(4_000);
+/// HTTP/2 streams per connection (each watch is one stream).
+const H2_MAX_CONCURRENT_STREAMS: u32 = 10_000;
+
+/// The response body type of every handler.
+pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+
+/// Errors of the server itself (request errors are `Status` responses).
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// One served resource: its config and its cacher.
+pub struct Resource {
+    pub config: ResourceConfig,
+    pub cacher: Arc<Cacher>,
+}
+
+/// State shared by every request.
+pub struct State {
+    pub config: Config,
+    pub storage: Storage,
+    pub resources: Vec<Resource>,
+    /// Open watch streams (limited by `server.max_watches`).
+    pub watches: AtomicUsize,
+    /// Cancelled when the server shuts down; open watch streams end.
+    pub shutdown: CancellationToken,
+}
+
+impl State {
+    /// The resource served at `group`/`version`/`plural`.
+    pub fn resource(&self, group: &str, version: &str, plural: &str) -> Option<&Resource> {
+        self.resources.iter().find(|r| {
+            r.config.group == group && r.config.version == version && r.config.plural == plural
+        })
+    }
+}
+
+/// The HTTP server.
+pub struct Server {
+    state: Arc<State>,
+}
+
+impl Server {
+    /// Starts one [`Cacher`] per configured resource. Must be called inside a
+    /// tokio runtime.
+    pub fn new(config: Config, storage: Storage) -> Server {
+        let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
+        let resources = config
+            .resources
+            .iter()
+            .map(|r| Resource {
+                config: r.clone(),
+                cacher: Cacher::start(
+                    r.clone(),
+                    &config.etcd.prefix,
+                    storage.clone(),
+                    opts.clone(),
+                ),
+            })
+            .collect();
+        Server {
+            state: Arc::new(State {
+                config,
+                storage,
+                resources,
+                watches: AtomicUsize::new(0),
+                shutdown: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// The shared state (config, storage, cachers).
+    pub fn state(&self) -> &Arc<State> {
+        &self.state
+    }
+
+    /// The cachers, one per configured resource, in config order.
+    pub fn cachers(&self) -> Vec<Arc<Cacher>> {
+        self.state
+            .resources
+            .iter()
+            .map(|r| Arc::clone(&r.cacher))
+            .collect()
+    }
+
+    /// Serves connections from `listener` until `shutdown` resolves.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ApiError> {
+        let state = self.state;
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(Duration::from_millis(
+                state.config.server.header_read_timeout_ms.max(1),
+            ))
+            .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS)
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(20));
+        let builder = Arc::new(builder);
+
+        let (close_tx, close_rx) = tokio::sync::watch::channel(false);
+        let mut conns = JoinSet::new();
+        let mut shutdown = std::pin::pin!(shutdown);
+        if let Ok(addr) = listener.local_addr() {
+            info!(%addr, "serving the REST API");
+        }
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                Some(_) = conns.join_next(), if !conns.is_empty() => {}
+                accepted = listener.accept() => {
+                    let (stream, peer) = match accepted {
+                        Ok(x) => x,
+                        Err(e) => {
+                            // EMFILE and friends: back off instead of spinning.
+                            warn!(error = %e, "accept failed");
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        }
+                    };
+                    let _ = stream.set_nodelay(true);
+                    let state = Arc::clone(&state);
+                    let builder = Arc::clone(&builder);
+                    let mut close_rx = close_rx.clone();
+                    conns.spawn(async move {
+                        let svc = service_fn(move |req| {
+                            let state = Arc::clone(&state);
+                            async move { Ok::<_, Infallible>(handle(state, req).await) }
+                        });
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+                        let mut conn = std::pin::pin!(conn);
+                        tokio::select! {
+                            res = conn.as_mut() => {
+                                if let Err(e) = res {
+                                    debug!(%peer, error = %e, "connection ended with an error");
+                                }
+                            }
+                            _ = close_rx.changed() => {
+                                conn.as_mut().graceful_shutdown();
+                                let _ = conn.await;
+                            }
+                        }
+                    });
+                }
+            }
+        }
+
+        info!("shutting down: no new connections; ending watches");
+        drop(listener);
+        state.shutdown.cancel();
+        for r in &state.resources {
+            r.cacher.shutdown();
+        }
+        let _ = close_tx.send(true);
+        let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
+            while conns.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            warn!(
+                open = conns.len(),
+                "connections still open after the drain timeout; closing them"
+            );
+            conns.abort_all();
+        }
+        Ok(())
+    }
+}
+
+/// Routes one request and logs it.
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let start = Instant::now();
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let span = tracing::debug_span!("request", %method, %path);
+    let resp = route(state, req).instrument(span.clone()).await;
+    let _enter = span.enter();
+    debug!(
+        %method,
+        %path,
+        code = resp.status().as_u16(),
+        duration_ms = start.elapsed().as_secs_f64() * 1000.0,
+        "request"
+    );
+    resp
+}
+
+async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path();
+    match path {
+        "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, req),
+        _ => k8s::handle(state, req).await,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Response helpers
+
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed_unsync()
+}
+
+/// A response with `body` and the given content type.
+pub(crate) fn response(code: u16, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp
+}
+
+/// A JSON response.
+pub(crate) fn json_response(code: u16, body: impl Into<Bytes>) -> Response<Body> {
+    response(code, "application/json", full(body))
+}
+
+/// A `Status` error response (with `Retry-After` when set).
+pub(crate) fn status_response(status: &ApiStatus) -> Response<Body> {
+    let mut resp = json_response(status.code, status.to_bytes());
+    if let Some(secs) = status.retry_after
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        resp.headers_mut().insert(RETRY_AFTER, v);
+    }
+    resp
+}

@@ -3,6 +3,8 @@
 //! kill or compact, and client helpers. Later layers add the daemon here.
 #![allow(dead_code, unused_imports)]
 
+pub mod server;
+
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;

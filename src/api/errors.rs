@@ -1,0 +1,100 @@
+//! The one mapping from the library's error enums ([`StorageError`],
+//! [`CacherError`]) to `Status` answers. `What` names the resource and object
+//! so messages read like Kubernetes': `pods "web" not found`.
+
+use crate::cacher::CacherError;
+use crate::storage::StorageError;
+
+use super::status::ApiStatus;
+
+/// The resource (plural, group) and object name a request is about.
+#[derive(Debug, Clone, Default)]
+pub struct What {
+    pub plural: String,
+    pub group: String,
+    pub name: Option<String>,
+}
+
+impl What {
+    /// `pods "web"` or `pods.apps "web"`, or just the resource.
+    fn describe(&self) -> String {
+        let res = if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        };
+        match &self.name {
+            Some(n) => format!("{res} \"{n}\""),
+            None => res,
+        }
+    }
+
+    fn details(&self, status: ApiStatus) -> ApiStatus {
+        match &self.name {
+            Some(n) => status.with_details(n.clone(), self.plural.clone()),
+            None => status,
+        }
+    }
+}
+
+/// Seconds clients should wait before retrying a 429/503/504.
+const RETRY_AFTER_SECS: u64 = 1;
+
+pub fn storage_status(err: StorageError, what: &What) -> ApiStatus {
+    match err {
+        StorageError::NotFound { .. } => what.details(ApiStatus::not_found(format!(
+            "{} not found",
+            what.describe()
+        ))),
+        StorageError::AlreadyExists { .. } => what.details(ApiStatus::already_exists(format!(
+            "{} already exists",
+            what.describe()
+        ))),
+        StorageError::Conflict { message, .. } => what.details(ApiStatus::conflict(format!(
+            "Operation cannot be fulfilled on {}: {message}",
+            what.describe()
+        ))),
+        StorageError::InvalidObject(m) => {
+            if m.contains("too large") {
+                ApiStatus::too_large(format!("{}: {m}", what.describe()))
+            } else {
+                ApiStatus::internal(format!("{}: invalid stored object: {m}", what.describe()))
+            }
+        }
+        StorageError::Compacted {
+            requested,
+            compacted,
+        } => ApiStatus::expired(format!(
+            "The resourceVersion for the provided list is too old: {requested} (compacted: {compacted})"
+        )),
+        StorageError::Unavailable(m) => {
+            ApiStatus::service_unavailable(format!("etcd is unavailable: {m}"))
+                .with_retry_after(RETRY_AFTER_SECS)
+        }
+        StorageError::Timeout(m) => ApiStatus::timeout(format!("etcd request timed out: {m}"))
+            .with_retry_after(RETRY_AFTER_SECS),
+        StorageError::Internal(m) => ApiStatus::internal(m),
+    }
+}
+
+pub fn cacher_status(err: CacherError, what: &What) -> ApiStatus {
+    match err {
+        CacherError::BadRequest(m) => ApiStatus::bad_request(m),
+        CacherError::NotFound => what.details(ApiStatus::not_found(format!(
+            "{} not found",
+            what.describe()
+        ))),
+        CacherError::Expired(m) => ApiStatus::expired(m),
+        CacherError::TooLargeResourceVersion { requested, current } => ApiStatus::timeout(format!(
+            "Too large resource version: {requested}, current: {current}"
+        ))
+        .with_retry_after(RETRY_AFTER_SECS),
+        CacherError::NotReady => ApiStatus::too_many_requests(
+            format!("the watch cache of {} is not ready yet", what.plural),
+            RETRY_AFTER_SECS,
+        ),
+        CacherError::Storage(e) => storage_status(e, what),
+        CacherError::ShuttingDown => ApiStatus::service_unavailable("the server is shutting down")
+            .with_retry_after(RETRY_AFTER_SECS),
+    }
+}

@@ -1,0 +1,88 @@
+//! Operational endpoints: `/healthz`, `/livez` (always `ok` while the process
+//! serves), `/readyz` (every cacher ready; `?verbose` lists each check) and
+//! `/metrics` (Prometheus text format).
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response};
+
+use super::params::Query;
+use super::{ApiStatus, Body, State, full, response, status_response};
+
+pub fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return status_response(&ApiStatus::method_not_allowed(format!(
+            "{} is not supported on {}",
+            req.method(),
+            req.uri().path()
+        )));
+    }
+    match req.uri().path() {
+        "/healthz" | "/livez" => response(200, "text/plain; charset=utf-8", full("ok")),
+        "/readyz" => readyz(state, &Query::parse(req.uri().query())),
+        "/metrics" => metrics(state),
+        path => status_response(&ApiStatus::not_found(format!("{path} not found"))),
+    }
+}
+
+fn readyz(state: &State, query: &Query) -> Response<Body> {
+    let mut ready = true;
+    let mut lines = String::from("[+]ping ok\n");
+    for r in &state.resources {
+        let name = if r.config.group.is_empty() {
+            r.config.plural.clone()
+        } else {
+            format!("{}.{}", r.config.plural, r.config.group)
+        };
+        if r.cacher.is_ready() {
+            lines.push_str(&format!("[+]cacher-{name} ok\n"));
+        } else {
+            ready = false;
+            lines.push_str(&format!("[-]cacher-{name} failed: not ready\n"));
+        }
+    }
+    let code = if ready { 200 } else { 503 };
+    let body = if query.has("verbose") {
+        lines.push_str(if ready {
+            "readyz check passed\n"
+        } else {
+            "readyz check failed\n"
+        });
+        lines
+    } else if ready {
+        "ok".to_string()
+    } else {
+        // Like Kubernetes: the failing checks even without ?verbose.
+        let mut s: String = lines
+            .lines()
+            .filter(|l| l.starts_with("[-]"))
+            .map(|l| format!("{l}\n"))
+            .collect();
+        s.push_str("readyz check failed\n");
+        s
+    };
+    response(code, "text/plain; charset=utf-8", full(body))
+}
+
+fn metrics(state: &State) -> Response<Body> {
+    // Placeholder until the metrics issue lands: a few gauges in the
+    // Prometheus text format.
+    let mut out = String::new();
+    out.push_str(
+        "# HELP watchcache_resource_version Current resourceVersion of the watch cache.\n",
+    );
+    out.push_str("# TYPE watchcache_resource_version gauge\n");
+    for r in &state.resources {
+        out.push_str(&format!(
+            "watchcache_resource_version{{resource=\"{}\"}} {}\n",
+            r.config.plural,
+            r.cacher.resource_version()
+        ));
+    }
+    out.push_str("# HELP watchcache_api_open_watches Open watch streams of the REST API.\n");
+    out.push_str("# TYPE watchcache_api_open_watches gauge\n");
+    out.push_str(&format!(
+        "watchcache_api_open_watches {}\n",
+        state.watches.load(std::sync::atomic::Ordering::Relaxed)
+    ));
+    response(200, "text/plain; version=0.0.4; charset=utf-8", full(out))
+}

@@ -1,0 +1,370 @@
+//! The read verbs of the REST API: get, list and watch, all answered by the
+//! [`Cacher`](crate::cacher::Cacher). Lists and watch events are written from
+//! the cached wire bytes; only kubectl's Table requests re-render.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::header::ACCEPT;
+use hyper::{Request, Response};
+use serde_json::{Map, Value, json};
+
+use crate::cacher::{GetRequest, ListRequest, WatchChunk, WatchRequest};
+use crate::object::{FieldSelector, LabelSelector, Object, metadata_str};
+
+use super::errors::cacher_status;
+use super::k8s::{Target, json_value};
+use super::params::{Query, wants_table};
+use super::table::{self, IncludeObject};
+use super::{ApiStatus, Body, Resource, State, json_response, response};
+
+/// Frames of a List body are at most about this large (small objects are
+/// coalesced; large ones are written as their own frame without copying).
+const LIST_FRAME_BYTES: usize = 64 * 1024;
+/// How long after `timeoutSeconds` the API ends a watch the cacher has not ended.
+const WATCH_DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn selectors(res: &Resource, query: &Query) -> Result<(LabelSelector, FieldSelector), ApiStatus> {
+    let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
+        .map_err(|e| ApiStatus::bad_request(format!("invalid labelSelector: {e}")))?;
+    let fields = FieldSelector::parse(
+        query.get("fieldSelector").unwrap_or(""),
+        res.cacher.codec().index_paths(),
+    )
+    .map_err(|e| ApiStatus::bad_request(format!("invalid fieldSelector: {e}")))?;
+    Ok((labels, fields))
+}
+
+fn table_request(
+    req: &Request<Incoming>,
+    query: &Query,
+) -> Result<Option<IncludeObject>, ApiStatus> {
+    let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+    if !wants_table(accept) {
+        return Ok(None);
+    }
+    IncludeObject::parse(query.get("includeObject"))
+        .map(Some)
+        .map_err(ApiStatus::bad_request)
+}
+
+pub(crate) async fn get(
+    target: &Target<'_>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>, ApiStatus> {
+    let res = target.resource;
+    let table = table_request(req, query)?;
+    let get = GetRequest {
+        namespace: target.namespace.clone(),
+        name: target.name.clone().unwrap_or_default(),
+        resource_version: query.resource_version()?,
+    };
+    let obj = res
+        .cacher
+        .get(&get)
+        .await
+        .map_err(|e| cacher_status(e, &target.what()))?;
+    match table {
+        None => Ok(json_response(200, obj.wire.clone())),
+        Some(include) => {
+            let paths = res.cacher.codec().index_paths();
+            let t = table::table(
+                vec![table::object_row(&obj, paths, include)],
+                paths,
+                json!({"resourceVersion": obj.mod_revision.to_string()}),
+                true,
+            );
+            Ok(json_value(200, &t))
+        }
+    }
+}
+
+pub(crate) async fn list(
+    target: &Target<'_>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>, ApiStatus> {
+    let res = target.resource;
+    let table = table_request(req, query)?;
+    let (label_selector, field_selector) = selectors(res, query)?;
+    let list = ListRequest {
+        namespace: target.namespace.clone(),
+        label_selector,
+        field_selector,
+        resource_version: query.resource_version()?,
+        resource_version_match: query.resource_version_match()?,
+        limit: query.limit()?,
+        continue_token: query.continue_token(),
+    };
+    let result = res
+        .cacher
+        .list(&list)
+        .await
+        .map_err(|e| cacher_status(e, &target.what()))?;
+    let mut meta = Map::new();
+    meta.insert(
+        "resourceVersion".into(),
+        Value::String(result.resource_version.to_string()),
+    );
+    if let Some(c) = &result.continue_token {
+        meta.insert("continue".into(), Value::String(c.clone()));
+    }
+    if let Some(n) = result.remaining_item_count {
+        meta.insert("remainingItemCount".into(), json!(n));
+    }
+    if let Some(include) = table {
+        let paths = res.cacher.codec().index_paths();
+        let rows = result
+            .items
+            .iter()
+            .map(|o| table::object_row(o, paths, include))
+            .collect();
+        let t = table::table(rows, paths, Value::Object(meta), true);
+        return Ok(json_value(200, &t));
+    }
+    let head = json!({
+        "apiVersion": res.config.api_version(),
+        "kind": format!("{}List", res.config.kind),
+        "metadata": Value::Object(meta),
+    })
+    .to_string();
+    // `head` ends with '}': reopen it for the items.
+    let mut prefix = head;
+    prefix.pop();
+    prefix.push_str(",\"items\":[");
+    let frames = ListFrames {
+        prefix: Some(Bytes::from(prefix)),
+        items: result.items.into_iter(),
+        first: true,
+        done: false,
+        pending: None,
+    };
+    let stream =
+        futures::stream::iter(frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))));
+    Ok(response(
+        200,
+        "application/json",
+        StreamBody::new(stream).boxed_unsync(),
+    ))
+}
+
+/// The frames of a List body: the head, the items' cached wire bytes
+/// (coalesced up to [`LIST_FRAME_BYTES`]), then `]}`.
+struct ListFrames {
+    prefix: Option<Bytes>,
+    items: std::vec::IntoIter<Arc<Object>>,
+    first: bool,
+    done: bool,
+    /// A large item to send as its own frame next.
+    pending: Option<Bytes>,
+}
+
+impl Iterator for ListFrames {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        if let Some(p) = self.pending.take() {
+            return Some(p);
+        }
+        if self.done {
+            return None;
+        }
+        let mut buf = BytesMut::with_capacity(LIST_FRAME_BYTES);
+        if let Some(p) = self.prefix.take() {
+            buf.put_slice(&p);
+        }
+        loop {
+            let Some(obj) = self.items.next() else {
+                buf.put_slice(b"]}");
+                self.done = true;
+                return Some(buf.freeze());
+            };
+            if !self.first {
+                buf.put_u8(b',');
+            }
+            self.first = false;
+            if obj.wire.len() >= LIST_FRAME_BYTES / 4 {
+                // Large object: send what we have, then the object itself, uncopied.
+                self.pending = Some(obj.wire.clone());
+                return Some(buf.freeze());
+            }
+            buf.put_slice(&obj.wire);
+            if buf.len() >= LIST_FRAME_BYTES {
+                return Some(buf.freeze());
+            }
+        }
+    }
+}
+
+/// Releases a watch slot when the stream ends.
+struct WatchSlot {
+    state: Arc<State>,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        self.state.watches.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn acquire_watch_slot(state: &Arc<State>) -> Result<WatchSlot, ApiStatus> {
+    let max = state.config.server.max_watches;
+    let prev = state.watches.fetch_add(1, Ordering::AcqRel);
+    let slot = WatchSlot {
+        state: Arc::clone(state),
+    };
+    if prev >= max {
+        drop(slot);
+        return Err(ApiStatus::too_many_requests(
+            format!("too many concurrent watches (limit {max})"),
+            1,
+        ));
+    }
+    Ok(slot)
+}
+
+/// Turns watch lines into Table watch lines (kubectl `get -w`).
+struct TableWatch {
+    paths: Vec<Arc<str>>,
+    include: IncludeObject,
+    first: bool,
+}
+
+impl TableWatch {
+    fn convert(&mut self, data: &[u8]) -> Bytes {
+        let mut out = BytesMut::with_capacity(data.len());
+        for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let converted = serde_json::from_slice::<Value>(line).ok().and_then(|ev| {
+                let ty = ev.get("type")?.as_str()?.to_string();
+                if !matches!(ty.as_str(), "ADDED" | "MODIFIED" | "DELETED") {
+                    return None;
+                }
+                let obj = ev.get("object")?.clone();
+                let rv = metadata_str(&obj, "resourceVersion")
+                    .unwrap_or("")
+                    .to_string();
+                let row = table::row(obj, &self.paths, self.include);
+                let t = table::table(
+                    vec![row],
+                    &self.paths,
+                    json!({"resourceVersion": rv}),
+                    self.first,
+                );
+                self.first = false;
+                Some(json!({"type": ty, "object": t}).to_string())
+            });
+            match converted {
+                Some(s) => out.put_slice(s.as_bytes()),
+                None => out.put_slice(line),
+            }
+            out.put_u8(b'\n');
+        }
+        out.freeze()
+    }
+}
+
+pub(crate) async fn watch(
+    state: &Arc<State>,
+    target: &Target<'_>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>, ApiStatus> {
+    let res = target.resource;
+    let table = table_request(req, query)?;
+    let (label_selector, field_selector) = selectors(res, query)?;
+    let timeout = query.timeout()?;
+    let watch = WatchRequest {
+        namespace: target.namespace.clone(),
+        label_selector,
+        field_selector,
+        resource_version: query.resource_version()?,
+        resource_version_match: query.resource_version_match()?,
+        allow_bookmarks: query.bool("allowWatchBookmarks")?,
+        send_initial_events: match query.get("sendInitialEvents") {
+            None | Some("") => None,
+            Some(_) => Some(query.bool("sendInitialEvents")?),
+        },
+        timeout,
+    };
+    let slot = acquire_watch_slot(state)?;
+    let what = target.what();
+    let mut first_error = None;
+    let watcher = match res.cacher.watch(watch).await {
+        Ok(w) => Some(w),
+        // A watch that cannot be served from history is a 200 with an
+        // ERROR event, as Kubernetes does.
+        Err(crate::cacher::CacherError::Expired(m)) => {
+            first_error = Some(ApiStatus::expired(m).error_line());
+            None
+        }
+        Err(e) => return Err(cacher_status(e, &what)),
+    };
+    // The cacher ends the stream at `timeoutSeconds` (after a last
+    // bookmark); this deadline is only a backstop.
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE);
+    let mut table_watch = table.map(|include| TableWatch {
+        paths: res.cacher.codec().index_paths().to_vec(),
+        include,
+        first: true,
+    });
+    let shutdown = state.shutdown.clone();
+    struct St {
+        watcher: Option<crate::cacher::Watcher>,
+        first_error: Option<Bytes>,
+        _slot: WatchSlot,
+    }
+    let st = St {
+        watcher,
+        first_error,
+        _slot: slot,
+    };
+    let stream = futures::stream::unfold(Some(st), move |st| {
+        let shutdown = shutdown.clone();
+        let what = what.clone();
+        async move {
+            let mut st = st?;
+            if let Some(e) = st.first_error.take() {
+                return Some((e, None));
+            }
+            let watcher = st.watcher.as_mut()?;
+            let sleep = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep_until(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let item = tokio::select! {
+                _ = shutdown.cancelled() => None,
+                _ = sleep => None,
+                chunk = watcher.next() => chunk,
+            };
+            match item? {
+                WatchChunk::Data(b) => Some((b, Some(st))),
+                WatchChunk::Error(crate::cacher::CacherError::ShuttingDown) => None,
+                WatchChunk::Error(e) => Some((cacher_status(e, &what).error_line(), None)),
+            }
+        }
+    });
+    // Table conversion happens outside the unfold so its state lives once.
+    let stream = futures::StreamExt::map(stream, move |b| {
+        let b = match table_watch.as_mut() {
+            Some(tw) => tw.convert(&b),
+            None => b,
+        };
+        Ok::<_, std::convert::Infallible>(Frame::data(b))
+    });
+    let mut resp = response(
+        200,
+        "application/json",
+        StreamBody::new(stream).boxed_unsync(),
+    );
+    resp.headers_mut().insert(
+        hyper::header::CACHE_CONTROL,
+        hyper::header::HeaderValue::from_static("no-cache, private"),
+    );
+    Ok(resp)
+}

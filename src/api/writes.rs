@@ -1,0 +1,666 @@
+//! The write verbs of the REST API: create, update (replace), patch and
+//! delete. Every write goes to etcd through [`Storage`](crate::storage::Storage)
+//! (never into the cache); responses carry the new resourceVersion.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Limited};
+use hyper::Request;
+use hyper::Response;
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::http::request::Parts;
+use serde_json::{Map, Value};
+
+use crate::cacher::GetRequest;
+use crate::config::is_dns_subdomain;
+use crate::object::{metadata_str, set_resource_version, strip_resource_version};
+use crate::storage::{Preconditions, StorageError, StoredObject, UpdateAction, WriteOptions};
+
+use super::errors::{What, storage_status};
+use super::k8s::{Target, json_value};
+use super::params::{Query, media_type, parse_resource_version};
+use super::{ApiStatus, Body, Resource, State, json_response};
+
+/// Characters of a generateName suffix (Kubernetes' alphabet, no vowels).
+const GENERATE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+const GENERATE_SUFFIX_LEN: usize = 5;
+const GENERATE_ATTEMPTS: usize = 3;
+pub(crate) async fn read_body(
+    state: &State,
+    req: Request<Incoming>,
+) -> Result<(Parts, Bytes), ApiStatus> {
+    let max = state.config.server.max_body_bytes;
+    let (parts, body) = req.into_parts();
+    let too_large = || {
+        ApiStatus::too_large(format!(
+            "the request body is larger than the limit of {max} bytes"
+        ))
+    };
+    if let Some(len) = parts
+        .headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+        && len > max as u64
+    {
+        return Err(too_large());
+    }
+    match Limited::new(body, max).collect().await {
+        Ok(c) => Ok((parts, c.to_bytes())),
+        Err(e) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(too_large())
+            } else {
+                Err(ApiStatus::bad_request(format!(
+                    "cannot read the request body: {e}"
+                )))
+            }
+        }
+    }
+}
+
+/// Create and update bodies must be JSON.
+fn check_json_content_type(parts: &Parts) -> Result<(), ApiStatus> {
+    let ct = media_type(
+        parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    );
+    match ct.as_deref() {
+        None | Some("") | Some("application/json") | Some("*/*") => Ok(()),
+        Some(other) => Err(ApiStatus::unsupported_media_type(format!(
+            "the body of the request was in an unknown format - accepted media types include: application/json (got {other})"
+        ))),
+    }
+}
+
+pub(crate) fn parse_json(body: &[u8]) -> Result<Value, ApiStatus> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiStatus::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+/// Checks `apiVersion`/`kind` (filling them when absent) and that the body
+/// is an object with an object `metadata`.
+pub(crate) fn check_type_meta(obj: &mut Value, res: &Resource) -> Result<(), ApiStatus> {
+    let api_version = res.config.api_version();
+    let kind = res.config.kind.clone();
+    let Some(map) = obj.as_object_mut() else {
+        return Err(ApiStatus::bad_request(
+            "the request body must be a JSON object",
+        ));
+    };
+    match map.get("apiVersion") {
+        None | Some(Value::Null) => {
+            map.insert("apiVersion".into(), Value::String(api_version));
+        }
+        Some(Value::String(s)) if s.is_empty() => {
+            map.insert("apiVersion".into(), Value::String(api_version));
+        }
+        Some(Value::String(s)) if *s == api_version => {}
+        Some(other) => {
+            return Err(ApiStatus::bad_request(format!(
+                "the API version in the data ({}) does not match the expected API version ({api_version})",
+                other.as_str().unwrap_or("?")
+            )));
+        }
+    }
+    match map.get("kind") {
+        None | Some(Value::Null) => {
+            map.insert("kind".into(), Value::String(kind));
+        }
+        Some(Value::String(s)) if s.is_empty() => {
+            map.insert("kind".into(), Value::String(kind));
+        }
+        Some(Value::String(s)) if *s == kind => {}
+        Some(other) => {
+            return Err(ApiStatus::bad_request(format!(
+                "the kind in the data ({}) does not match the expected kind ({kind})",
+                other.as_str().unwrap_or("?")
+            )));
+        }
+    }
+    match map.get("metadata") {
+        None | Some(Value::Null) => {
+            map.insert("metadata".into(), Value::Object(Map::new()));
+        }
+        Some(Value::Object(_)) => {}
+        Some(_) => return Err(ApiStatus::bad_request("metadata must be a JSON object")),
+    }
+    Ok(())
+}
+
+fn meta_mut(obj: &mut Value) -> Result<&mut Map<String, Value>, ApiStatus> {
+    crate::object::metadata_mut(obj)
+        .ok_or_else(|| ApiStatus::bad_request("metadata must be a JSON object"))
+}
+
+/// A string field of the body's metadata: absent/null -> None; non-string -> 400.
+pub(crate) fn meta_string(obj: &Value, field: &str) -> Result<Option<String>, ApiStatus> {
+    match obj.get("metadata").and_then(|m| m.get(field)) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiStatus::bad_request(format!(
+            "metadata.{field} must be a string"
+        ))),
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), ApiStatus> {
+    if is_dns_subdomain(name) {
+        Ok(())
+    } else {
+        Err(ApiStatus::invalid(format!(
+            "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (at most 253 characters)"
+        )))
+    }
+}
+
+/// The namespace in the body must match the path (filled when absent);
+/// cluster-scoped objects carry none.
+fn reconcile_namespace(obj: &mut Value, target: &Target<'_>) -> Result<(), ApiStatus> {
+    let body_ns = meta_string(obj, "namespace")?;
+    let meta = meta_mut(obj)?;
+    match (&target.namespace, body_ns.as_deref()) {
+        (Some(ns), None) | (Some(ns), Some("")) => {
+            meta.insert("namespace".into(), Value::String(ns.clone()));
+        }
+        (Some(ns), Some(b)) if b == ns => {}
+        (Some(ns), Some(b)) => {
+            return Err(ApiStatus::bad_request(format!(
+                "the namespace of the provided object ({b}) does not match the namespace sent on the request ({ns})"
+            )));
+        }
+        (None, _) => {
+            meta.remove("namespace");
+        }
+    }
+    Ok(())
+}
+
+fn write_options(res: &Resource, dry_run: bool) -> WriteOptions {
+    WriteOptions {
+        ttl_seconds: res.config.ttl_seconds,
+        dry_run,
+    }
+}
+
+fn to_bytes(obj: &Value) -> Result<Bytes, ApiStatus> {
+    serde_json::to_vec(obj)
+        .map(Bytes::from)
+        .map_err(|e| ApiStatus::internal(format!("cannot encode the object: {e}")))
+}
+
+/// The JSON answer for a stored object: its value with
+/// `metadata.resourceVersion` = mod_revision (none for a dry-run create).
+fn stored_response(code: u16, res: &Resource, stored: &StoredObject) -> Response<Body> {
+    if stored.mod_revision == 0 {
+        return json_response(code, stored.value.clone());
+    }
+    match res.cacher.codec().decode(
+        &stored.key,
+        &stored.value,
+        stored.mod_revision,
+        stored.create_revision,
+    ) {
+        Ok(obj) => json_response(code, obj.wire),
+        Err(_) => {
+            // Not decodable by the codec (should not happen for what we
+            // wrote); inject the RV by hand.
+            match serde_json::from_slice::<Value>(&stored.value) {
+                Ok(mut v) => {
+                    set_resource_version(&mut v, stored.mod_revision);
+                    json_value(code, &v)
+                }
+                Err(_) => json_response(code, stored.value.clone()),
+            }
+        }
+    }
+}
+
+/// The cached object as a `StoredObject` suggestion for a GuaranteedUpdate
+/// (its value without the injected resourceVersion).
+async fn suggestion(target: &Target<'_>, key: &str) -> Option<StoredObject> {
+    let name = target.name.clone()?;
+    let req = GetRequest {
+        namespace: target.namespace.clone(),
+        name,
+        resource_version: Some(0),
+    };
+    let obj = target.resource.cacher.get(&req).await.ok()?;
+    let mut v: Value = serde_json::from_slice(&obj.wire).ok()?;
+    strip_resource_version(&mut v);
+    let value = Bytes::from(serde_json::to_vec(&v).ok()?);
+    Some(StoredObject {
+        key: key.to_string(),
+        value,
+        mod_revision: obj.mod_revision,
+        create_revision: obj.create_revision,
+        version: 0,
+        lease: 0,
+    })
+}
+
+fn now_rfc3339() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+fn generate_name(prefix: &str) -> String {
+    use rand::Rng;
+    let mut rng = rand::rng();
+    let mut s = String::with_capacity(prefix.len() + GENERATE_SUFFIX_LEN);
+    // Kubernetes truncates the prefix so the result stays a valid name.
+    let max_prefix = 253 - GENERATE_SUFFIX_LEN;
+    s.push_str(if prefix.len() > max_prefix {
+        prefix.get(..max_prefix).unwrap_or(prefix)
+    } else {
+        prefix
+    });
+    for _ in 0..GENERATE_SUFFIX_LEN {
+        let i = rng.random_range(0..GENERATE_ALPHABET.len());
+        s.push(char::from(GENERATE_ALPHABET[i]));
+    }
+    s
+}
+
+// ---------------------------------------------------------------------------
+// Writes
+
+pub(crate) async fn create(
+    state: &State,
+    target: &Target<'_>,
+    query: &Query,
+    parts: &Parts,
+    body: Bytes,
+) -> Result<Response<Body>, ApiStatus> {
+    check_json_content_type(parts)?;
+    let dry_run = query.dry_run()?;
+    let res = target.resource;
+    let mut obj = parse_json(&body)?;
+    check_type_meta(&mut obj, res)?;
+    reconcile_namespace(&mut obj, target)?;
+    if let Some(ns) = &target.namespace
+        && !crate::config::is_dns_label(ns)
+    {
+        return Err(ApiStatus::invalid(format!(
+            "metadata.namespace: Invalid value: {ns:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (at most 63 characters)"
+        )));
+    }
+    let name = meta_string(&obj, "name")?.filter(|n| !n.is_empty());
+    let generate = meta_string(&obj, "generateName")?.filter(|n| !n.is_empty());
+    let attempts = if name.is_none() && generate.is_some() {
+        GENERATE_ATTEMPTS
+    } else {
+        1
+    };
+    if name.is_none() && generate.is_none() {
+        return Err(ApiStatus::invalid(
+            "metadata.name: Required value: name or generateName is required",
+        ));
+    }
+    {
+        let meta = meta_mut(&mut obj)?;
+        meta.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
+    }
+    strip_resource_version(&mut obj);
+    let opts = write_options(res, dry_run);
+    let mut last = None;
+    for _ in 0..attempts {
+        let name = match (&name, &generate) {
+            (Some(n), _) => n.clone(),
+            (None, Some(g)) => generate_name(g),
+            (None, None) => unreachable_name()?,
+        };
+        validate_name(&name)?;
+        meta_mut(&mut obj)?.insert("name".into(), Value::String(name.clone()));
+        let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+        let what = What {
+            name: Some(name.clone()),
+            ..target.what()
+        };
+        match state.storage.create(&key, to_bytes(&obj)?, &opts).await {
+            Ok(stored) => return Ok(stored_response(201, res, &stored)),
+            Err(e @ StorageError::AlreadyExists { .. }) if attempts > 1 => {
+                last = Some(storage_status(e, &what));
+            }
+            Err(e) => return Err(storage_status(e, &what)),
+        }
+    }
+    Err(last.unwrap_or_else(|| ApiStatus::internal("create failed")))
+}
+
+fn unreachable_name() -> Result<String, ApiStatus> {
+    Err(ApiStatus::invalid(
+        "metadata.name: Required value: name or generateName is required",
+    ))
+}
+
+/// The body of an update, checked against the path: name must match,
+/// namespace must match (filled when absent), type meta must match.
+fn prepare_update_body(body: &[u8], target: &Target<'_>) -> Result<Value, ApiStatus> {
+    let mut obj = parse_json(body)?;
+    check_type_meta(&mut obj, target.resource)?;
+    let path_name = target.name.clone().unwrap_or_default();
+    match meta_string(&obj, "name")?.as_deref() {
+        Some(n) if n == path_name => {}
+        Some("") | None => {
+            return Err(ApiStatus::bad_request(format!(
+                "the name of the object () does not match the name on the URL ({path_name})"
+            )));
+        }
+        Some(n) => {
+            return Err(ApiStatus::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({path_name})"
+            )));
+        }
+    }
+    reconcile_namespace(&mut obj, target)?;
+    Ok(obj)
+}
+
+/// Copies the server-owned fields (uid, creationTimestamp) of `current` into
+/// `obj` and strips resourceVersion.
+fn carry_system_fields(obj: &mut Value, current: &Value) -> Result<(), ApiStatus> {
+    let uid = metadata_str(current, "uid").map(str::to_string);
+    let created = metadata_str(current, "creationTimestamp").map(str::to_string);
+    let meta = meta_mut(obj)?;
+    match uid {
+        Some(u) => meta.insert("uid".into(), Value::String(u)),
+        None => meta.remove("uid"),
+    };
+    match created {
+        Some(c) => meta.insert("creationTimestamp".into(), Value::String(c)),
+        None => meta.remove("creationTimestamp"),
+    };
+    strip_resource_version(obj);
+    Ok(())
+}
+
+/// Runs `f` inside a GuaranteedUpdate; request errors raised by `f` come
+/// back as themselves, storage errors are mapped.
+async fn guaranteed_update<F>(
+    state: &State,
+    target: &Target<'_>,
+    key: &str,
+    preconditions: &Preconditions,
+    opts: &WriteOptions,
+    mut f: F,
+) -> Result<StoredObject, ApiStatus>
+where
+    F: FnMut(&StoredObject) -> Result<Bytes, ApiStatus> + Send,
+{
+    let suggestion = suggestion(target, key).await;
+    let mut request_error: Option<ApiStatus> = None;
+    let result = state
+        .storage
+        .guaranteed_update(key, preconditions, suggestion, opts, |cur| {
+            request_error = None;
+            match f(cur) {
+                Ok(v) => Ok(UpdateAction::Update(v)),
+                Err(ApiStatus {
+                    code: 409, message, ..
+                }) => Err(StorageError::conflict(key, message)),
+                Err(s) => {
+                    let msg = s.message.clone();
+                    request_error = Some(s);
+                    Err(StorageError::InvalidObject(msg))
+                }
+            }
+        })
+        .await;
+    match result {
+        Ok(stored) => Ok(stored),
+        Err(StorageError::InvalidObject(m)) if request_error.is_some() => {
+            Err(request_error.unwrap_or_else(|| ApiStatus::internal(m)))
+        }
+        Err(e) => Err(storage_status(e, &target.what())),
+    }
+}
+
+fn parse_stored(cur: &StoredObject) -> Result<Value, ApiStatus> {
+    serde_json::from_slice(&cur.value).map_err(|e| {
+        ApiStatus::internal(format!(
+            "the stored object {} is not valid JSON: {e}",
+            cur.key
+        ))
+    })
+}
+
+const MODIFIED: &str =
+    "the object has been modified; please apply your changes to the latest version and try again";
+
+pub(crate) async fn update(
+    state: &State,
+    target: &Target<'_>,
+    query: &Query,
+    parts: &Parts,
+    body: Bytes,
+) -> Result<Response<Body>, ApiStatus> {
+    check_json_content_type(parts)?;
+    let dry_run = query.dry_run()?;
+    let res = target.resource;
+    let obj = prepare_update_body(&body, target)?;
+    let rv = parse_resource_version(meta_string(&obj, "resourceVersion")?.as_deref())?
+        .filter(|rv| *rv > 0);
+    let body_uid = meta_string(&obj, "uid")?.filter(|u| !u.is_empty());
+    let name = target.name.clone().unwrap_or_default();
+    let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+    let opts = write_options(res, dry_run);
+    let what = target.what();
+    let preconditions = Preconditions {
+        uid: body_uid,
+        resource_version: None,
+    };
+
+    let stored = match rv {
+        Some(rv) => {
+            // CAS on the given resourceVersion. The current object (for uid
+            // and creationTimestamp) comes from the cache when it is at
+            // exactly that revision, else from etcd.
+            let current = match suggestion(target, &key).await {
+                Some(s) if s.mod_revision == rv => s,
+                _ => state
+                    .storage
+                    .get(&key, 0)
+                    .await
+                    .map_err(|e| storage_status(e, &what))?,
+            };
+            if current.mod_revision != rv {
+                return Err(storage_status(
+                    StorageError::conflict(&key, MODIFIED),
+                    &what,
+                ));
+            }
+            preconditions
+                .check(&key, &current)
+                .map_err(|e| storage_status(e, &what))?;
+            let mut obj = obj;
+            carry_system_fields(&mut obj, &parse_stored(&current)?)?;
+            let value = to_bytes(&obj)?;
+            if value == current.value {
+                current
+            } else {
+                state
+                    .storage
+                    .update(&key, value, rv, &opts)
+                    .await
+                    .map_err(|e| storage_status(e, &what))?
+            }
+        }
+        None => {
+            guaranteed_update(state, target, &key, &preconditions, &opts, |cur| {
+                let mut new = obj.clone();
+                carry_system_fields(&mut new, &parse_stored(cur)?)?;
+                to_bytes(&new)
+            })
+            .await?
+        }
+    };
+    Ok(stored_response(200, res, &stored))
+}
+
+enum PatchKind {
+    Merge(Value),
+    Strategic(Value),
+    Json(json_patch::Patch),
+}
+
+pub(crate) async fn patch(
+    state: &State,
+    target: &Target<'_>,
+    query: &Query,
+    parts: &Parts,
+    body: Bytes,
+) -> Result<Response<Body>, ApiStatus> {
+    let ct = media_type(
+        parts
+            .headers
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let kind = match ct.as_deref() {
+        Some("application/merge-patch+json") => PatchKind::Merge(parse_json(&body)?),
+        Some("application/strategic-merge-patch+json") => PatchKind::Strategic(parse_json(&body)?),
+        Some("application/json-patch+json") => {
+            let v = parse_json(&body)?;
+            PatchKind::Json(
+                serde_json::from_value(v).map_err(|e| {
+                    ApiStatus::bad_request(format!("the JSON patch is malformed: {e}"))
+                })?,
+            )
+        }
+        other => {
+            return Err(ApiStatus::unsupported_media_type(format!(
+                "the body of the request was in an unknown format ({}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                other.unwrap_or("no Content-Type")
+            )));
+        }
+    };
+    if let PatchKind::Merge(v) | PatchKind::Strategic(v) = &kind
+        && !v.is_object()
+    {
+        return Err(ApiStatus::bad_request(
+            "a merge patch must be a JSON object",
+        ));
+    }
+    let dry_run = query.dry_run()?;
+    let res = target.resource;
+    let name = target.name.clone().unwrap_or_default();
+    let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+    let opts = write_options(res, dry_run);
+    let stored = guaranteed_update(state, target, &key, &Preconditions::none(), &opts, |cur| {
+        let current = parse_stored(cur)?;
+        let mut doc = current.clone();
+        set_resource_version(&mut doc, cur.mod_revision);
+        match &kind {
+            PatchKind::Merge(p) => json_patch::merge(&mut doc, p),
+            PatchKind::Strategic(p) => super::smp::apply(&mut doc, p),
+            PatchKind::Json(p) => json_patch::patch(&mut doc, p).map_err(|e| {
+                ApiStatus::invalid(format!("the JSON patch could not be applied: {e}"))
+            })?,
+        }
+        if !doc.is_object() {
+            return Err(ApiStatus::invalid(
+                "the patched object is not a JSON object",
+            ));
+        }
+        check_type_meta(&mut doc, res).map_err(|s| ApiStatus::invalid(s.message))?;
+        match meta_string(&doc, "name")? {
+            Some(n) if n == name => {}
+            other => {
+                return Err(ApiStatus::bad_request(format!(
+                    "the name of the object ({}) does not match the name on the URL ({name})",
+                    other.unwrap_or_default()
+                )));
+            }
+        }
+        reconcile_namespace(&mut doc, target)?;
+        if let Some(rv) = meta_string(&doc, "resourceVersion")?.filter(|s| !s.is_empty())
+            && rv != cur.mod_revision.to_string()
+        {
+            return Err(ApiStatus::conflict(MODIFIED));
+        }
+        let old_uid = metadata_str(&current, "uid");
+        let new_uid = meta_string(&doc, "uid")?;
+        if new_uid.as_deref().filter(|u| !u.is_empty()) != old_uid.filter(|u| !u.is_empty())
+            && new_uid.is_some()
+        {
+            return Err(ApiStatus::invalid(
+                "metadata.uid: Invalid value: field is immutable",
+            ));
+        }
+        carry_system_fields(&mut doc, &current)?;
+        to_bytes(&doc)
+    })
+    .await?;
+    Ok(stored_response(200, res, &stored))
+}
+
+pub(crate) async fn delete(
+    state: &State,
+    target: &Target<'_>,
+    query: &Query,
+    body: Bytes,
+) -> Result<Response<Body>, ApiStatus> {
+    let mut dry_run = query.dry_run()?;
+    let mut preconditions = Preconditions::none();
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let opts = parse_json(&body)?;
+        if !opts.is_object() {
+            return Err(ApiStatus::bad_request(
+                "DeleteOptions must be a JSON object",
+            ));
+        }
+        if let Some(pre) = opts.get("preconditions").filter(|p| !p.is_null()) {
+            match pre.get("uid") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(u)) => preconditions.uid = Some(u.clone()),
+                Some(_) => {
+                    return Err(ApiStatus::bad_request("preconditions.uid must be a string"));
+                }
+            }
+            match pre.get("resourceVersion") {
+                None | Some(Value::Null) => {}
+                Some(Value::String(rv)) => {
+                    preconditions.resource_version = parse_resource_version(Some(rv))?
+                }
+                Some(_) => {
+                    return Err(ApiStatus::bad_request(
+                        "preconditions.resourceVersion must be a string",
+                    ));
+                }
+            }
+        }
+        match opts.get("dryRun") {
+            None | Some(Value::Null) => {}
+            Some(Value::Array(a)) => {
+                for v in a {
+                    match v.as_str() {
+                        Some("All") => dry_run = true,
+                        _ => {
+                            return Err(ApiStatus::bad_request(format!(
+                                "invalid dryRun value {v}: only \"All\" is supported"
+                            )));
+                        }
+                    }
+                }
+            }
+            Some(_) => return Err(ApiStatus::bad_request("dryRun must be a list")),
+        }
+    }
+    let res = target.resource;
+    let name = target.name.clone().unwrap_or_default();
+    let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+    let stored = state
+        .storage
+        .delete(&key, &preconditions, &write_options(res, dry_run))
+        .await
+        .map_err(|e| storage_status(e, &target.what()))?;
+    Ok(stored_response(200, res, &stored))
+}

@@ -1,0 +1,1315 @@
+//! The Kubernetes-style REST API over HTTP against a real etcd: every route,
+//! every error path (HTTP code + Status.reason + etcd untouched), optimistic
+//! concurrency, pagination, watch and read-your-writes.
+mod common;
+use common::server as api_support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use api_support::{TestServer, pod, rv_of};
+
+const PODS: &str = "/api/v1/namespaces/ns1/pods";
+
+fn assert_status(code: u16, body: &Value, want_code: u16, want_reason: &str) {
+    assert_eq!(code, want_code, "HTTP code; body: {body}");
+    assert_eq!(body["kind"], "Status", "a Status object: {body}");
+    assert_eq!(body["status"], "Failure", "{body}");
+    assert_eq!(body["code"], want_code, "{body}");
+    assert_eq!(body["reason"], want_reason, "{body}");
+}
+
+/// Reads a watch stream line by line.
+struct WatchStream {
+    resp: Option<reqwest::Response>,
+    buf: Vec<u8>,
+}
+
+impl WatchStream {
+    async fn open(ts: &TestServer, path: &str) -> WatchStream {
+        let resp = ts
+            .http
+            .get(ts.url(path))
+            .timeout(Duration::from_secs(120))
+            .send()
+            .await
+            .expect("watch request");
+        assert_eq!(resp.status(), 200, "watch status");
+        WatchStream {
+            resp: Some(resp),
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next event, or None at the end of the stream / after `timeout`.
+    async fn next(&mut self, timeout: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(pos) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=pos).collect();
+                return Some(serde_json::from_slice(&line).expect("watch line is JSON"));
+            }
+            let resp = self.resp.as_mut()?;
+            match tokio::time::timeout_at(deadline, resp.chunk()).await {
+                Ok(Ok(Some(chunk))) => self.buf.extend_from_slice(&chunk),
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    self.resp = None;
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+    }
+
+    /// The next event that is not a BOOKMARK.
+    async fn next_event(&mut self, timeout: Duration) -> Option<Value> {
+        loop {
+            let ev = self.next(timeout).await?;
+            if ev["type"] != "BOOKMARK" {
+                return Some(ev);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// ops and discovery
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ops_endpoints() {
+    let ts = TestServer::start("ops", |_| {}).await;
+    for path in ["/healthz", "/livez", "/readyz"] {
+        let r = ts.http.get(ts.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        assert_eq!(r.text().await.unwrap(), "ok", "{path}");
+    }
+    let r = ts.http.get(ts.url("/readyz?verbose")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().await.unwrap();
+    assert!(text.contains("[+]cacher-pods ok"), "{text}");
+    assert!(text.contains("[+]cacher-widgets.example.com ok"), "{text}");
+    let r = ts.http.get(ts.url("/metrics")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let r = ts.http.post(ts.url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_documents() {
+    let ts = TestServer::start("discovery", |_| {}).await;
+    let (c, v) = ts.get_json("/version").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["major"], "1");
+    let (c, v) = ts.get_json("/api").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["kind"], "APIVersions");
+    assert_eq!(v["versions"], json!(["v1"]));
+    let (c, v) = ts.get_json("/api/v1").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["kind"], "APIResourceList");
+    assert_eq!(v["groupVersion"], "v1");
+    let res = v["resources"].as_array().unwrap();
+    let pods = res.iter().find(|r| r["name"] == "pods").expect("pods");
+    assert_eq!(pods["kind"], "Pod");
+    assert_eq!(pods["namespaced"], true);
+    assert_eq!(pods["singularName"], "pod");
+    assert!(pods["verbs"].as_array().unwrap().contains(&json!("watch")));
+    let nodes = res.iter().find(|r| r["name"] == "nodes").expect("nodes");
+    assert_eq!(nodes["namespaced"], false);
+    let (c, v) = ts.get_json("/apis").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["kind"], "APIGroupList");
+    assert_eq!(v["groups"][0]["name"], "example.com");
+    assert_eq!(
+        v["groups"][0]["preferredVersion"]["groupVersion"],
+        "example.com/v1"
+    );
+    let (c, v) = ts.get_json("/apis/example.com/v1").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["groupVersion"], "example.com/v1");
+    assert_eq!(v["resources"][0]["name"], "widgets");
+    let (c, v) = ts.get_json("/apis/example.com").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["kind"], "APIGroup");
+    let (c, v) = ts.get_json("/apis/nope.io/v1").await;
+    assert_status(c, &v, 404, "NotFound");
+    let (c, v) = ts.get_json("/api/v2").await;
+    assert_status(c, &v, 404, "NotFound");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_prior_knowledge() {
+    let ts = TestServer::start("h2c", |_| {}).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let r = h2.get(ts.url("/api/v1")).send().await.unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    // Several watches multiplexed on one connection.
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let r = h2.get(ts.url("/api/v1/pods?watch=1")).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        streams.push(r);
+    }
+    let (c, _) = ts.post_json(PODS, &pod("ns1", "h2")).await;
+    assert_eq!(c, 201);
+    for r in &mut streams {
+        let chunk = tokio::time::timeout(Duration::from_secs(10), r.chunk())
+            .await
+            .expect("event in time")
+            .unwrap()
+            .unwrap();
+        let ev: Value =
+            serde_json::from_slice(chunk.split(|b| *b == b'\n').next().unwrap()).unwrap();
+        assert_eq!(ev["type"], "ADDED");
+        assert_eq!(ev["object"]["metadata"]["name"], "h2");
+    }
+}
+
+// ---------------------------------------------------------------------------
+// CRUD
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crud_namespaced_core() {
+    let ts = TestServer::start("crud", |_| {}).await;
+    // create
+    let (c, created) = ts.post_json(PODS, &pod("ns1", "a")).await;
+    assert_eq!(c, 201, "{created}");
+    assert_eq!(created["kind"], "Pod");
+    assert_eq!(created["metadata"]["namespace"], "ns1");
+    let uid = created["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    assert_eq!(uid.len(), 36);
+    let ts_str = created["metadata"]["creationTimestamp"].as_str().unwrap();
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(ts_str).is_ok(),
+        "{ts_str}"
+    );
+    let rv1 = rv_of(&created);
+    // stored without resourceVersion, with uid
+    let stored = ts.etcd_get(&ts.pod_key("ns1", "a")).await.expect("stored");
+    assert!(
+        stored["metadata"].get("resourceVersion").is_none(),
+        "{stored}"
+    );
+    assert_eq!(stored["metadata"]["uid"], uid.as_str());
+    // create again -> AlreadyExists
+    let (c, v) = ts.post_json(PODS, &pod("ns1", "a")).await;
+    assert_status(c, &v, 409, "AlreadyExists");
+    // get (read-your-writes)
+    let (c, got) = ts.get_json(&format!("{PODS}/a")).await;
+    assert_eq!(c, 200);
+    assert_eq!(rv_of(&got), rv1);
+    // list in namespace and across namespaces
+    let (c, list) = ts.get_json(PODS).await;
+    assert_eq!(c, 200);
+    assert_eq!(list["kind"], "PodList");
+    assert_eq!(list["apiVersion"], "v1");
+    assert_eq!(list["items"].as_array().unwrap().len(), 1);
+    assert!(rv_of(&list) >= rv1);
+    let (c, all) = ts.get_json("/api/v1/pods").await;
+    assert_eq!(c, 200);
+    assert_eq!(all["items"].as_array().unwrap().len(), 1);
+    let (_, other) = ts.get_json("/api/v1/namespaces/other/pods").await;
+    assert_eq!(other["items"].as_array().unwrap().len(), 0);
+    // update with the right RV (CAS)
+    let mut upd = got.clone();
+    upd["spec"]["nodeName"] = json!("node-2");
+    let (c, updated) = ts.put_json(&format!("{PODS}/a"), &upd).await;
+    assert_eq!(c, 200, "{updated}");
+    let rv2 = rv_of(&updated);
+    assert!(rv2 > rv1);
+    assert_eq!(updated["metadata"]["uid"], uid.as_str(), "uid kept");
+    assert_eq!(
+        updated["metadata"]["creationTimestamp"], ts_str,
+        "creationTimestamp kept"
+    );
+    // update with a stale RV -> Conflict, etcd untouched
+    let before = ts.etcd_dump().await;
+    let (c, v) = ts.put_json(&format!("{PODS}/a"), &upd).await;
+    assert_status(c, &v, 409, "Conflict");
+    assert_eq!(ts.etcd_dump().await, before);
+    // update without RV (unconditional)
+    let mut upd2 = upd.clone();
+    upd2["metadata"]
+        .as_object_mut()
+        .unwrap()
+        .remove("resourceVersion");
+    upd2["metadata"].as_object_mut().unwrap().remove("uid");
+    upd2["spec"]["nodeName"] = json!("node-3");
+    let (c, v) = ts.put_json(&format!("{PODS}/a"), &upd2).await;
+    assert_eq!(c, 200, "{v}");
+    let rv3 = rv_of(&v);
+    assert!(rv3 > rv2);
+    assert_eq!(v["metadata"]["uid"], uid.as_str());
+    // a no-op update does not write
+    let (c, v) = ts.put_json(&format!("{PODS}/a"), &upd2).await;
+    assert_eq!(c, 200);
+    assert_eq!(rv_of(&v), rv3, "no-op update keeps the RV");
+    // merge patch
+    let (c, v) = ts
+        .patch_json(
+            &format!("{PODS}/a"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"tier": "fe"}}, "spec": {"nodeName": "node-4"}}),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["metadata"]["labels"]["tier"], "fe");
+    assert_eq!(v["metadata"]["labels"]["app"], "web");
+    assert_eq!(v["spec"]["nodeName"], "node-4");
+    let rv4 = rv_of(&v);
+    // json patch
+    let (c, v) = ts
+        .patch_json(
+            &format!("{PODS}/a"),
+            "application/json-patch+json",
+            &json!([{"op": "replace", "path": "/spec/nodeName", "value": "node-5"},
+                    {"op": "remove", "path": "/metadata/labels/tier"}]),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["spec"]["nodeName"], "node-5");
+    assert!(v["metadata"]["labels"].get("tier").is_none());
+    assert!(rv_of(&v) > rv4);
+    // strategic merge patch is treated as a merge patch
+    let (c, v) = ts
+        .patch_json(
+            &format!("{PODS}/a"),
+            "application/strategic-merge-patch+json",
+            &json!({"spec": {"nodeName": "node-6"}}),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["spec"]["nodeName"], "node-6");
+    // merge patch with a stale resourceVersion -> Conflict
+    let before = ts.etcd_dump().await;
+    let (c, v) = ts
+        .patch_json(
+            &format!("{PODS}/a"),
+            "application/merge-patch+json",
+            &json!({"metadata": {"resourceVersion": rv1.to_string()}, "spec": {"nodeName": "x"}}),
+        )
+        .await;
+    assert_status(c, &v, 409, "Conflict");
+    assert_eq!(ts.etcd_dump().await, before);
+    // json patch whose test fails -> 422, etcd untouched
+    let (c, v) = ts
+        .patch_json(
+            &format!("{PODS}/a"),
+            "application/json-patch+json",
+            &json!([{"op": "test", "path": "/spec/nodeName", "value": "nope"}]),
+        )
+        .await;
+    assert_status(c, &v, 422, "Invalid");
+    assert_eq!(ts.etcd_dump().await, before);
+    // delete with a wrong uid precondition -> Conflict
+    let (c, v) = ts
+        .delete_json(
+            &format!("{PODS}/a"),
+            Some(&json!({"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": "nope"}})),
+        )
+        .await;
+    assert_status(c, &v, 409, "Conflict");
+    // with a wrong resourceVersion precondition -> Conflict
+    let (c, v) = ts
+        .delete_json(
+            &format!("{PODS}/a"),
+            Some(&json!({"preconditions": {"resourceVersion": rv1.to_string()}})),
+        )
+        .await;
+    assert_status(c, &v, 409, "Conflict");
+    assert_eq!(ts.etcd_dump().await, before);
+    // with the right ones -> deleted
+    let (c, v) = ts
+        .delete_json(
+            &format!("{PODS}/a"),
+            Some(&json!({"preconditions": {"uid": uid}})),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["metadata"]["name"], "a");
+    assert!(ts.etcd_get(&ts.pod_key("ns1", "a")).await.is_none());
+    // gone
+    let (c, v) = ts.get_json(&format!("{PODS}/a")).await;
+    assert_status(c, &v, 404, "NotFound");
+    assert_eq!(v["details"]["name"], "a");
+    assert_eq!(v["details"]["kind"], "pods");
+    let (c, v) = ts.delete_json(&format!("{PODS}/a"), None).await;
+    assert_status(c, &v, 404, "NotFound");
+    let (c, v) = ts.put_json(&format!("{PODS}/a"), &pod("ns1", "a")).await;
+    assert_status(c, &v, 404, "NotFound");
+    let (c, v) = ts
+        .patch_json(
+            &format!("{PODS}/a"),
+            "application/merge-patch+json",
+            &json!({}),
+        )
+        .await;
+    assert_status(c, &v, 404, "NotFound");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crud_cluster_scoped_and_non_core() {
+    let ts = TestServer::start("scopes", |_| {}).await;
+    // cluster-scoped core: nodes
+    let node = json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1"}});
+    let (c, v) = ts.post_json("/api/v1/nodes", &node).await;
+    assert_eq!(c, 201, "{v}");
+    assert!(v["metadata"].get("namespace").is_none());
+    assert!(
+        ts.etcd_get(&format!("{}/nodes/n1", ts.prefix))
+            .await
+            .is_some()
+    );
+    let (c, v) = ts.get_json("/api/v1/nodes/n1").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["metadata"]["name"], "n1");
+    let (c, v) = ts.get_json("/api/v1/nodes").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["kind"], "NodeList");
+    assert_eq!(v["items"].as_array().unwrap().len(), 1);
+    let (c, v) = ts
+        .patch_json(
+            "/api/v1/nodes/n1",
+            "application/merge-patch+json",
+            &json!({"spec": {"unschedulable": true}}),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    // namespaced path for a cluster-scoped resource -> 404
+    let (c, v) = ts.get_json("/api/v1/namespaces/ns1/nodes/n1").await;
+    assert_status(c, &v, 404, "NotFound");
+    let (c, v) = ts.delete_json("/api/v1/nodes/n1", None).await;
+    assert_eq!(c, 200, "{v}");
+    assert!(
+        ts.etcd_get(&format!("{}/nodes/n1", ts.prefix))
+            .await
+            .is_none()
+    );
+
+    // non-core namespaced: widgets.example.com
+    let base = "/apis/example.com/v1/namespaces/ns1/widgets";
+    let w = json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w1"}, "spec": {"size": 1}});
+    let (c, v) = ts.post_json(base, &w).await;
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(
+        v["metadata"]["namespace"], "ns1",
+        "namespace filled from the path"
+    );
+    assert!(
+        ts.etcd_get(&format!("{}/example.com/widgets/ns1/w1", ts.prefix))
+            .await
+            .is_some()
+    );
+    let (c, v) = ts.get_json(&format!("{base}/w1")).await;
+    assert_eq!(c, 200);
+    assert_eq!(v["apiVersion"], "example.com/v1");
+    let (c, v) = ts.get_json("/apis/example.com/v1/widgets").await;
+    assert_eq!(c, 200);
+    assert_eq!(v["kind"], "WidgetList");
+    assert_eq!(v["apiVersion"], "example.com/v1");
+    let mut w2 = v["items"][0].clone();
+    w2["spec"]["size"] = json!(2);
+    let (c, v) = ts.put_json(&format!("{base}/w1"), &w2).await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["spec"]["size"], 2);
+    let (c, _) = ts.delete_json(&format!("{base}/w1"), None).await;
+    assert_eq!(c, 200);
+    // wrong apiVersion in the body -> 400
+    let bad = json!({"apiVersion": "v1", "kind": "Widget", "metadata": {"name": "w2"}});
+    let (c, v) = ts.post_json(base, &bad).await;
+    assert_status(c, &v, 400, "BadRequest");
+    let bad = json!({"apiVersion": "example.com/v1", "kind": "Gadget", "metadata": {"name": "w2"}});
+    let (c, v) = ts.post_json(base, &bad).await;
+    assert_status(c, &v, 400, "BadRequest");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_name_and_defaults() {
+    let ts = TestServer::start("genname", |_| {}).await;
+    let body = json!({"metadata": {"generateName": "web-"}, "spec": {}});
+    let (c, v) = ts.post_json(PODS, &body).await;
+    assert_eq!(c, 201, "{v}");
+    let name = v["metadata"]["name"].as_str().unwrap();
+    assert!(name.starts_with("web-") && name.len() == 9, "{name}");
+    assert_eq!(v["apiVersion"], "v1", "apiVersion filled");
+    assert_eq!(v["kind"], "Pod", "kind filled");
+    assert!(ts.etcd_get(&ts.pod_key("ns1", name)).await.is_some());
+    // a resourceVersion in a create body is ignored (never stored)
+    let mut p = pod("ns1", "withrv");
+    p["metadata"]["resourceVersion"] = json!("12345");
+    let (c, v) = ts.post_json(PODS, &p).await;
+    assert_eq!(c, 201, "{v}");
+    let stored = ts.etcd_get(&ts.pod_key("ns1", "withrv")).await.unwrap();
+    assert!(stored["metadata"].get("resourceVersion").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dry_run_writes_nothing() {
+    let ts = TestServer::start("dryrun", |_| {}).await;
+    let (c, v) = ts.post_json(PODS, &pod("ns1", "real")).await;
+    assert_eq!(c, 201, "{v}");
+    let before = ts.etcd_dump().await;
+    let (c, v) = ts
+        .post_json(&format!("{PODS}?dryRun=All"), &pod("ns1", "dry"))
+        .await;
+    assert_eq!(c, 201, "{v}");
+    assert_eq!(v["metadata"]["name"], "dry");
+    assert!(v["metadata"]["uid"].is_string());
+    let (c, v) = ts
+        .post_json(&format!("{PODS}?dryRun=All"), &pod("ns1", "real"))
+        .await;
+    assert_status(c, &v, 409, "AlreadyExists");
+    let mut p = pod("ns1", "real");
+    p["spec"]["nodeName"] = json!("dry-node");
+    let (c, v) = ts.put_json(&format!("{PODS}/real?dryRun=All"), &p).await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["spec"]["nodeName"], "dry-node");
+    let (c, v) = ts
+        .patch_json(
+            &format!("{PODS}/real?dryRun=All"),
+            "application/merge-patch+json",
+            &json!({"spec": {"nodeName": "dry2"}}),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["spec"]["nodeName"], "dry2");
+    let (c, v) = ts
+        .delete_json(&format!("{PODS}/real?dryRun=All"), None)
+        .await;
+    assert_eq!(c, 200, "{v}");
+    let (c, v) = ts
+        .delete_json(&format!("{PODS}/real"), Some(&json!({"dryRun": ["All"]})))
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(ts.etcd_dump().await, before, "dry runs left etcd untouched");
+    let (c, v) = ts
+        .post_json(&format!("{PODS}?dryRun=Some"), &pod("ns1", "x"))
+        .await;
+    assert_status(c, &v, 400, "BadRequest");
+    assert_eq!(ts.etcd_dump().await, before);
+}
+
+// ---------------------------------------------------------------------------
+// bad input
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_leave_etcd_untouched() {
+    let ts = TestServer::start("bad", |c| c.server.max_body_bytes = 4096).await;
+    let (c, _) = ts.post_json(PODS, &pod("ns1", "exists")).await;
+    assert_eq!(c, 201);
+    let before = ts.etcd_dump().await;
+    let item = format!("{PODS}/exists");
+    let json_ct = Some("application/json");
+
+    // 413: body over the limit (with and without Content-Length)
+    let mut big = pod("ns1", "big");
+    big["spec"]["blob"] = json!("x".repeat(10_000));
+    let (c, v) = ts.post_json(PODS, &big).await;
+    assert_status(c, &v, 413, "RequestEntityTooLarge");
+    let chunks: Vec<Result<Vec<u8>, std::io::Error>> =
+        (0..10).map(|_| Ok(vec![b' '; 1000])).collect();
+    let r = ts
+        .http
+        .post(ts.url(PODS))
+        .header("Content-Type", "application/json")
+        .body(reqwest::Body::wrap_stream(futures::stream::iter(chunks)))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 413);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["reason"], "RequestEntityTooLarge");
+
+    // 400: malformed JSON on create, update, patch, delete
+    for (m, path, ct) in [
+        (Method::POST, PODS.to_string(), "application/json"),
+        (Method::PUT, item.clone(), "application/json"),
+        (Method::PATCH, item.clone(), "application/merge-patch+json"),
+        (Method::PATCH, item.clone(), "application/json-patch+json"),
+        (Method::DELETE, item.clone(), "application/json"),
+    ] {
+        let (c, v) = ts
+            .send(m.clone(), &path, Some(ct), Some(b"{not json".to_vec()))
+            .await;
+        assert_status(c, &v, 400, "BadRequest");
+    }
+    // a body that is JSON but not an object
+    let (c, v) = ts
+        .send(Method::POST, PODS, json_ct, Some(b"[1,2]".to_vec()))
+        .await;
+    assert_status(c, &v, 400, "BadRequest");
+    // a json patch that is not a list of operations
+    let (c, v) = ts
+        .patch_json(&item, "application/json-patch+json", &json!({"op": "add"}))
+        .await;
+    assert_status(c, &v, 400, "BadRequest");
+
+    // 422: missing / invalid names
+    let (c, v) = ts
+        .post_json(PODS, &json!({"metadata": {}, "spec": {}}))
+        .await;
+    assert_status(c, &v, 422, "Invalid");
+    for bad in ["UPPER", "a_b", "-a", "a/b", &"a".repeat(254)] {
+        let (c, v) = ts.post_json(PODS, &pod("ns1", bad)).await;
+        assert_status(c, &v, 422, "Invalid");
+    }
+    let (c, v) = ts
+        .post_json(PODS, &json!({"metadata": {"generateName": "BAD_"}}))
+        .await;
+    assert_status(c, &v, 422, "Invalid");
+    let (c, v) = ts
+        .post_json("/api/v1/namespaces/Bad_NS/pods", &pod("Bad_NS", "x"))
+        .await;
+    assert_status(c, &v, 422, "Invalid");
+
+    // 400: namespace / name not matching the path
+    let (c, v) = ts.post_json(PODS, &pod("other", "x")).await;
+    assert_status(c, &v, 400, "BadRequest");
+    let (c, v) = ts.put_json(&item, &pod("ns1", "different")).await;
+    assert_status(c, &v, 400, "BadRequest");
+    let (c, v) = ts.put_json(&item, &pod("other", "exists")).await;
+    assert_status(c, &v, 400, "BadRequest");
+    let (c, v) = ts
+        .patch_json(
+            &item,
+            "application/merge-patch+json",
+            &json!({"metadata": {"name": "renamed"}}),
+        )
+        .await;
+    assert_status(c, &v, 400, "BadRequest");
+
+    // 415: unsupported patch and body types
+    for ct in [
+        "application/apply-patch+yaml",
+        "text/plain",
+        "application/json",
+    ] {
+        let (c, v) = ts.patch_json(&item, ct, &json!({})).await;
+        assert_status(c, &v, 415, "UnsupportedMediaType");
+    }
+    let (c, v) = ts
+        .send(Method::PATCH, &item, None, Some(b"{}".to_vec()))
+        .await;
+    assert_status(c, &v, 415, "UnsupportedMediaType");
+    let (c, v) = ts
+        .send(
+            Method::POST,
+            PODS,
+            Some("application/yaml"),
+            Some(b"a: b".to_vec()),
+        )
+        .await;
+    assert_status(c, &v, 415, "UnsupportedMediaType");
+
+    // 400: bad query parameters
+    for q in [
+        "resourceVersion=abc",
+        "resourceVersion=-1",
+        "limit=x",
+        "limit=-5",
+        "labelSelector=a%20in%20(",
+        "fieldSelector=spec.unknownField%3Dx",
+        "continue=garbage",
+        "resourceVersionMatch=Sometimes&resourceVersion=1",
+        "resourceVersionMatch=Exact",
+        "watch=maybe",
+        "watch=1&timeoutSeconds=soon",
+        "watch=1&resourceVersion=abc",
+        "watch=1&labelSelector=%21%21",
+    ] {
+        let (c, v) = ts.get_json(&format!("{PODS}?{q}")).await;
+        assert_status(c, &v, 400, "BadRequest");
+    }
+    let (c, v) = ts.get_json(&format!("{item}?resourceVersion=zz")).await;
+    assert_status(c, &v, 400, "BadRequest");
+    let (c, v) = ts
+        .put_json(&item, &{
+            let mut p = pod("ns1", "exists");
+            p["metadata"]["resourceVersion"] = json!("not-a-number");
+            p
+        })
+        .await;
+    assert_status(c, &v, 400, "BadRequest");
+    let (c, v) = ts
+        .delete_json(
+            &item,
+            Some(&json!({"preconditions": {"resourceVersion": "x"}})),
+        )
+        .await;
+    assert_status(c, &v, 400, "BadRequest");
+
+    // 404: unknown resources, groups, subresources, objects
+    for p in [
+        "/api/v1/namespaces/ns1/gadgets",
+        "/api/v1/gadgets",
+        "/apis/nope.io/v1/widgets",
+        "/apis/example.com/v2/namespaces/ns1/widgets",
+        "/api/v1/namespaces/ns1/pods/exists/status",
+        "/api/v1/pods/exists",
+        "/api/v1/namespaces/ns1/pods/missing",
+        "/nothing",
+    ] {
+        let (c, v) = ts.get_json(p).await;
+        assert_status(c, &v, 404, "NotFound");
+    }
+    let (c, v) = ts
+        .post_json("/api/v1/namespaces/ns1/gadgets", &pod("ns1", "g"))
+        .await;
+    assert_status(c, &v, 404, "NotFound");
+
+    // 405: unsupported methods
+    for (m, p) in [
+        (Method::PUT, PODS.to_string()),
+        (Method::PATCH, PODS.to_string()),
+        (Method::DELETE, PODS.to_string()),
+        (Method::POST, item.clone()),
+        (Method::POST, "/api/v1/pods".to_string()),
+        (Method::POST, "/api/v1".to_string()),
+        (Method::DELETE, "/version".to_string()),
+        (Method::OPTIONS, item.clone()),
+    ] {
+        let (c, v) = ts.send(m.clone(), &p, json_ct, Some(b"{}".to_vec())).await;
+        assert_status(c, &v, 405, "MethodNotAllowed");
+    }
+
+    assert_eq!(ts.etcd_dump().await, before, "no bad request touched etcd");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_continue_token_is_410() {
+    let ts = TestServer::start("expiredcont", |c| {
+        for r in &mut c.resources {
+            r.history_capacity = 5;
+        }
+    })
+    .await;
+    for i in 0..6 {
+        let (c, _) = ts.post_json(PODS, &pod("ns1", &format!("p{i}"))).await;
+        assert_eq!(c, 201);
+    }
+    let (c, page) = ts.get_json(&format!("{PODS}?limit=2")).await;
+    assert_eq!(c, 200);
+    let token = page["metadata"]["continue"]
+        .as_str()
+        .expect("continue")
+        .to_string();
+    // Push the page's RV out of the cache's history, then compact etcd past it.
+    for i in 0..20 {
+        let (c, _) = ts
+            .patch_json(
+                &format!("{PODS}/p0"),
+                "application/merge-patch+json",
+                &json!({"metadata": {"labels": {"n": i.to_string()}}}),
+            )
+            .await;
+        assert_eq!(c, 200);
+    }
+    let rev = ts.etcd_revision().await;
+    let mut etcd = ts.etcd.clone();
+    etcd.compact(
+        rev,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .unwrap();
+    let before = ts.etcd_dump().await;
+    let (c, v) = ts
+        .get_json(&format!("{PODS}?limit=2&continue={}", urlencode(&token)))
+        .await;
+    assert_status(c, &v, 410, "Expired");
+    assert_eq!(ts.etcd_dump().await, before);
+}
+
+fn urlencode(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_large_resource_version_is_504() {
+    let ts = TestServer::start("toolarge", |c| c.server.consistent_read_timeout_ms = 300).await;
+    let (c, created) = ts.post_json(PODS, &pod("ns1", "a")).await;
+    assert_eq!(c, 201);
+    let future = rv_of(&created) + 1_000_000;
+    for path in [
+        format!("{PODS}/a?resourceVersion={future}"),
+        format!("{PODS}?resourceVersion={future}"),
+        format!("{PODS}?watch=1&resourceVersion={future}"),
+    ] {
+        let r = ts.http.get(ts.url(&path)).send().await.unwrap();
+        assert_eq!(r.status(), 504, "{path}");
+        assert!(
+            r.headers().get("retry-after").is_some(),
+            "Retry-After on {path}"
+        );
+        let v: Value = r.json().await.unwrap();
+        assert_status(504, &v, 504, "Timeout");
+        assert!(
+            v["message"]
+                .as_str()
+                .unwrap()
+                .contains("Too large resource version"),
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_watches_is_429_and_disconnect_frees_the_slot() {
+    let ts = TestServer::start("maxwatch", |c| c.server.max_watches = 2).await;
+    let w1 = WatchStream::open(&ts, "/api/v1/pods?watch=1").await;
+    let w2 = WatchStream::open(&ts, "/api/v1/pods?watch=true").await;
+    let r = ts
+        .http
+        .get(ts.url("/api/v1/pods?watch=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert_eq!(
+        r.headers().get("retry-after").and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let v: Value = r.json().await.unwrap();
+    assert_status(429, &v, 429, "TooManyRequests");
+    // Lists are not limited.
+    let (c, _) = ts.get_json("/api/v1/pods").await;
+    assert_eq!(c, 200);
+    // A client that goes away frees its slot at once.
+    drop(w1);
+    let ok = common::eventually(Duration::from_secs(5), || async {
+        match ts.http.get(ts.url("/api/v1/pods?watch=1")).send().await {
+            Ok(r) => r.status() == 200,
+            Err(_) => false,
+        }
+    })
+    .await;
+    assert!(ok, "slot freed after disconnect");
+    drop(w2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_down_not_ready_and_unavailable() {
+    let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let endpoint = etcd.endpoint();
+    // Connect while etcd is up, then take it away before the cachers list.
+    let storage_probe = etcd_client::Client::connect([endpoint.as_str()], None)
+        .await
+        .unwrap();
+    drop(storage_probe);
+    let prefix = common::unique_prefix("down");
+    let mut cfg = api_support::test_config(&endpoint, &prefix);
+    cfg.server.consistent_read_timeout_ms = 300;
+    let storage = watchcache::storage::Storage::connect(&cfg.etcd)
+        .await
+        .expect("connect");
+    etcd.kill();
+    let server = watchcache::api::Server::new(cfg, storage);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let h = tokio::spawn(server.serve(listener, async move {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    let url = |p: &str| format!("http://{addr}{p}");
+    // not ready
+    let r = http.get(url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let r = http.get(url("/readyz?verbose")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.text().await.unwrap().contains("[-]cacher-pods"));
+    let r = http.get(url("/healthz")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "liveness does not depend on etcd");
+    // list and watch: 429 with Retry-After while not ready
+    for p in [PODS.to_string(), format!("{PODS}?watch=1")] {
+        let r = http.get(url(&p)).send().await.unwrap();
+        assert_eq!(r.status(), 429, "{p}");
+        assert!(r.headers().get("retry-after").is_some());
+        let v: Value = r.json().await.unwrap();
+        assert_status(429, &v, 429, "TooManyRequests");
+    }
+    // writes: etcd unavailable -> 503 ServiceUnavailable or 504 Timeout
+    let r = http
+        .post(url(PODS))
+        .header("Content-Type", "application/json")
+        .body(pod("ns1", "a").to_string())
+        .send()
+        .await
+        .unwrap();
+    let code = r.status().as_u16();
+    let v: Value = r.json().await.unwrap();
+    match code {
+        503 => assert_status(code, &v, 503, "ServiceUnavailable"),
+        504 => assert_status(code, &v, 504, "Timeout"),
+        other => panic!("want 503/504, got {other}: {v}"),
+    }
+    // and a Get falls back to etcd, which is down: 503/504 as well
+    let r = http.get(url(&format!("{PODS}/a"))).send().await.unwrap();
+    assert!(matches!(r.status().as_u16(), 503 | 504), "{}", r.status());
+    let _ = tx.send(());
+    let _ = tokio::time::timeout(Duration::from_secs(10), h).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_header_clients_are_dropped() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ts = TestServer::start("slowhdr", |c| c.server.header_read_timeout_ms = 300).await;
+    let mut s = tokio::net::TcpStream::connect(ts.addr).await.unwrap();
+    s.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    // The server closes the connection (possibly after a 408) instead of waiting forever.
+    let n = tokio::time::timeout(Duration::from_secs(5), async {
+        let mut total = Vec::new();
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => total.extend_from_slice(&buf[..n]),
+            }
+        }
+        total
+    })
+    .await
+    .expect("server closed the slow connection");
+    let text = String::from_utf8_lossy(&n);
+    assert!(!text.contains("200 OK"), "{text}");
+}
+
+// ---------------------------------------------------------------------------
+// concurrency, pagination, watch
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_read_modify_write_increments() {
+    let ts = std::sync::Arc::new(TestServer::start("rmw", |_| {}).await);
+    let mut obj = pod("ns1", "counter");
+    obj["spec"]["count"] = json!(0);
+    let (c, _) = ts.post_json(PODS, &obj).await;
+    assert_eq!(c, 201);
+    let path = format!("{PODS}/counter");
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let ts = ts.clone();
+        let path = path.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conflicts = 0;
+            for _ in 0..25 {
+                loop {
+                    let (c, mut cur) = ts.get_json(&path).await;
+                    assert_eq!(c, 200);
+                    let n = cur["spec"]["count"].as_i64().unwrap();
+                    cur["spec"]["count"] = json!(n + 1);
+                    let (c, v) = ts.put_json(&path, &cur).await;
+                    match c {
+                        200 => break,
+                        409 => {
+                            assert_eq!(v["reason"], "Conflict");
+                            conflicts += 1;
+                        }
+                        other => panic!("unexpected {other}: {v}"),
+                    }
+                }
+            }
+            conflicts
+        }));
+    }
+    let mut conflicts = 0;
+    for t in tasks {
+        conflicts += t.await.unwrap();
+    }
+    let (_, v) = ts.get_json(&path).await;
+    assert_eq!(
+        v["spec"]["count"], 200,
+        "8 x 25 increments (after {conflicts} conflicts)"
+    );
+    let stored = ts.etcd_get(&ts.pod_key("ns1", "counter")).await.unwrap();
+    assert_eq!(stored["spec"]["count"], 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pagination_is_consistent_across_writes() {
+    let ts = TestServer::start("paging", |_| {}).await;
+    for i in 0..25 {
+        let (c, _) = ts.post_json(PODS, &pod("ns1", &format!("p{i:02}"))).await;
+        assert_eq!(c, 201);
+    }
+    let (c, first) = ts.get_json(&format!("{PODS}?limit=10")).await;
+    assert_eq!(c, 200);
+    let list_rv = rv_of(&first);
+    assert_eq!(first["metadata"]["remainingItemCount"], 15);
+    let mut names: Vec<String> = first["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    let mut token = first["metadata"]["continue"].as_str().unwrap().to_string();
+    let mut pages = 1;
+    loop {
+        // a write between pages: a new object and a change to a later one
+        let (c, _) = ts
+            .post_json(PODS, &pod("ns1", &format!("zz-new{pages}")))
+            .await;
+        assert_eq!(c, 201);
+        let (c, _) = ts.delete_json(&format!("{PODS}/p24"), None).await;
+        assert!(c == 200 || c == 404);
+        let (c, page) = ts
+            .get_json(&format!("{PODS}?limit=10&continue={}", urlencode(&token)))
+            .await;
+        assert_eq!(c, 200, "{page}");
+        assert_eq!(rv_of(&page), list_rv, "every page has the first page's RV");
+        for i in page["items"].as_array().unwrap() {
+            assert!(rv_of(i) <= list_rv);
+            names.push(i["metadata"]["name"].as_str().unwrap().to_string());
+        }
+        pages += 1;
+        match page["metadata"]["continue"].as_str() {
+            Some(t) if !t.is_empty() => token = t.to_string(),
+            _ => break,
+        }
+    }
+    assert_eq!(pages, 3);
+    let want: Vec<String> = (0..25).map(|i| format!("p{i:02}")).collect();
+    assert_eq!(
+        names, want,
+        "exactly the 25 objects present at the first page's RV"
+    );
+    // a fresh list sees the writes
+    let (_, now) = ts.get_json(PODS).await;
+    let n = now["items"].as_array().unwrap().len();
+    assert_eq!(n, 25 - 1 + 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_streams_events() {
+    let ts = TestServer::start("watch", |_| {}).await;
+    let (c, pre) = ts.post_json(PODS, &pod("ns1", "pre")).await;
+    assert_eq!(c, 201);
+    // RV unset: current state as ADDED, then changes
+    let mut w = WatchStream::open(&ts, &format!("{PODS}?watch=1")).await;
+    let ev = w
+        .next_event(Duration::from_secs(10))
+        .await
+        .expect("initial");
+    assert_eq!(ev["type"], "ADDED");
+    assert_eq!(ev["object"]["metadata"]["name"], "pre");
+    // from an RV: only later events
+    let mut w_rv = WatchStream::open(
+        &ts,
+        &format!("{PODS}?watch=true&resourceVersion={}", rv_of(&pre)),
+    )
+    .await;
+    // filtered watch: only node-9 pods
+    let mut w_sel = WatchStream::open(
+        &ts,
+        "/api/v1/pods?watch=1&fieldSelector=spec.nodeName%3Dnode-9&labelSelector=app%3Dweb",
+    )
+    .await;
+    let (c, created) = ts.post_json(PODS, &pod("ns1", "live")).await;
+    assert_eq!(c, 201);
+    let (c, _) = ts
+        .patch_json(
+            &format!("{PODS}/live"),
+            "application/merge-patch+json",
+            &json!({"spec": {"nodeName": "node-9"}}),
+        )
+        .await;
+    assert_eq!(c, 200);
+    let (c, _) = ts.delete_json(&format!("{PODS}/live"), None).await;
+    assert_eq!(c, 200);
+    for w in [&mut w, &mut w_rv] {
+        let ev = w.next_event(Duration::from_secs(10)).await.expect("added");
+        assert_eq!(ev["type"], "ADDED");
+        assert_eq!(ev["object"]["metadata"]["name"], "live");
+        assert_eq!(rv_of(&ev["object"]), rv_of(&created));
+        let ev = w
+            .next_event(Duration::from_secs(10))
+            .await
+            .expect("modified");
+        assert_eq!(ev["type"], "MODIFIED");
+        assert_eq!(ev["object"]["spec"]["nodeName"], "node-9");
+        let ev = w
+            .next_event(Duration::from_secs(10))
+            .await
+            .expect("deleted");
+        assert_eq!(ev["type"], "DELETED");
+    }
+    // the filtered watch sees the pod enter (ADDED) and leave (DELETED)
+    let ev = w_sel
+        .next_event(Duration::from_secs(10))
+        .await
+        .expect("sel added");
+    assert_eq!(ev["type"], "ADDED");
+    assert_eq!(ev["object"]["spec"]["nodeName"], "node-9");
+    let ev = w_sel
+        .next_event(Duration::from_secs(10))
+        .await
+        .expect("sel deleted");
+    assert_eq!(ev["type"], "DELETED");
+
+    // timeoutSeconds ends the stream
+    let start = std::time::Instant::now();
+    let mut wt = WatchStream::open(
+        &ts,
+        &format!("{PODS}?watch=1&timeoutSeconds=1&resourceVersion=0"),
+    )
+    .await;
+    while wt.next(Duration::from_secs(10)).await.is_some() {}
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "ended by timeoutSeconds"
+    );
+
+    // bookmarks with sendInitialEvents
+    let mut wb = WatchStream::open(
+        &ts,
+        &format!("{PODS}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion="),
+    )
+    .await;
+    let ev = wb.next(Duration::from_secs(10)).await.expect("initial");
+    assert_eq!(ev["type"], "ADDED");
+    let ev = wb.next(Duration::from_secs(10)).await.expect("bookmark");
+    assert_eq!(ev["type"], "BOOKMARK");
+    assert_eq!(
+        ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_from_too_old_rv_gets_410_error_event() {
+    let ts = TestServer::start("watch410", |c| {
+        for r in &mut c.resources {
+            r.history_capacity = 5;
+        }
+    })
+    .await;
+    let (c, first) = ts.post_json(PODS, &pod("ns1", "a")).await;
+    assert_eq!(c, 201);
+    let old = rv_of(&first);
+    for i in 0..20 {
+        let (c, _) = ts
+            .patch_json(
+                &format!("{PODS}/a"),
+                "application/merge-patch+json",
+                &json!({"metadata": {"labels": {"n": i.to_string()}}}),
+            )
+            .await;
+        assert_eq!(c, 200);
+    }
+    // wait until the cache has seen them all
+    let (_, cur) = ts.get_json(&format!("{PODS}/a")).await;
+    assert!(rv_of(&cur) > old + 10);
+    let mut w = WatchStream::open(&ts, &format!("{PODS}?watch=1&resourceVersion={old}")).await;
+    let ev = w.next(Duration::from_secs(10)).await.expect("an event");
+    assert_eq!(ev["type"], "ERROR", "{ev}");
+    assert_eq!(ev["object"]["kind"], "Status");
+    assert_eq!(ev["object"]["code"], 410);
+    assert_eq!(ev["object"]["reason"], "Expired");
+    assert!(
+        ev["object"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("too old resource version"),
+        "{ev}"
+    );
+    assert!(
+        w.next(Duration::from_secs(5)).await.is_none(),
+        "stream ends after ERROR"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_your_writes() {
+    let ts = TestServer::start("ryw", |_| {}).await;
+    for i in 0..20 {
+        let name = format!("r{i}");
+        let (c, created) = ts.post_json(PODS, &pod("ns1", &name)).await;
+        assert_eq!(c, 201);
+        let (c, got) = ts.get_json(&format!("{PODS}/{name}")).await;
+        assert_eq!(c, 200, "get right after create: {got}");
+        assert_eq!(rv_of(&got), rv_of(&created));
+        let (_, list) = ts.get_json(PODS).await;
+        assert!(rv_of(&list) >= rv_of(&created));
+        assert_eq!(list["items"].as_array().unwrap().len(), i + 1);
+        let (c, patched) = ts
+            .patch_json(
+                &format!("{PODS}/{name}"),
+                "application/merge-patch+json",
+                &json!({"spec": {"nodeName": "n2"}}),
+            )
+            .await;
+        assert_eq!(c, 200);
+        let (_, got) = ts.get_json(&format!("{PODS}/{name}")).await;
+        assert_eq!(rv_of(&got), rv_of(&patched));
+        assert_eq!(got["spec"]["nodeName"], "n2");
+    }
+    let (c, _) = ts.delete_json(&format!("{PODS}/r0"), None).await;
+    assert_eq!(c, 200);
+    let (c, v) = ts.get_json(&format!("{PODS}/r0")).await;
+    assert_status(c, &v, 404, "NotFound");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn table_output_for_kubectl() {
+    let ts = TestServer::start("table", |_| {}).await;
+    let (c, _) = ts.post_json(PODS, &pod("ns1", "t1")).await;
+    assert_eq!(c, 201);
+    let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
+    let r = ts
+        .http
+        .get(ts.url(PODS))
+        .header("Accept", accept)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let t: Value = r.json().await.unwrap();
+    assert_eq!(t["kind"], "Table");
+    assert_eq!(t["apiVersion"], "meta.k8s.io/v1");
+    let cols: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cols, ["Name", "Age", "NodeName"]);
+    assert_eq!(t["rows"][0]["cells"][0], "t1");
+    assert_eq!(t["rows"][0]["cells"][2], "node-1");
+    assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "ns1");
+    let r = ts
+        .http
+        .get(ts.url(&format!("{PODS}/t1")))
+        .header("Accept", accept)
+        .send()
+        .await
+        .unwrap();
+    let t: Value = r.json().await.unwrap();
+    assert_eq!(t["kind"], "Table");
+    assert_eq!(t["rows"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_ends_watches_quickly() {
+    let mut ts = TestServer::start("shutdown", |_| {}).await;
+    let mut w = WatchStream::open(&ts, &format!("{PODS}?watch=1")).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let r = h2
+        .get(ts.url(&format!("{PODS}?watch=1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let mut h2_stream = r.bytes_stream();
+    let took = ts.shutdown().await;
+    assert!(took < Duration::from_secs(5), "serve returned in {took:?}");
+    assert!(
+        w.next(Duration::from_secs(5)).await.is_none(),
+        "HTTP/1.1 watch ended"
+    );
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = h2_stream.next().await {}
+    })
+    .await;
+    assert!(end.is_ok(), "HTTP/2 watch ended");
+    assert!(
+        reqwest::get(ts.url("/healthz")).await.is_err(),
+        "no longer accepting"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_from_rv_replays_history_for_namespaced_and_filtered_watches() {
+    // Events already in the history when the watch starts are replayed, for
+    // every kind of watch (all namespaces, one namespace, field selector).
+    let ts = TestServer::start("replay", |_| {}).await;
+    let (c, a) = ts.post_json(PODS, &pod("ns1", "a")).await;
+    assert_eq!(c, 201);
+    let (c, b) = ts.post_json(PODS, &pod("ns1", "b")).await;
+    assert_eq!(c, 201);
+    // make sure the cache has seen b
+    let (_, got) = ts.get_json(&format!("{PODS}/b")).await;
+    assert_eq!(rv_of(&got), rv_of(&b));
+    for path in [
+        format!("/api/v1/pods?watch=1&resourceVersion={}", rv_of(&a)),
+        format!("{PODS}?watch=1&resourceVersion={}", rv_of(&a)),
+        format!(
+            "/api/v1/pods?watch=1&resourceVersion={}&fieldSelector=metadata.namespace%3Dns1",
+            rv_of(&a)
+        ),
+        format!(
+            "/api/v1/pods?watch=1&resourceVersion={}&fieldSelector=spec.nodeName%3Dnode-1",
+            rv_of(&a)
+        ),
+    ] {
+        let mut w = WatchStream::open(&ts, &path).await;
+        let ev = w.next_event(Duration::from_secs(5)).await;
+        let ev = ev.unwrap_or_else(|| panic!("no replayed event for {path}"));
+        assert_eq!(ev["type"], "ADDED", "{path}");
+        assert_eq!(ev["object"]["metadata"]["name"], "b", "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_serves_and_sigterm_ends_watches_within_5s() {
+    let prefix = common::unique_prefix("daemon");
+    let mut d = common::Daemon::start_default(common::etcd(), &prefix).await;
+    let http = reqwest::Client::new();
+    let ok = common::eventually(Duration::from_secs(20), || {
+        let (http, url) = (http.clone(), d.url("/readyz"));
+        async move { matches!(http.get(&url).send().await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+    assert!(ok, "daemon ready");
+    let r = http
+        .post(d.url(PODS))
+        .header("Content-Type", "application/json")
+        .body(pod("ns1", "d1").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let mut watch = http
+        .get(d.url(&format!("{PODS}?watch=1")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(watch.status(), 200);
+    let first = tokio::time::timeout(Duration::from_secs(10), watch.chunk())
+        .await
+        .expect("initial event")
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&first).contains("\"d1\""));
+    let start = std::time::Instant::now();
+    d.sigterm();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Ok(Some(_)) = watch.chunk().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the open watch ended after SIGTERM");
+    let status = d.wait_exit(Duration::from_secs(5)).await;
+    assert!(status.is_some(), "daemon exited within 5 s of SIGTERM");
+    assert!(start.elapsed() < Duration::from_secs(5));
+}

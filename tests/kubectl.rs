@@ -1,0 +1,326 @@
+//! Real kubectl against the REST API (`--server http://127.0.0.1:PORT` via a
+//! private kubeconfig, no ambient config).
+mod common;
+use common::server as api_support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use api_support::{TestServer, pod};
+
+struct Kubectl {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+}
+
+fn kubectl_binary() -> PathBuf {
+    let candidates = [
+        watchcache::etcd_server::find_kubectl_binary(),
+        Some(PathBuf::from("/usr/bin/kubectl")),
+        Some(PathBuf::from("/usr/local/bin/kubectl")),
+    ];
+    candidates
+        .into_iter()
+        .flatten()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "kubectl not found (looked on PATH, /usr/bin, /usr/local/bin and the tools folder): \
+                 install kubectl v1.32 to run these tests"
+            )
+        })
+}
+
+impl Kubectl {
+    fn new(ts: &TestServer) -> Kubectl {
+        let bin = kubectl_binary();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let kubeconfig = dir.path().join("kubeconfig");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: wc\n  cluster:\n    server: {}\n\
+             contexts:\n- name: wc\n  context:\n    cluster: wc\n    user: wc\n    namespace: default\n\
+             current-context: wc\nusers:\n- name: wc\n  user: {{}}\n",
+            ts.base()
+        );
+        std::fs::write(&kubeconfig, text).expect("write kubeconfig");
+        Kubectl {
+            bin,
+            dir,
+            kubeconfig,
+        }
+    }
+
+    fn command(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(&self.bin);
+        cmd.env_clear()
+            .env("HOME", self.dir.path())
+            .env("KUBECONFIG", &self.kubeconfig)
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.path().join("cache"))
+            .arg("--request-timeout=20s")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        cmd
+    }
+
+    /// Runs kubectl; panics with its output unless it succeeds. Returns stdout.
+    async fn run(&self, args: &[&str]) -> String {
+        let out = tokio::time::timeout(Duration::from_secs(60), self.command(args).output())
+            .await
+            .expect("kubectl finished in time")
+            .expect("run kubectl");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+            out.status
+        );
+        stdout
+    }
+
+    fn write_file(&self, name: &str, content: &str) -> String {
+        let p = self.dir.path().join(name);
+        std::fs::write(&p, content).expect("write manifest");
+        p.display().to_string()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_pods_all_namespaces() {
+    let ts = TestServer::start("kc-getall", |_| {}).await;
+    for (ns, name) in [("team-a", "alpha"), ("team-b", "beta")] {
+        let (c, v) = ts
+            .post_json(&format!("/api/v1/namespaces/{ns}/pods"), &pod(ns, name))
+            .await;
+        assert_eq!(c, 201, "{v}");
+    }
+    let k = Kubectl::new(&ts);
+    let out = k.run(&["get", "pods", "-A"]).await;
+    println!("{out}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("NAMESPACE"), "{out}");
+    assert!(
+        lines[0].contains("NAME") && lines[0].contains("AGE"),
+        "{out}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("team-a") && l.contains("alpha")),
+        "{out}"
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.starts_with("team-b") && l.contains("beta")),
+        "{out}"
+    );
+    assert_eq!(lines.len(), 3, "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_pod_json() {
+    let ts = TestServer::start("kc-getjson", |_| {}).await;
+    let (c, created) = ts
+        .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "web"))
+        .await;
+    assert_eq!(c, 201);
+    let k = Kubectl::new(&ts);
+    let out = k
+        .run(&["get", "pod", "web", "-n", "ns1", "-o", "json"])
+        .await;
+    let v: Value = serde_json::from_str(&out).expect("kubectl printed JSON");
+    assert_eq!(v["kind"], "Pod");
+    assert_eq!(v["metadata"]["name"], "web");
+    assert_eq!(v["metadata"]["namespace"], "ns1");
+    assert_eq!(v["metadata"]["uid"], created["metadata"]["uid"]);
+    assert_eq!(
+        v["metadata"]["resourceVersion"],
+        created["metadata"]["resourceVersion"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_from_file() {
+    let ts = TestServer::start("kc-create", |_| {}).await;
+    let k = Kubectl::new(&ts);
+    let file = k.write_file(
+        "pod.yaml",
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: from-file\n  namespace: ns1\n  labels:\n    app: demo\n\
+         spec:\n  containers:\n  - name: c\n    image: nginx\n",
+    );
+    let out = k.run(&["create", "-f", &file]).await;
+    assert!(out.contains("pod/from-file created"), "{out}");
+    let stored = ts
+        .etcd_get(&ts.pod_key("ns1", "from-file"))
+        .await
+        .expect("stored in etcd");
+    assert_eq!(stored["metadata"]["labels"]["app"], "demo");
+    assert!(stored["metadata"]["uid"].is_string());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_replace_from_file() {
+    let ts = TestServer::start("kc-replace", |_| {}).await;
+    let (c, _) = ts
+        .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "rep"))
+        .await;
+    assert_eq!(c, 201);
+    let k = Kubectl::new(&ts);
+    let out = k
+        .run(&["get", "pod", "rep", "-n", "ns1", "-o", "json"])
+        .await;
+    let mut v: Value = serde_json::from_str(&out).unwrap();
+    v["spec"]["nodeName"] = json!("replaced-node");
+    let file = k.write_file("rep.json", &v.to_string());
+    let out = k.run(&["replace", "-f", &file]).await;
+    assert!(out.contains("pod/rep replaced"), "{out}");
+    let stored = ts.etcd_get(&ts.pod_key("ns1", "rep")).await.unwrap();
+    assert_eq!(stored["spec"]["nodeName"], "replaced-node");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_patch_merge() {
+    let ts = TestServer::start("kc-patch", |_| {}).await;
+    let (c, _) = ts
+        .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "pat"))
+        .await;
+    assert_eq!(c, 201);
+    let k = Kubectl::new(&ts);
+    let out = k
+        .run(&[
+            "patch",
+            "pod",
+            "pat",
+            "-n",
+            "ns1",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"metadata":{"labels":{"patched":"yes"}}}"#,
+        ])
+        .await;
+    assert!(out.contains("pod/pat patched"), "{out}");
+    let stored = ts.etcd_get(&ts.pod_key("ns1", "pat")).await.unwrap();
+    assert_eq!(stored["metadata"]["labels"]["patched"], "yes");
+    assert_eq!(stored["metadata"]["labels"]["app"], "web");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_delete() {
+    let ts = TestServer::start("kc-delete", |_| {}).await;
+    let (c, _) = ts
+        .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "gone"))
+        .await;
+    assert_eq!(c, 201);
+    let k = Kubectl::new(&ts);
+    let out = k.run(&["delete", "pod", "gone", "-n", "ns1"]).await;
+    assert!(out.contains("pod \"gone\" deleted"), "{out}");
+    assert!(ts.etcd_get(&ts.pod_key("ns1", "gone")).await.is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_watch_shows_new_pod() {
+    let ts = TestServer::start("kc-watch", |_| {}).await;
+    let (c, _) = ts
+        .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "before"))
+        .await;
+    assert_eq!(c, 201);
+    let k = Kubectl::new(&ts);
+    let mut child = k
+        .command(&["get", "pods", "-n", "ns1", "-w", "--output-watch-events"])
+        .spawn()
+        .expect("spawn kubectl -w");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut seen = Vec::new();
+    // The initial state first.
+    let got_initial = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            seen.push(l.clone());
+            if l.contains("before") {
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    assert!(
+        matches!(got_initial, Ok(true)),
+        "initial pod listed: {seen:?}"
+    );
+    let (c, _) = ts
+        .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "during"))
+        .await;
+    assert_eq!(c, 201);
+    let got_new = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(l)) = lines.next_line().await {
+            seen.push(l.clone());
+            if l.contains("during") {
+                return Some(l);
+            }
+        }
+        None
+    })
+    .await;
+    let _ = child.kill().await;
+    let line = match got_new {
+        Ok(Some(l)) => l,
+        _ => {
+            let mut err = String::new();
+            if let Some(mut e) = child.stderr.take() {
+                use tokio::io::AsyncReadExt;
+                let _ = e.read_to_string(&mut err).await;
+            }
+            panic!("new pod not shown by kubectl -w: {seen:?}; stderr: {err}");
+        }
+    };
+    println!("{seen:#?}");
+    assert!(line.trim_start().starts_with("ADDED"), "{line} ({seen:?})");
+    assert!(
+        seen[0].contains("EVENT") && seen[0].contains("NAME"),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_creates_then_updates() {
+    let ts = TestServer::start("kc-apply", |_| {}).await;
+    let k = Kubectl::new(&ts);
+    let manifest = |image: &str, extra: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: applied\n  namespace: ns1\n  labels:\n    app: demo\n{extra}\
+             spec:\n  containers:\n  - name: c\n    image: {image}\n  - name: d\n    image: busybox\n"
+        )
+    };
+    let file = k.write_file("a1.yaml", &manifest("nginx:1", "    tier: fe\n"));
+    let out = k.run(&["apply", "-f", &file]).await;
+    assert!(out.contains("pod/applied created"), "{out}");
+    let file = k.write_file("a2.yaml", &manifest("nginx:2", ""));
+    let out = k.run(&["apply", "-f", &file]).await;
+    assert!(out.contains("pod/applied configured"), "{out}");
+    let stored = ts.etcd_get(&ts.pod_key("ns1", "applied")).await.unwrap();
+    assert_eq!(
+        stored["spec"]["containers"][0]["image"], "nginx:2",
+        "{stored}"
+    );
+    assert_eq!(stored["spec"]["containers"][1]["name"], "d", "{stored}");
+    assert!(
+        stored["metadata"]["labels"].get("tier").is_none(),
+        "removed label pruned: {stored}"
+    );
+    let text = stored.to_string();
+    assert!(!text.contains("\"$"), "no patch directives stored: {text}");
+}
