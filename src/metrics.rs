@@ -42,6 +42,7 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     pub http_request_duration: HistogramVec,
     pub undecodable_values: IntCounterVec,
+    pub api_open_watches: prometheus::IntGauge,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -184,6 +185,16 @@ impl Metrics {
                 "etcd values skipped because they are not JSON objects or their key does not fit.",
                 res,
             ),
+            api_open_watches: {
+                let g = prometheus::IntGauge::new(
+                    "watchcache_api_open_watches",
+                    "Open watch streams of the REST API (limited by server.max_watches).",
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
             registry: r,
         }
     }

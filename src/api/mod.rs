@@ -10,7 +10,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -74,6 +74,8 @@ pub struct State {
     pub watches: AtomicUsize,
     /// Cancelled when the server shuts down; open watch streams end.
     pub shutdown: CancellationToken,
+    /// Result of the latest etcd probe (see [`probe_etcd`]); part of `/readyz`.
+    pub etcd_reachable: AtomicBool,
 }
 
 impl State {
@@ -108,15 +110,18 @@ impl Server {
                 ),
             })
             .collect();
-        Server {
+        let server = Server {
             state: Arc::new(State {
                 config,
                 storage,
                 resources,
                 watches: AtomicUsize::new(0),
                 shutdown: CancellationToken::new(),
+                etcd_reachable: AtomicBool::new(false),
             }),
-        }
+        };
+        tokio::spawn(probe_etcd(Arc::clone(&server.state)));
+        server
     }
 
     /// The shared state (config, storage, cachers).
@@ -225,22 +230,94 @@ impl Server {
     }
 }
 
-/// Routes one request and logs it.
+/// How often `/readyz`'s etcd check is refreshed. Probing in the background
+/// keeps readiness probes cheap and off etcd's hot path.
+const ETCD_PROBE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Keeps `State::etcd_reachable` current until shutdown: a cheap range
+/// (current revision) with a short deadline.
+async fn probe_etcd(state: Arc<State>) {
+    loop {
+        let ok = tokio::time::timeout(Duration::from_secs(2), state.storage.current_revision())
+            .await
+            .is_ok_and(|r| r.is_ok());
+        if state.etcd_reachable.swap(ok, Ordering::Relaxed) != ok {
+            if ok {
+                info!("etcd reachable");
+            } else {
+                warn!("etcd unreachable");
+            }
+        }
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(ETCD_PROBE_INTERVAL) => {}
+        }
+    }
+}
+
+/// Routes one request, logs it and records the HTTP metrics.
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let span = tracing::debug_span!("request", %method, %path);
+    let verb = request_verb(&method, &path, req.uri().query());
+    let span = tracing::debug_span!("request", %method, %path, verb);
     let resp = route(state, req).instrument(span.clone()).await;
+    let elapsed = start.elapsed();
+    let code = resp.status().as_u16();
+    let m = crate::metrics::metrics();
+    m.http_requests
+        .with_label_values(&[verb, resp.status().as_str()])
+        .inc();
+    m.http_request_duration
+        .with_label_values(&[verb])
+        .observe(elapsed.as_secs_f64());
     let _enter = span.enter();
     debug!(
         %method,
         %path,
-        code = resp.status().as_u16(),
-        duration_ms = start.elapsed().as_secs_f64() * 1000.0,
+        verb,
+        code,
+        duration_ms = elapsed.as_secs_f64() * 1000.0,
         "request"
     );
     resp
+}
+
+/// The Kubernetes verb of a request (`get`, `list`, `watch`, `create`,
+/// `update`, `patch`, `delete`), for metrics; non-resource paths (discovery,
+/// ops) count by their lowercased method.
+fn request_verb(method: &hyper::Method, path: &str, query: Option<&str>) -> &'static str {
+    use hyper::Method;
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let rest: &[&str] = match segs.as_slice() {
+        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] if !rest.is_empty() => rest,
+        _ => {
+            return match *method {
+                Method::GET | Method::HEAD => "get",
+                Method::POST => "post",
+                _ => "other",
+            };
+        }
+    };
+    let item = match rest {
+        ["namespaces", _, _] | [_] => false,
+        _ => true,
+    };
+    match *method {
+        Method::GET | Method::HEAD if item => "get",
+        Method::GET | Method::HEAD => {
+            let watch = params::Query::parse(query)
+                .get("watch")
+                .is_some_and(|v| v == "1" || v == "true");
+            if watch { "watch" } else { "list" }
+        }
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE => "delete",
+        _ => "other",
+    }
 }
 
 async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {

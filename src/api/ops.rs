@@ -1,5 +1,6 @@
 //! Operational endpoints: `/healthz`, `/livez` (always `ok` while the process
-//! serves), `/readyz` (every cacher ready; `?verbose` lists each check) and
+//! serves), `/readyz` (etcd reachable and every cacher ready; `?verbose`
+//! lists each check) and
 //! `/metrics` (Prometheus text format).
 
 use hyper::body::Incoming;
@@ -27,6 +28,15 @@ pub fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
 fn readyz(state: &State, query: &Query) -> Response<Body> {
     let mut ready = true;
     let mut lines = String::from("[+]ping ok\n");
+    if state
+        .etcd_reachable
+        .load(std::sync::atomic::Ordering::Relaxed)
+    {
+        lines.push_str("[+]etcd ok\n");
+    } else {
+        ready = false;
+        lines.push_str("[-]etcd failed: not reachable\n");
+    }
     for r in &state.resources {
         let name = if r.config.group.is_empty() {
             r.config.plural.clone()
@@ -64,25 +74,13 @@ fn readyz(state: &State, query: &Query) -> Response<Body> {
 }
 
 fn metrics(state: &State) -> Response<Body> {
-    // Placeholder until the metrics issue lands: a few gauges in the
-    // Prometheus text format.
-    let mut out = String::new();
-    out.push_str(
-        "# HELP watchcache_resource_version Current resourceVersion of the watch cache.\n",
-    );
-    out.push_str("# TYPE watchcache_resource_version gauge\n");
-    for r in &state.resources {
-        out.push_str(&format!(
-            "watchcache_resource_version{{resource=\"{}\"}} {}\n",
-            r.config.plural,
-            r.cacher.resource_version()
-        ));
-    }
-    out.push_str("# HELP watchcache_api_open_watches Open watch streams of the REST API.\n");
-    out.push_str("# TYPE watchcache_api_open_watches gauge\n");
-    out.push_str(&format!(
-        "watchcache_api_open_watches {}\n",
-        state.watches.load(std::sync::atomic::Ordering::Relaxed)
-    ));
-    response(200, "text/plain; version=0.0.4; charset=utf-8", full(out))
+    // Gauges that are cheapest to read at scrape time.
+    let m = crate::metrics::metrics();
+    m.api_open_watches
+        .set(state.watches.load(std::sync::atomic::Ordering::Relaxed) as i64);
+    response(
+        200,
+        "text/plain; version=0.0.4; charset=utf-8",
+        full(crate::metrics::gather()),
+    )
 }
