@@ -1,0 +1,320 @@
+//! `History`: the fixed-capacity ring of recent events (DESIGN.md sections 4, 5).
+//!
+//! The ring is the fan-out medium: watchers are cursors (sequence numbers)
+//! into it, so no per-watcher queue exists. Cursors are by sequence number,
+//! not RV, because the events of one etcd transaction share an RV.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::object::Object;
+use crate::object::wire::{EventType, event_line};
+
+/// The kind of a cached change (the watch event type before per-watcher conversion).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One applied change. Immutable once in the ring; the wire lines are
+/// rendered lazily, once, and shared by every watcher that sends them.
+#[derive(Debug)]
+pub struct HistoryEvent {
+    pub seq: u64,
+    pub kind: EventKind,
+    pub key: Arc<str>,
+    /// The object after the change; `None` for `Deleted`.
+    pub object: Option<Arc<Object>>,
+    /// The object before the change; `None` for `Added`.
+    pub prev: Option<Arc<Object>>,
+    /// The etcd revision of the change (shared by the events of one txn).
+    pub rv: i64,
+    /// When the reflector received the change (for delivery-delay metrics).
+    pub received: Instant,
+    added: OnceLock<Bytes>,
+    modified: OnceLock<Bytes>,
+    deleted: OnceLock<Bytes>,
+}
+
+impl HistoryEvent {
+    pub fn new(
+        seq: u64,
+        kind: EventKind,
+        key: Arc<str>,
+        object: Option<Arc<Object>>,
+        prev: Option<Arc<Object>>,
+        rv: i64,
+        received: Instant,
+    ) -> HistoryEvent {
+        HistoryEvent {
+            seq,
+            kind,
+            key,
+            object,
+            prev,
+            rv,
+            received,
+            added: OnceLock::new(),
+            modified: OnceLock::new(),
+            deleted: OnceLock::new(),
+        }
+    }
+
+    /// `ADDED` line of the new object (None when there is no new object).
+    pub fn added_line(&self) -> Option<Bytes> {
+        let obj = self.object.as_ref()?;
+        Some(
+            self.added
+                .get_or_init(|| event_line(EventType::Added, &obj.wire))
+                .clone(),
+        )
+    }
+
+    /// `MODIFIED` line of the new object.
+    pub fn modified_line(&self) -> Option<Bytes> {
+        let obj = self.object.as_ref()?;
+        Some(
+            self.modified
+                .get_or_init(|| event_line(EventType::Modified, &obj.wire))
+                .clone(),
+        )
+    }
+
+    /// `DELETED` line: the previous object at this event's RV.
+    pub fn deleted_line(&self) -> Option<Bytes> {
+        let prev = self.prev.as_ref()?;
+        Some(
+            self.deleted
+                .get_or_init(|| event_line(EventType::Deleted, &prev.wire_at(self.rv)))
+                .clone(),
+        )
+    }
+}
+
+/// The watcher's cursor left the ring: its next event is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Gone {
+    /// The oldest RV a watch can still start from.
+    pub oldest_rv: i64,
+}
+
+/// Fixed-capacity ring of events with monotonically increasing sequence numbers.
+#[derive(Debug)]
+pub struct History {
+    capacity: usize,
+    ring: VecDeque<Arc<HistoryEvent>>,
+    next_seq: u64,
+    /// Every event with an RV greater than this is in the ring.
+    start_rv: i64,
+}
+
+impl History {
+    pub fn new(capacity: usize, start_rv: i64) -> History {
+        let capacity = capacity.max(1);
+        History {
+            capacity,
+            ring: VecDeque::with_capacity(capacity.min(1 << 16)),
+            next_seq: 0,
+            start_rv,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+    /// The sequence number the next pushed event gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+    /// The sequence number of the oldest retained event (== next_seq when empty).
+    pub fn first_seq(&self) -> u64 {
+        self.ring.front().map_or(self.next_seq, |e| e.seq)
+    }
+    /// The oldest RV a watch can start from: all events after it are retained.
+    pub fn start_rv(&self) -> i64 {
+        self.start_rv
+    }
+
+    /// Moves the start forward, used when the cache is (re)initialized with an
+    /// empty ring. Never moves it backwards.
+    pub fn set_start_rv_if_empty(&mut self, rv: i64) {
+        if self.ring.is_empty() && rv > self.start_rv {
+            self.start_rv = rv;
+        }
+    }
+
+    /// Appends an event, evicting the oldest when full.
+    pub fn push(
+        &mut self,
+        kind: EventKind,
+        key: Arc<str>,
+        object: Option<Arc<Object>>,
+        prev: Option<Arc<Object>>,
+        rv: i64,
+        received: Instant,
+    ) -> Arc<HistoryEvent> {
+        let ev = Arc::new(HistoryEvent::new(
+            self.next_seq,
+            kind,
+            key,
+            object,
+            prev,
+            rv,
+            received,
+        ));
+        self.next_seq += 1;
+        self.ring.push_back(Arc::clone(&ev));
+        while self.ring.len() > self.capacity {
+            if let Some(old) = self.ring.pop_front() {
+                // RVs are non-decreasing in seq order, so every event with a
+                // larger RV is still retained.
+                self.start_rv = self.start_rv.max(old.rv);
+            }
+        }
+        ev
+    }
+
+    /// The event with sequence number `seq`, if retained.
+    pub fn get(&self, seq: u64) -> Option<&Arc<HistoryEvent>> {
+        let first = self.first_seq();
+        if seq < first {
+            return None;
+        }
+        self.ring.get(usize::try_from(seq - first).ok()?)
+    }
+
+    /// Up to `max` events from `seq` on; `Gone` if `seq` was evicted.
+    pub fn read_from(&self, seq: u64, max: usize) -> Result<Vec<Arc<HistoryEvent>>, Gone> {
+        let first = self.first_seq();
+        if seq < first {
+            return Err(Gone {
+                oldest_rv: self.start_rv,
+            });
+        }
+        let skip = usize::try_from(seq - first).unwrap_or(usize::MAX);
+        Ok(self.ring.iter().skip(skip).take(max).cloned().collect())
+    }
+
+    /// The sequence number of the first event with an RV greater than `rv`:
+    /// where a watch "from RV N" starts. `Gone` if events after `rv` were evicted.
+    pub fn seq_after_rv(&self, rv: i64) -> Result<u64, Gone> {
+        if rv < self.start_rv {
+            return Err(Gone {
+                oldest_rv: self.start_rv,
+            });
+        }
+        let idx = self.ring.partition_point(|e| e.rv <= rv);
+        Ok(self.first_seq() + idx as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn obj(key: &str, rv: i64) -> Arc<Object> {
+        Arc::new(Object {
+            key: Arc::from(key),
+            namespace: Some(Arc::from("ns")),
+            name: Arc::from(key.rsplit('/').next().unwrap_or(key)),
+            uid: None,
+            labels: Default::default(),
+            fields: vec![],
+            creation_timestamp: None,
+            mod_revision: rv,
+            create_revision: rv,
+            wire: Bytes::from(format!(
+                "{{\"metadata\":{{\"name\":\"{key}\",\"resourceVersion\":\"{rv}\"}}}}"
+            )),
+        })
+    }
+
+    fn push(h: &mut History, rv: i64) -> Arc<HistoryEvent> {
+        h.push(
+            EventKind::Added,
+            Arc::from(format!("/p/ns/k{rv}")),
+            Some(obj("/p/ns/k", rv)),
+            None,
+            rv,
+            Instant::now(),
+        )
+    }
+
+    #[test]
+    fn seqs_increase_and_ring_evicts() {
+        let mut h = History::new(3, 10);
+        for rv in 11..=15 {
+            push(&mut h, rv);
+        }
+        assert_eq!(h.len(), 3);
+        assert_eq!(h.first_seq(), 2);
+        assert_eq!(h.next_seq(), 5);
+        assert_eq!(h.start_rv(), 12);
+        assert!(h.get(1).is_none());
+        assert_eq!(h.get(2).map(|e| e.rv), Some(13));
+        assert_eq!(h.read_from(1, 10).unwrap_err(), Gone { oldest_rv: 12 });
+        let evs = h.read_from(3, 10).unwrap();
+        assert_eq!(evs.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![14, 15]);
+        assert!(h.read_from(5, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn seq_after_rv_handles_shared_revisions() {
+        let mut h = History::new(10, 5);
+        push(&mut h, 6);
+        push(&mut h, 7); // a txn: three events at RV 7
+        push(&mut h, 7);
+        push(&mut h, 7);
+        push(&mut h, 9);
+        assert_eq!(h.seq_after_rv(5), Ok(0));
+        assert_eq!(h.seq_after_rv(6), Ok(1));
+        assert_eq!(h.seq_after_rv(7), Ok(4));
+        assert_eq!(h.seq_after_rv(8), Ok(4));
+        assert_eq!(h.seq_after_rv(9), Ok(5));
+        assert_eq!(h.seq_after_rv(100), Ok(5));
+        assert_eq!(h.seq_after_rv(4), Err(Gone { oldest_rv: 5 }));
+    }
+
+    #[test]
+    fn partial_eviction_of_a_txn_keeps_later_rvs_servable() {
+        let mut h = History::new(2, 5);
+        push(&mut h, 7);
+        push(&mut h, 7);
+        push(&mut h, 8); // evicts one RV-7 event
+        assert_eq!(h.start_rv(), 7);
+        assert_eq!(h.seq_after_rv(6), Err(Gone { oldest_rv: 7 }));
+        assert_eq!(h.seq_after_rv(7), Ok(2));
+    }
+
+    #[test]
+    fn lines_render_once_and_deleted_carries_new_rv() {
+        let mut h = History::new(4, 0);
+        let ev = h.push(
+            EventKind::Deleted,
+            Arc::from("/p/ns/a"),
+            None,
+            Some(obj("/p/ns/a", 3)),
+            9,
+            Instant::now(),
+        );
+        let a = ev.deleted_line().unwrap();
+        let b = ev.deleted_line().unwrap();
+        assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
+        let s = std::str::from_utf8(&a).unwrap();
+        assert!(s.starts_with("{\"type\":\"DELETED\""), "{s}");
+        assert!(s.contains("\"resourceVersion\":\"9\""), "{s}");
+        assert!(ev.added_line().is_none());
+    }
+}

@@ -1,0 +1,902 @@
+//! `WatchCache`: the current [`Snapshot`], recent snapshots, the [`History`]
+//! ring, readiness, and watch routes (DESIGN.md sections 4, 5).
+//!
+//! Only the reflector writes (through [`WatchCache::apply`]); readers load
+//! the current snapshot through an `ArcSwap` and never block it. Applying a
+//! batch and registering a watcher are serialised by one short lock so a new
+//! watcher's starting snapshot and its history cursor always agree.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use dashmap::DashMap;
+use parking_lot::{Mutex, RwLock};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::history::{EventKind, Gone, History, HistoryEvent};
+use super::snapshot::{IndexKey, Snapshot, field_pair_key, route_keys};
+use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
+
+/// One change fed to the cache: `new = None` deletes `key`.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub key: Arc<str>,
+    pub new: Option<Arc<Object>>,
+    /// The etcd revision of the change (for a relist diff: the list RV).
+    pub rv: i64,
+}
+
+/// Counters the metrics layer reads (all monotonic except where noted).
+#[derive(Debug, Default)]
+pub struct CacherStats {
+    pub events_received: AtomicU64,
+    pub decode_errors: AtomicU64,
+    pub initializations: AtomicU64,
+    pub relists: AtomicU64,
+    pub watch_restarts: AtomicU64,
+    /// Watch restarts because the stream went silent (idle detection).
+    pub idle_restarts: AtomicU64,
+    pub consistent_read_cache: AtomicU64,
+    pub consistent_read_fallback: AtomicU64,
+    pub list_cache: AtomicU64,
+    pub list_etcd: AtomicU64,
+    /// Gauge.
+    pub watchers: AtomicU64,
+    pub watchers_expired: AtomicU64,
+    pub events_dispatched: AtomicU64,
+    /// Sum of consistent-read waits, microseconds.
+    pub read_wait_micros: AtomicU64,
+}
+
+impl CacherStats {
+    pub(crate) fn consistent_cache(&self) {
+        self.consistent_read_cache.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn consistent_fallback(&self) {
+        self.consistent_read_fallback
+            .fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn list_cache(&self) {
+        self.list_cache.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn list_etcd(&self) {
+        self.list_etcd.fetch_add(1, Ordering::Relaxed);
+    }
+    pub(crate) fn observe_read_wait(&self, d: Duration) {
+        self.read_wait_micros
+            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+    }
+}
+
+/// A watch route: the sequence numbers of retained events whose old or new
+/// object carries the route's key, and a wake-up channel.
+#[derive(Debug)]
+pub struct Route {
+    pub(crate) log: Mutex<RouteLog>,
+    pub(crate) tx: watch::Sender<u64>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct RouteLog {
+    pub(crate) seqs: VecDeque<u64>,
+    /// Largest seq dropped from `seqs` because the history evicted it.
+    pub(crate) trimmed_max: Option<u64>,
+}
+
+/// Where a new watcher starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WatchStart {
+    /// The current state as ADDED events, then changes.
+    Initial { end_bookmark: bool },
+    /// Changes after the current state.
+    Now,
+    /// Changes after RV N (from history).
+    After(i64),
+}
+
+/// What [`WatchCache::register`] hands a new watcher.
+pub(crate) struct Registration {
+    pub(crate) route: Option<(IndexKey, Arc<Route>)>,
+    pub(crate) rx: watch::Receiver<u64>,
+    pub(crate) snapshot: Arc<Snapshot>,
+    /// Cursor, or the history's oldest RV when the start was evicted.
+    pub(crate) cursor: Result<u64, Gone>,
+}
+
+pub struct WatchCache {
+    codec: Arc<ObjectCodec>,
+    resource: String,
+    index_paths: Vec<Arc<str>>,
+    /// Serialises apply vs. watcher registration (both short).
+    apply_lock: Mutex<()>,
+    current: ArcSwap<Snapshot>,
+    /// Snapshots for Exact reads and continue tokens, oldest first.
+    recent: Mutex<VecDeque<Arc<Snapshot>>>,
+    history: RwLock<History>,
+    rv_tx: watch::Sender<i64>,
+    ready_tx: watch::Sender<bool>,
+    ready: AtomicBool,
+    routes: DashMap<IndexKey, Arc<Route>>,
+    /// Woken on every applied batch (watchers without a route).
+    all_tx: watch::Sender<u64>,
+    closed: CancellationToken,
+    stats: CacherStats,
+}
+
+impl std::fmt::Debug for WatchCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WatchCache")
+            .field("resource", &self.resource)
+            .field("rv", &self.resource_version())
+            .finish_non_exhaustive()
+    }
+}
+
+impl WatchCache {
+    pub fn new(codec: Arc<ObjectCodec>, resource: String, history_capacity: usize) -> WatchCache {
+        let index_paths = codec.index_paths().to_vec();
+        WatchCache {
+            codec,
+            resource,
+            index_paths,
+            apply_lock: Mutex::new(()),
+            current: ArcSwap::from_pointee(Snapshot::empty(0, 0)),
+            recent: Mutex::new(VecDeque::new()),
+            history: RwLock::new(History::new(history_capacity, 0)),
+            rv_tx: watch::Sender::new(0),
+            ready_tx: watch::Sender::new(false),
+            ready: AtomicBool::new(false),
+            routes: DashMap::new(),
+            all_tx: watch::Sender::new(0),
+            closed: CancellationToken::new(),
+            stats: CacherStats::default(),
+        }
+    }
+
+    pub fn codec(&self) -> &ObjectCodec {
+        &self.codec
+    }
+    pub fn index_paths(&self) -> &[Arc<str>] {
+        &self.index_paths
+    }
+    pub fn stats(&self) -> &CacherStats {
+        &self.stats
+    }
+    pub fn resource(&self) -> &str {
+        &self.resource
+    }
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Acquire)
+    }
+    pub fn resource_version(&self) -> i64 {
+        self.current.load().rv
+    }
+    pub fn current(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+    pub fn history_len(&self) -> usize {
+        self.history.read().len()
+    }
+    pub fn history_capacity(&self) -> usize {
+        self.history.read().capacity()
+    }
+    /// The oldest RV a watch can start from.
+    pub fn oldest_watch_rv(&self) -> i64 {
+        self.history.read().start_rv()
+    }
+    pub(crate) fn closed(&self) -> &CancellationToken {
+        &self.closed
+    }
+
+    /// Ends every watcher (they see the token and finish).
+    pub fn close(&self) {
+        self.closed.cancel();
+        self.all_tx.send_replace(u64::MAX);
+    }
+
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let mut rx = self.ready_tx.subscribe();
+        matches!(
+            tokio::time::timeout(timeout, rx.wait_for(|r| *r)).await,
+            Ok(Ok(_))
+        )
+    }
+
+    /// Waits up to `timeout` for the cache RV to reach `rv`.
+    pub async fn wait_for_rv(
+        &self,
+        rv: i64,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> bool {
+        let mut rx = self.rv_tx.subscribe();
+        tokio::select! {
+            r = tokio::time::timeout(timeout, rx.wait_for(|cur| *cur >= rv)) => matches!(r, Ok(Ok(_))),
+            _ = cancel.cancelled() => false,
+        }
+    }
+
+    /// The state at exactly `rv`: the newest retained snapshot not newer than
+    /// it (no event lies between). `None` if `rv` is older than what is kept.
+    pub fn snapshot_at(&self, rv: i64) -> Option<Arc<Snapshot>> {
+        let cur = self.current();
+        if rv > cur.rv {
+            return None;
+        }
+        let recent = self.recent.lock();
+        // The newest retained snapshot holds the current objects (progress
+        // only moves `current`'s RV), so the search covers every RV up to now.
+        let idx = recent.partition_point(|s| s.rv <= rv);
+        if idx == 0 {
+            return None;
+        }
+        recent.get(idx - 1).cloned()
+    }
+
+    /// The oldest RV an Exact read can use.
+    pub fn oldest_snapshot_rv(&self) -> i64 {
+        self.recent
+            .lock()
+            .front()
+            .map_or_else(|| self.resource_version(), |s| s.rv)
+    }
+
+    /// Replaces the whole state (first list): ready afterwards.
+    pub(crate) fn init(&self, objects: Vec<Arc<Object>>, rv: i64) {
+        let _g = self.apply_lock.lock();
+        let mut hist = self.history.write();
+        let mut snap = Snapshot::empty(rv, hist.next_seq());
+        for o in objects {
+            let key = Arc::clone(&o.key);
+            snap.apply(&key, Some(o), &self.index_paths);
+        }
+        hist.set_start_rv_if_empty(rv);
+        drop(hist);
+        let snap = Arc::new(snap);
+        self.current.store(Arc::clone(&snap));
+        {
+            let mut recent = self.recent.lock();
+            recent.clear();
+            recent.push_back(snap);
+        }
+        self.rv_tx.send_replace(rv);
+        self.ready.store(true, Ordering::Release);
+        self.ready_tx.send_replace(true);
+        self.stats.initializations.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The changes that turn the current state into `objects` (a relist at
+    /// `rv`): additions and modifications (by mod_revision), then deletions.
+    pub(crate) fn diff(&self, objects: Vec<Arc<Object>>, rv: i64) -> Vec<Change> {
+        let cur = self.current();
+        let mut changes = Vec::new();
+        let mut seen: HashSet<Arc<str>> = HashSet::with_capacity(objects.len());
+        for o in objects {
+            seen.insert(Arc::clone(&o.key));
+            match cur.get(&o.key) {
+                Some(old) if old.mod_revision == o.mod_revision && old.wire == o.wire => {}
+                _ => changes.push(Change {
+                    key: Arc::clone(&o.key),
+                    rv: o.mod_revision,
+                    new: Some(o),
+                }),
+            }
+        }
+        // Changed objects in revision order, each at its own revision (all
+        // newer than the cache's), then deletions at the list RV: RVs seen
+        // by watchers keep increasing and match the objects they carry.
+        changes.sort_by_key(|c| c.rv);
+        for (k, _) in cur.iter() {
+            if !seen.contains(k) {
+                changes.push(Change {
+                    key: Arc::clone(k),
+                    new: None,
+                    rv,
+                });
+            }
+        }
+        changes
+    }
+
+    /// Applies one batch (one etcd watch response, or a relist diff) at `rv`
+    /// and publishes the new snapshot. `relist`: intermediate states between
+    /// the old RV and `rv` are unknown, so older snapshots stop being exact.
+    pub(crate) fn apply(&self, changes: Vec<Change>, rv: i64, relist: bool) {
+        let received = Instant::now();
+        let _g = self.apply_lock.lock();
+        let cur = self.current.load_full();
+        let mut snap = (*cur).clone();
+        // Only apply() pushes to the history and it holds `apply_lock`, so
+        // the next sequence number is stable while the batch is prepared
+        // outside the history lock (watchers keep draining meanwhile).
+        let base_seq = self.history.read().next_seq();
+        let mut pending: Vec<(EventKind, Change, Option<Arc<Object>>)> =
+            Vec::with_capacity(changes.len());
+        // A batch may span several revisions: keep the state at each one for
+        // Exact reads (clones are cheap), publishing only the last.
+        let mut intermediate: Vec<Arc<Snapshot>> = Vec::new();
+        let mut group_rv: Option<i64> = None;
+        for ch in changes {
+            if let Some(g) = group_rv
+                && g != ch.rv
+                && !pending.is_empty()
+            {
+                let mut s = snap.clone();
+                s.rv = s.rv.max(g);
+                s.next_seq = base_seq + pending.len() as u64;
+                intermediate.push(Arc::new(s));
+            }
+            group_rv = Some(ch.rv);
+            let prev = snap.apply(&ch.key, ch.new.clone(), &self.index_paths);
+            let kind = match (&prev, &ch.new) {
+                (None, Some(_)) => EventKind::Added,
+                (Some(_), Some(_)) => EventKind::Modified,
+                (Some(_), None) => EventKind::Deleted,
+                (None, None) => continue,
+            };
+            pending.push((kind, ch, prev));
+        }
+        let mut events: Vec<Arc<HistoryEvent>> = Vec::with_capacity(pending.len());
+        let mut hist = self.history.write();
+        for (kind, ch, prev) in pending {
+            events.push(hist.push(kind, ch.key, ch.new, prev, ch.rv, received));
+        }
+        let next_seq = hist.next_seq();
+        let first_seq = hist.first_seq();
+        let start_rv = hist.start_rv();
+        drop(hist);
+        snap.rv = snap.rv.max(rv);
+        snap.next_seq = next_seq;
+
+        // Dispatch to routes before publishing, so a watcher that sees the
+        // snapshot also finds its events in its route log.
+        let mut woken: Vec<Arc<Route>> = Vec::new();
+        if !self.routes.is_empty() {
+            for ev in &events {
+                let mut keys: Vec<IndexKey> = Vec::new();
+                if let Some(o) = &ev.object {
+                    keys.extend(route_keys(o, &self.index_paths));
+                }
+                if let Some(p) = &ev.prev {
+                    for k in route_keys(p, &self.index_paths) {
+                        if !keys.contains(&k) {
+                            keys.push(k);
+                        }
+                    }
+                }
+                for k in keys {
+                    if let Some(route) = self.routes.get(&k) {
+                        let mut log = route.log.lock();
+                        log.seqs.push_back(ev.seq);
+                        while log.seqs.front().is_some_and(|s| *s < first_seq) {
+                            log.trimmed_max = log.seqs.pop_front();
+                        }
+                        drop(log);
+                        if !woken.iter().any(|r| Arc::ptr_eq(r, &route)) {
+                            woken.push(Arc::clone(&route));
+                        }
+                    }
+                }
+            }
+        }
+
+        let snap = Arc::new(snap);
+        self.current.store(Arc::clone(&snap));
+        {
+            let mut recent = self.recent.lock();
+            if relist {
+                // States between the old RV and the relist are unknown.
+                recent.clear();
+            } else {
+                recent.extend(intermediate);
+            }
+            if !events.is_empty() || recent.is_empty() {
+                recent.push_back(Arc::clone(&snap));
+            }
+            // Keep the newest snapshot at or before the history start (the
+            // state at start_rv) and everything after it.
+            while recent.len() >= 2 && recent.get(1).is_some_and(|s| s.rv <= start_rv) {
+                recent.pop_front();
+            }
+        }
+        self.rv_tx.send_replace(snap.rv);
+        drop(_g);
+
+        let n = events.len() as u64;
+        self.stats.events_received.fetch_add(n, Ordering::Relaxed);
+        if n > 0 {
+            for r in woken {
+                r.tx.send_replace(next_seq);
+            }
+            self.all_tx.send_replace(next_seq);
+        }
+    }
+
+    /// Advances the RV without changes (a progress notification).
+    pub(crate) fn advance(&self, rv: i64) {
+        let _g = self.apply_lock.lock();
+        let cur = self.current.load_full();
+        if rv <= cur.rv {
+            return;
+        }
+        let mut snap = (*cur).clone();
+        snap.rv = rv;
+        self.current.store(Arc::new(snap));
+        self.rv_tx.send_replace(rv);
+    }
+
+    /// Registers a watcher: picks its route and its start consistently with
+    /// the published snapshot.
+    pub(crate) fn register(&self, route_key: Option<IndexKey>, start: WatchStart) -> Registration {
+        let _g = self.apply_lock.lock();
+        let (route, rx) = match route_key {
+            Some(k) => {
+                let route = Arc::clone(
+                    self.routes
+                        .entry(k.clone())
+                        .or_insert_with(|| {
+                            Arc::new(Route {
+                                log: Mutex::new(RouteLog::default()),
+                                tx: watch::Sender::new(0),
+                            })
+                        })
+                        .value(),
+                );
+                let rx = route.tx.subscribe();
+                (Some((k, route)), rx)
+            }
+            None => (None, self.all_tx.subscribe()),
+        };
+        let snapshot = self.current.load_full();
+        let cursor = match start {
+            WatchStart::Initial { .. } | WatchStart::Now => Ok(snapshot.next_seq),
+            WatchStart::After(n) if n >= snapshot.rv => Ok(snapshot.next_seq),
+            WatchStart::After(n) => self.history.read().seq_after_rv(n),
+        };
+        self.stats.watchers.fetch_add(1, Ordering::Relaxed);
+        Registration {
+            route,
+            rx,
+            snapshot,
+            cursor,
+        }
+    }
+
+    /// Frees a watcher's route when it was the last one on it.
+    pub(crate) fn unregister(
+        &self,
+        route: Option<(IndexKey, Arc<Route>)>,
+        rx: watch::Receiver<u64>,
+    ) {
+        self.stats.watchers.fetch_sub(1, Ordering::Relaxed);
+        let Some((key, route)) = route else {
+            return;
+        };
+        let _g = self.apply_lock.lock();
+        drop(rx);
+        if route.tx.receiver_count() == 0 {
+            self.routes.remove(&key);
+        }
+    }
+
+    /// Events from `cursor` on (all of them, routed or not).
+    pub(crate) fn read_all(&self, cursor: u64) -> Result<Vec<Arc<HistoryEvent>>, Gone> {
+        self.history.read().read_from(cursor, usize::MAX)
+    }
+
+    /// Events of `route` from `cursor` on. The returned cursor is past the
+    /// last event returned.
+    pub(crate) fn read_route(
+        &self,
+        route: &Route,
+        cursor: u64,
+    ) -> Result<(Vec<Arc<HistoryEvent>>, u64), Gone> {
+        let seqs: Vec<u64> = {
+            let log = route.log.lock();
+            if log.trimmed_max.is_some_and(|t| t >= cursor) {
+                return Err(Gone {
+                    oldest_rv: self.history.read().start_rv(),
+                });
+            }
+            let from = log.seqs.partition_point(|s| *s < cursor);
+            log.seqs.iter().skip(from).copied().collect()
+        };
+        let hist = self.history.read();
+        let mut out = Vec::with_capacity(seqs.len());
+        let mut next = cursor;
+        for s in seqs {
+            match hist.get(s) {
+                Some(ev) => out.push(Arc::clone(ev)),
+                None => {
+                    return Err(Gone {
+                        oldest_rv: hist.start_rv(),
+                    });
+                }
+            }
+            next = s + 1;
+        }
+        Ok((out, next))
+    }
+}
+
+/// A List's filter and its cheapest pre-filter (namespace range, index set).
+pub(crate) struct ListQuery<'a> {
+    prefix: String,
+    namespace: Option<&'a str>,
+    label: &'a LabelSelector,
+    field: &'a FieldSelector,
+    index_keys: Vec<IndexKey>,
+}
+
+/// One page of a cache List.
+pub(crate) struct ListPage {
+    pub(crate) items: Vec<Arc<Object>>,
+    /// The last returned key when more items follow (for the continue token).
+    pub(crate) last_key: Option<String>,
+    pub(crate) remaining: Option<i64>,
+}
+
+impl<'a> ListQuery<'a> {
+    pub(crate) fn new(
+        codec: &ObjectCodec,
+        namespace: Option<&'a str>,
+        label: &'a LabelSelector,
+        field: &'a FieldSelector,
+    ) -> ListQuery<'a> {
+        let namespace = namespace.filter(|n| !n.is_empty());
+        let prefix = match namespace {
+            Some(ns) if codec.is_namespaced() => codec.namespace_prefix(ns),
+            _ => codec.key_prefix().to_string(),
+        };
+        let mut index_keys = Vec::new();
+        for (k, v) in label.exact_pairs() {
+            index_keys.push(IndexKey::Label(k, v));
+        }
+        for (p, v) in field.exact_pairs() {
+            if let Some(k) = field_pair_key(&p, &v, codec.index_paths())
+                && Snapshot::is_indexed(&k)
+            {
+                index_keys.push(k);
+            }
+        }
+        ListQuery {
+            prefix,
+            namespace,
+            label,
+            field,
+            index_keys,
+        }
+    }
+
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub(crate) fn matches(&self, o: &Object) -> bool {
+        if let Some(ns) = self.namespace
+            && o.namespace.as_deref().is_some_and(|n| n != ns)
+        {
+            return false;
+        }
+        self.label.matches(&o.labels) && self.field.matches(o)
+    }
+
+    /// Runs the query on `snap` from `start_key` (inclusive), up to `limit` items.
+    pub(crate) fn run(
+        &self,
+        snap: &Snapshot,
+        start_key: Option<&str>,
+        limit: Option<usize>,
+    ) -> ListPage {
+        let from = start_key.unwrap_or("");
+        // The smallest index set, if any exact pair is indexed.
+        let mut best: Option<&imbl::OrdSet<Arc<str>>> = None;
+        for k in &self.index_keys {
+            match snap.index_lookup(k) {
+                None => {
+                    return ListPage {
+                        items: Vec::new(),
+                        last_key: None,
+                        remaining: None,
+                    };
+                }
+                Some(set) => {
+                    if best.is_none_or(|b| set.len() < b.len()) {
+                        best = Some(set);
+                    }
+                }
+            }
+        }
+        let iter: Box<dyn Iterator<Item = &Arc<Object>>> = match best {
+            Some(set) => Box::new(snap.indexed_range_from(set, &self.prefix, from)),
+            None => Box::new(snap.range_from(&self.prefix, from)),
+        };
+        let mut matching = iter.filter(|o| self.matches(o));
+        let limit = limit.unwrap_or(usize::MAX);
+        let items: Vec<Arc<Object>> = matching.by_ref().take(limit).cloned().collect();
+        let rest = matching.count() as i64;
+        if rest > 0 {
+            ListPage {
+                last_key: items.last().map(|o| o.key.to_string()),
+                items,
+                remaining: Some(rest),
+            }
+        } else {
+            ListPage {
+                items,
+                last_key: None,
+                remaining: None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cacher::CacherError;
+    use crate::cacher::watcher::{Filter, WatchChunk, Watcher, WatcherParams};
+    use crate::config::ResourceConfig;
+
+    fn codec() -> Arc<ObjectCodec> {
+        let r = ResourceConfig {
+            group: String::new(),
+            version: "v1".into(),
+            kind: "Pod".into(),
+            plural: "pods".into(),
+            namespaced: true,
+            indexes: vec!["spec.nodeName".into()],
+            history_capacity: 4,
+            key_prefix: None,
+            ttl_seconds: None,
+        };
+        Arc::new(ObjectCodec::new(&r, "/registry"))
+    }
+
+    fn obj(c: &ObjectCodec, name: &str, node: &str, rv: i64) -> Arc<Object> {
+        let key = c.key(Some("ns"), name);
+        let v = format!(
+            r#"{{"metadata":{{"name":"{name}","namespace":"ns","labels":{{"app":"x"}}}},"spec":{{"nodeName":"{node}"}}}}"#
+        );
+        Arc::new(c.decode(&key, v.as_bytes(), rv, rv).expect("decode"))
+    }
+
+    fn put(c: &ObjectCodec, name: &str, node: &str, rv: i64) -> Change {
+        let o = obj(c, name, node, rv);
+        Change {
+            key: Arc::clone(&o.key),
+            new: Some(o),
+            rv,
+        }
+    }
+
+    fn params(allow_bookmarks: bool, timeout: Option<Duration>) -> WatcherParams {
+        WatcherParams {
+            api_version: Arc::from("v1"),
+            kind: Arc::from("Pod"),
+            allow_bookmarks,
+            bookmark_interval: Duration::from_secs(60),
+            timeout,
+            initial_chunk: 2,
+            shutdown: CancellationToken::new(),
+        }
+    }
+
+    fn watch(cache: &Arc<WatchCache>, field: &str, start: WatchStart, p: WatcherParams) -> Watcher {
+        let c = cache.codec();
+        let fs = FieldSelector::parse(field, c.index_paths()).expect("field");
+        let f = Filter::new(c, None, LabelSelector::default(), fs);
+        Watcher::register(Arc::clone(cache), f, start, p)
+    }
+
+    fn lines(chunk: Option<WatchChunk>) -> Vec<(String, String, String)> {
+        let Some(WatchChunk::Data(b)) = chunk else {
+            panic!("expected data, got {chunk:?}");
+        };
+        String::from_utf8_lossy(&b)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                let m = &v["object"]["metadata"];
+                (
+                    v["type"].as_str().unwrap_or("").to_string(),
+                    m["name"].as_str().unwrap_or("").to_string(),
+                    m["resourceVersion"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn new_cache(cap: usize) -> Arc<WatchCache> {
+        let cache = Arc::new(WatchCache::new(codec(), "pods".into(), cap));
+        cache.init(Vec::new(), 10);
+        cache
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn routed_watcher_is_not_woken_or_expired_by_other_events() {
+        let cache = new_cache(4);
+        let c = codec();
+        let mut w = watch(
+            &cache,
+            "spec.nodeName=n1",
+            WatchStart::After(10),
+            params(false, None),
+        );
+        // Ten non-matching events overflow the ring of four.
+        for i in 0..10 {
+            cache.apply(vec![put(&c, &format!("p{i}"), "n2", 11 + i)], 11 + i, false);
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), w.next())
+                .await
+                .is_err(),
+            "not woken, not expired"
+        );
+        cache.apply(vec![put(&c, "p3", "n1", 30)], 30, false);
+        assert_eq!(
+            lines(w.next().await),
+            vec![("ADDED".into(), "p3".into(), "30".into())]
+        );
+        cache.apply(vec![put(&c, "p3", "n2", 31)], 31, false);
+        assert_eq!(
+            lines(w.next().await),
+            vec![("DELETED".into(), "p3".into(), "31".into())]
+        );
+        assert_eq!(cache.routes.len(), 1);
+        drop(w);
+        assert!(cache.routes.is_empty(), "dropping frees the route at once");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unread_events_leaving_the_ring_expire_the_watcher() {
+        let cache = new_cache(4);
+        let c = codec();
+        let mut w = watch(&cache, "", WatchStart::After(10), params(false, None));
+        for i in 0..6 {
+            cache.apply(vec![put(&c, &format!("p{i}"), "n1", 11 + i)], 11 + i, false);
+        }
+        match w.next().await {
+            Some(WatchChunk::Error(CacherError::Expired(m))) => {
+                assert_eq!(m, "too old resource version: 10 (12)")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(w.next().await.is_none());
+        // The routed flavour: its own events were evicted unread.
+        let mut r = watch(
+            &cache,
+            "spec.nodeName=n1",
+            WatchStart::After(16),
+            params(false, None),
+        );
+        for i in 0..6 {
+            cache.apply(vec![put(&c, &format!("q{i}"), "n1", 17 + i)], 17 + i, false);
+        }
+        assert!(matches!(
+            r.next().await,
+            Some(WatchChunk::Error(CacherError::Expired(_)))
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn periodic_and_final_bookmarks() {
+        let cache = new_cache(100);
+        let c = codec();
+        cache.apply(vec![put(&c, "a", "n1", 11)], 11, false);
+        let mut w = watch(
+            &cache,
+            "",
+            WatchStart::Initial { end_bookmark: true },
+            params(true, Some(Duration::from_secs(150))),
+        );
+        assert_eq!(
+            lines(w.next().await),
+            vec![
+                ("ADDED".into(), "a".into(), "11".into()),
+                ("BOOKMARK".into(), "".into(), "11".into())
+            ]
+        );
+        cache.advance(15); // progress: no events, newer RV
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(
+            lines(w.next().await),
+            vec![("BOOKMARK".into(), "".into(), "15".into())]
+        );
+        assert!(t0.elapsed() >= Duration::from_secs(60));
+        assert_eq!(
+            lines(w.next().await),
+            vec![("BOOKMARK".into(), "".into(), "15".into())]
+        );
+        cache.apply(vec![put(&c, "b", "n1", 16)], 16, false);
+        assert_eq!(
+            lines(w.next().await),
+            vec![("ADDED".into(), "b".into(), "16".into())]
+        );
+        // At the timeout (150 s): a last bookmark, then the end.
+        assert_eq!(
+            lines(w.next().await),
+            vec![("BOOKMARK".into(), "".into(), "16".into())]
+        );
+        assert!(t0.elapsed() >= Duration::from_secs(150) - Duration::from_millis(1));
+        assert!(w.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn relist_diff_becomes_ordered_events() {
+        let cache = Arc::new(WatchCache::new(codec(), "pods".into(), 100));
+        let c = codec();
+        cache.init(
+            vec![
+                obj(&c, "a", "n1", 5),
+                obj(&c, "b", "n1", 6),
+                obj(&c, "c", "n1", 7),
+            ],
+            10,
+        );
+        let mut w = watch(&cache, "", WatchStart::After(10), params(false, None));
+        // Relist at 20: d added at 14, b deleted, a modified at 12, c unchanged.
+        let listed = vec![
+            obj(&c, "a", "n2", 12),
+            obj(&c, "c", "n1", 7),
+            obj(&c, "d", "n1", 14),
+        ];
+        let changes = cache.diff(listed, 20);
+        cache.apply(changes, 20, true);
+        assert_eq!(
+            lines(w.next().await),
+            vec![
+                ("MODIFIED".into(), "a".into(), "12".into()),
+                ("ADDED".into(), "d".into(), "14".into()),
+                ("DELETED".into(), "b".into(), "20".into()),
+            ]
+        );
+        assert_eq!(cache.resource_version(), 20);
+        assert!(
+            cache.snapshot_at(15).is_none(),
+            "pre-relist states are not exact"
+        );
+        assert_eq!(cache.snapshot_at(20).map(|s| s.len()), Some(3));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn snapshots_per_revision_within_one_batch_and_rv_waits() {
+        let cache = new_cache(100);
+        let c = codec();
+        cache.apply(
+            vec![
+                put(&c, "a", "n1", 11),
+                put(&c, "b", "n1", 12),
+                put(&c, "a", "n2", 13),
+            ],
+            13,
+            false,
+        );
+        let at = |rv| {
+            cache.snapshot_at(rv).map(|s| {
+                (
+                    s.len(),
+                    s.get(&c.key(Some("ns"), "a")).map(|o| o.mod_revision),
+                )
+            })
+        };
+        assert_eq!(at(10), Some((0, None)));
+        assert_eq!(at(11), Some((1, Some(11))));
+        assert_eq!(at(12), Some((2, Some(11))));
+        assert_eq!(at(13), Some((2, Some(13))));
+        assert_eq!(at(9), None);
+        let cancel = CancellationToken::new();
+        assert!(!cache.wait_for_rv(14, Duration::from_secs(3), &cancel).await);
+        let c2 = Arc::clone(&cache);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            c2.advance(14);
+        });
+        assert!(cache.wait_for_rv(14, Duration::from_secs(3), &cancel).await);
+    }
+}

@@ -1,0 +1,430 @@
+//! `Watcher`: a cursor into the [`History`](super::History) (DESIGN.md section 5).
+//!
+//! A watcher owns no queue: it remembers a sequence number, is woken through
+//! its route's `watch` channel, and drains everything available into one
+//! chunk of pre-rendered, shared event lines. If its next event has left the
+//! ring it ends with a 410. Dropping it unregisters it at once.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use super::CacherError;
+use super::history::{EventKind, Gone, HistoryEvent};
+use super::snapshot::{IndexKey, Snapshot, field_pair_key};
+use super::watch_cache::{ListQuery, Registration, Route, WatchCache, WatchStart};
+use crate::object::wire::{EventType, bookmark_line, event_line};
+use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
+
+/// One item of a watch stream.
+#[derive(Debug, Clone, PartialEq)]
+pub enum WatchChunk {
+    /// One or more complete JSON event lines.
+    Data(Bytes),
+    /// The stream's last item (e.g. 410 Expired); send as an ERROR event.
+    Error(CacherError),
+}
+
+/// A watcher's filter and the route (an exact fact every match carries) it
+/// registers on, so it is woken only by events that can concern it.
+#[derive(Debug, Clone)]
+pub(crate) struct Filter {
+    namespace: Option<String>,
+    label: LabelSelector,
+    field: FieldSelector,
+    route: Option<IndexKey>,
+}
+
+impl Filter {
+    pub(crate) fn new(
+        codec: &ObjectCodec,
+        namespace: Option<String>,
+        label: LabelSelector,
+        field: FieldSelector,
+    ) -> Filter {
+        let namespace = namespace.filter(|n| !n.is_empty() && codec.is_namespaced());
+        let paths = codec.index_paths();
+        let field_keys: Vec<IndexKey> = field
+            .exact_pairs()
+            .into_iter()
+            .filter_map(|(p, v)| field_pair_key(&p, &v, paths))
+            .collect();
+        // Most selective first: an index field, the name, a label, the namespace.
+        let route = field_keys
+            .iter()
+            .find(|k| matches!(k, IndexKey::Field(..)))
+            .or_else(|| field_keys.iter().find(|k| matches!(k, IndexKey::Name(_))))
+            .cloned()
+            .or_else(|| {
+                label
+                    .exact_pairs()
+                    .into_iter()
+                    .next()
+                    .map(|(k, v)| IndexKey::Label(k, v))
+            })
+            .or_else(|| namespace.clone().map(IndexKey::Namespace))
+            .or_else(|| {
+                field_keys
+                    .iter()
+                    .find(|k| matches!(k, IndexKey::Namespace(_)))
+                    .cloned()
+            });
+        Filter {
+            namespace,
+            label,
+            field,
+            route,
+        }
+    }
+
+    pub(crate) fn matches(&self, o: &Object) -> bool {
+        if let Some(ns) = &self.namespace
+            && o.namespace.as_deref() != Some(ns.as_str())
+        {
+            return false;
+        }
+        self.label.matches(&o.labels) && self.field.matches(o)
+    }
+
+    fn is_everything(&self) -> bool {
+        self.namespace.is_none() && self.label.is_empty() && self.field.is_empty()
+    }
+
+    /// The line this event becomes for this filter, converting with the
+    /// previous object: new match only -> ADDED, both -> MODIFIED, old
+    /// only -> DELETED (the old object at the new RV).
+    pub(crate) fn convert(&self, ev: &HistoryEvent) -> Option<Bytes> {
+        if self.is_everything() {
+            return match ev.kind {
+                EventKind::Added => ev.added_line(),
+                EventKind::Modified => ev.modified_line(),
+                EventKind::Deleted => ev.deleted_line(),
+            };
+        }
+        let new_m = ev.object.as_deref().is_some_and(|o| self.matches(o));
+        let old_m = ev.prev.as_deref().is_some_and(|o| self.matches(o));
+        match (old_m, new_m) {
+            (false, true) => ev.added_line(),
+            (true, true) => ev.modified_line(),
+            (true, false) => ev.deleted_line(),
+            _ => None,
+        }
+    }
+}
+
+/// Per-watch settings the Cacher passes in.
+pub(crate) struct WatcherParams {
+    pub(crate) api_version: Arc<str>,
+    pub(crate) kind: Arc<str>,
+    pub(crate) allow_bookmarks: bool,
+    pub(crate) bookmark_interval: Duration,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) initial_chunk: usize,
+    pub(crate) shutdown: CancellationToken,
+}
+
+struct InitialState {
+    snapshot: Arc<Snapshot>,
+    /// Where the next page of initial events starts (inclusive).
+    next_key: Option<String>,
+    end_bookmark: bool,
+}
+
+/// One watch stream.
+pub struct Watcher {
+    cache: Arc<WatchCache>,
+    filter: Filter,
+    route: Option<(IndexKey, Arc<Route>)>,
+    rx: Option<watch::Receiver<u64>>,
+    cursor: u64,
+    /// The RV of the last event (or bookmark/initial state) sent.
+    last_rv: i64,
+    initial: Option<InitialState>,
+    pending_error: Option<CacherError>,
+    params: WatcherParams,
+    next_bookmark: Instant,
+    deadline: Option<Instant>,
+    done: bool,
+    /// When the reflector received the oldest event in the last chunk.
+    last_received: Option<Instant>,
+}
+
+impl std::fmt::Debug for Watcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Watcher")
+            .field("cursor", &self.cursor)
+            .field("last_rv", &self.last_rv)
+            .field("route", &self.route.as_ref().map(|r| &r.0))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Watcher {
+    pub(crate) fn register(
+        cache: Arc<WatchCache>,
+        filter: Filter,
+        start: WatchStart,
+        params: WatcherParams,
+    ) -> Watcher {
+        let Registration {
+            route,
+            rx,
+            snapshot,
+            cursor,
+        } = cache.register(filter.route.clone(), start);
+        let now = Instant::now();
+        let mut w = Watcher {
+            cache,
+            filter,
+            route,
+            rx: Some(rx),
+            cursor: 0,
+            last_rv: snapshot.rv,
+            initial: None,
+            pending_error: None,
+            next_bookmark: now + params.bookmark_interval,
+            deadline: params.timeout.map(|t| now + t),
+            params,
+            done: false,
+            last_received: None,
+        };
+        match start {
+            WatchStart::Initial { end_bookmark } => {
+                w.initial = Some(InitialState {
+                    snapshot,
+                    next_key: None,
+                    end_bookmark,
+                });
+            }
+            WatchStart::Now => {}
+            WatchStart::After(n) => w.last_rv = n,
+        }
+        match cursor {
+            Ok(c) => w.cursor = c,
+            Err(g) => w.pending_error = Some(w.expired(g)),
+        }
+        w
+    }
+
+    fn expired(&self, g: Gone) -> CacherError {
+        self.cache
+            .stats()
+            .watchers_expired
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        CacherError::Expired(format!(
+            "too old resource version: {} ({})",
+            self.last_rv, g.oldest_rv
+        ))
+    }
+
+    /// When the reflector received the oldest change in the chunk last
+    /// returned by [`Watcher::next`] (None for initial events, bookmarks):
+    /// for the "etcd commit seen -> written to watcher" delay metric.
+    pub fn last_chunk_received(&self) -> Option<Instant> {
+        self.last_received
+    }
+
+    /// The RV of the last event or bookmark sent (for resuming elsewhere).
+    pub fn resource_version(&self) -> i64 {
+        self.last_rv
+    }
+
+    /// The next chunk of the stream; `None` when it has ended (timeout,
+    /// shutdown, or after an `Error`).
+    pub async fn next(&mut self) -> Option<WatchChunk> {
+        self.last_received = None;
+        loop {
+            if self.done {
+                return None;
+            }
+            if let Some(e) = self.pending_error.take() {
+                self.done = true;
+                return Some(WatchChunk::Error(e));
+            }
+            if self.params.shutdown.is_cancelled() || self.cache.closed().is_cancelled() {
+                self.done = true;
+                return None;
+            }
+            if self.initial.is_some() {
+                if let Some(chunk) = self.initial_page() {
+                    return Some(WatchChunk::Data(chunk));
+                }
+                continue;
+            }
+            let mut buf = BytesMut::new();
+            if let Err(e) = self.drain(&mut buf) {
+                return self.fail(buf, e);
+            }
+            if !buf.is_empty() {
+                return Some(WatchChunk::Data(buf.freeze()));
+            }
+
+            let far = Instant::now() + Duration::from_secs(86_400 * 365);
+            let deadline = self.deadline.unwrap_or(far);
+            let bookmark_at = if self.params.allow_bookmarks {
+                self.next_bookmark
+            } else {
+                far
+            };
+            let shutdown = self.params.shutdown.clone();
+            let closed = self.cache.closed().clone();
+            let Some(rx) = self.rx.as_mut() else {
+                self.done = true;
+                return None;
+            };
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => { self.done = true; return None; }
+                _ = closed.cancelled() => { self.done = true; return None; }
+                r = rx.changed() => {
+                    if r.is_err() {
+                        self.done = true;
+                        return None;
+                    }
+                }
+                _ = tokio::time::sleep_until(deadline) => {
+                    // The stream's time is up: flush, one last bookmark, end.
+                    self.done = true;
+                    let mut buf = BytesMut::new();
+                    if self.params.allow_bookmarks {
+                        if let Err(e) = self.bookmark(&mut buf) {
+                            self.done = false;
+                            return self.fail(buf, e);
+                        }
+                    } else if let Err(e) = self.drain(&mut buf) {
+                        self.done = false;
+                        return self.fail(buf, e);
+                    }
+                    return (!buf.is_empty()).then(|| WatchChunk::Data(buf.freeze()));
+                }
+                _ = tokio::time::sleep_until(bookmark_at) => {
+                    self.next_bookmark = Instant::now() + self.params.bookmark_interval;
+                    let mut buf = BytesMut::new();
+                    if let Err(e) = self.bookmark(&mut buf) {
+                        return self.fail(buf, e);
+                    }
+                    if !buf.is_empty() {
+                        return Some(WatchChunk::Data(buf.freeze()));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Sends what was drained before the error, then the error.
+    fn fail(&mut self, buf: BytesMut, e: CacherError) -> Option<WatchChunk> {
+        if buf.is_empty() {
+            self.done = true;
+            Some(WatchChunk::Error(e))
+        } else {
+            self.pending_error = Some(e);
+            Some(WatchChunk::Data(buf.freeze()))
+        }
+    }
+
+    /// One page of initial ADDED events; the end bookmark after the last.
+    fn initial_page(&mut self) -> Option<Bytes> {
+        let init = self.initial.as_mut()?;
+        let codec = self.cache.codec();
+        let query = ListQuery::new(
+            codec,
+            self.filter.namespace.as_deref(),
+            &self.filter.label,
+            &self.filter.field,
+        );
+        let page = query.run(
+            &init.snapshot,
+            init.next_key.as_deref(),
+            Some(self.params.initial_chunk),
+        );
+        let mut buf = BytesMut::new();
+        for o in &page.items {
+            buf.extend_from_slice(&event_line(EventType::Added, &o.wire));
+        }
+        match page.last_key {
+            Some(k) => init.next_key = Some(format!("{k}\0")),
+            None => {
+                let rv = init.snapshot.rv;
+                if init.end_bookmark {
+                    buf.extend_from_slice(&bookmark_line(
+                        &self.params.api_version,
+                        &self.params.kind,
+                        rv,
+                        true,
+                    ));
+                }
+                self.last_rv = self.last_rv.max(rv);
+                self.initial = None;
+                // Periodic bookmarks count from the end of the initial events.
+                self.next_bookmark = Instant::now() + self.params.bookmark_interval;
+            }
+        }
+        (!buf.is_empty()).then(|| buf.freeze())
+    }
+
+    /// Appends every available event for this watcher to `buf`.
+    fn drain(&mut self, buf: &mut BytesMut) -> Result<(), CacherError> {
+        let events = match &self.route {
+            Some((_, route)) => match self.cache.read_route(route, self.cursor) {
+                Ok((evs, next)) => {
+                    self.cursor = next;
+                    evs
+                }
+                Err(g) => return Err(self.expired(g)),
+            },
+            None => match self.cache.read_all(self.cursor) {
+                Ok(evs) => {
+                    self.cursor += evs.len() as u64;
+                    evs
+                }
+                Err(g) => return Err(self.expired(g)),
+            },
+        };
+        let mut sent = 0u64;
+        for ev in events {
+            if let Some(line) = self.filter.convert(&ev) {
+                buf.extend_from_slice(&line);
+                sent += 1;
+                self.last_received.get_or_insert(ev.received);
+            }
+            self.last_rv = self.last_rv.max(ev.rv);
+        }
+        if sent > 0 {
+            self.cache
+                .stats()
+                .events_dispatched
+                .fetch_add(sent, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    /// Drains, then appends a bookmark at the newest RV the watcher has
+    /// provably seen everything up to.
+    fn bookmark(&mut self, buf: &mut BytesMut) -> Result<(), CacherError> {
+        let snap = self.cache.current();
+        self.drain(buf)?;
+        let rv = snap.rv.max(self.last_rv);
+        if rv > 0 {
+            self.last_rv = rv;
+            buf.extend_from_slice(&bookmark_line(
+                &self.params.api_version,
+                &self.params.kind,
+                rv,
+                false,
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        if let Some(rx) = self.rx.take() {
+            self.cache.unregister(self.route.take(), rx);
+        }
+    }
+}
