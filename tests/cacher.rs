@@ -891,6 +891,72 @@ async fn watch_from_rv_replays_history_including_txns() {
     assert_eq!(evs[0].name, "a");
 }
 
+/// A watch from an old RV that is routed (namespace, index field, label)
+/// replays the history from that RV, whether its route is new or already
+/// exists (the route's own log only starts when the route is created).
+#[tokio::test]
+async fn routed_watch_from_rv_replays_history() {
+    let mut e = env("routed_from_rv").await;
+    let start = e.cacher.resource_version();
+    e.put("ns1", "a", "web", "n1").await;
+    e.put("ns2", "b", "db", "n2").await;
+    let last = e.put("ns1", "c", "web", "n2").await;
+    e.wait_rv(last).await;
+    let paths: Vec<std::sync::Arc<str>> = vec!["spec.nodeName".into()];
+    let cases: Vec<(&str, WatchRequest, Vec<&str>)> = vec![
+        (
+            "namespace",
+            WatchRequest {
+                namespace: Some("ns1".into()),
+                ..wreq(Some(start), false, None)
+            },
+            vec!["a", "c"],
+        ),
+        (
+            "field",
+            WatchRequest {
+                field_selector: FieldSelector::parse("spec.nodeName=n2", &paths).expect("selector"),
+                ..wreq(Some(start), false, None)
+            },
+            vec!["b", "c"],
+        ),
+        (
+            "label",
+            WatchRequest {
+                label_selector: LabelSelector::parse("app=db").expect("selector"),
+                ..wreq(Some(start), false, None)
+            },
+            vec!["b"],
+        ),
+    ];
+    // Twice: the first watcher creates each route; the second joins it while
+    // the first still holds it.
+    let mut held = Vec::new();
+    for round in 0..2 {
+        for (name, req, want) in &cases {
+            let req = WatchRequest {
+                namespace: req.namespace.clone(),
+                field_selector: req.field_selector.clone(),
+                label_selector: req.label_selector.clone(),
+                ..wreq(Some(start), false, None)
+            };
+            let mut w = e.cacher.watch(req).await.expect("watch");
+            let evs = read_n(&mut w, want.len()).await.expect("events");
+            let got: Vec<&str> = evs.iter().map(|ev| ev.name.as_str()).collect();
+            assert_eq!(&got, want, "{name} round {round}: {evs:?}");
+            held.push(w);
+        }
+    }
+    // And the live events after the replay still flow on the route.
+    let rev = e.put("ns1", "d", "db", "n2").await;
+    for w in held.iter_mut() {
+        let evs = read_n(w, 1).await.expect("live event");
+        assert_eq!(evs.len(), 1);
+        assert_eq!(evs[0].name, "d");
+        assert_eq!(evs[0].rv, rev.to_string());
+    }
+}
+
 #[tokio::test]
 async fn watch_too_old_rv_is_410_with_message() {
     let mut e = env_with("watch_old", 3, opts(), 0).await;

@@ -75,10 +75,16 @@ impl CacherStats {
 
 /// A watch route: the sequence numbers of retained events whose old or new
 /// object carries the route's key, and a wake-up channel.
+///
+/// The log only holds events applied after the route was created
+/// (`created_seq`); a watcher starting from an older RV reads the full
+/// history up to `created_seq` first (see [`WatchCache::read_route`]).
 #[derive(Debug)]
 pub struct Route {
     pub(crate) log: Mutex<RouteLog>,
     pub(crate) tx: watch::Sender<u64>,
+    /// History sequence number at creation: events from here on are logged.
+    pub(crate) created_seq: u64,
 }
 
 #[derive(Debug, Default)]
@@ -443,6 +449,9 @@ impl WatchCache {
                             Arc::new(Route {
                                 log: Mutex::new(RouteLog::default()),
                                 tx: watch::Sender::new(0),
+                                // Under apply_lock: no event is applied between
+                                // reading next_seq and the route becoming visible.
+                                created_seq: self.history.read().next_seq(),
                             })
                         })
                         .value(),
@@ -491,11 +500,28 @@ impl WatchCache {
 
     /// Events of `route` from `cursor` on. The returned cursor is past the
     /// last event returned.
+    ///
+    /// A cursor older than the route (a watch from an old RV that created or
+    /// joined a young route) first gets every retained event up to the
+    /// route's creation, which the route never logged; the watcher's own
+    /// filter drops what is not its business.
     pub(crate) fn read_route(
         &self,
         route: &Route,
         cursor: u64,
     ) -> Result<(Vec<Arc<HistoryEvent>>, u64), Gone> {
+        if cursor < route.created_seq {
+            let mut out: Vec<Arc<HistoryEvent>> = self
+                .history
+                .read()
+                .read_from(cursor, usize::MAX)?
+                .into_iter()
+                .take_while(|ev| ev.seq < route.created_seq)
+                .collect();
+            let (more, next) = self.read_route(route, route.created_seq)?;
+            out.extend(more);
+            return Ok((out, next));
+        }
         let seqs: Vec<u64> = {
             let log = route.log.lock();
             if log.trimmed_max.is_some_and(|t| t >= cursor) {
