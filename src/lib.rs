@@ -8,5 +8,6 @@ pub mod api;
 pub mod cacher;
 pub mod config;
 pub mod etcd_server;
+pub mod metrics;
 pub mod object;
 pub mod storage;
