@@ -8,7 +8,8 @@
 use std::sync::OnceLock;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets from 50 µs to 10 s: watch delivery and cache reads are sub-ms,
@@ -196,6 +197,71 @@ impl Metrics {
                 g
             },
             registry: r,
+        }
+    }
+}
+
+/// One resource's metrics with the `resource` label bound once, so hot
+/// paths (per event, per watcher) touch a plain atomic, not a label lookup.
+#[derive(Clone)]
+pub struct ResourceMetrics {
+    pub events_received: IntCounter,
+    pub events_dispatched: IntCounter,
+    pub watchers: IntGauge,
+    pub terminated_expired: IntCounter,
+    pub terminated_timeout: IntCounter,
+    pub terminated_shutdown: IntCounter,
+    pub terminated_closed: IntCounter,
+    pub resource_version: IntGauge,
+    pub history_capacity: IntGauge,
+    pub objects: IntGauge,
+    pub initializations: IntCounter,
+    pub initialization_duration: Histogram,
+    pub read_wait: Histogram,
+    pub consistent_read_cache: IntCounter,
+    pub consistent_read_fallback: IntCounter,
+    pub list_cache: IntCounter,
+    pub list_etcd: IntCounter,
+    pub watch_event_delay: Histogram,
+    pub undecodable_values: IntCounter,
+}
+
+impl std::fmt::Debug for ResourceMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResourceMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// The handles of one resource (e.g. `pods`).
+    pub fn for_resource(&self, resource: &str) -> ResourceMetrics {
+        let r = &[resource];
+        let term = |reason: &str| {
+            self.terminated_watchers
+                .with_label_values(&[resource, reason])
+        };
+        ResourceMetrics {
+            events_received: self.events_received.with_label_values(r),
+            events_dispatched: self.events_dispatched.with_label_values(r),
+            watchers: self.watchers.with_label_values(r),
+            terminated_expired: term("expired"),
+            terminated_timeout: term("timeout"),
+            terminated_shutdown: term("shutdown"),
+            terminated_closed: term("closed"),
+            resource_version: self.resource_version.with_label_values(r),
+            history_capacity: self.history_capacity.with_label_values(r),
+            objects: self.objects.with_label_values(r),
+            initializations: self.initializations.with_label_values(r),
+            initialization_duration: self.initialization_duration.with_label_values(r),
+            read_wait: self.read_wait.with_label_values(r),
+            consistent_read_cache: self.consistent_read.with_label_values(&[resource, "cache"]),
+            consistent_read_fallback: self
+                .consistent_read
+                .with_label_values(&[resource, "fallback"]),
+            list_cache: self.list.with_label_values(&[resource, "cache"]),
+            list_etcd: self.list.with_label_values(&[resource, "etcd"]),
+            watch_event_delay: self.watch_event_delay.with_label_values(r),
+            undecodable_values: self.undecodable_values.with_label_values(r),
         }
     }
 }

@@ -1355,3 +1355,93 @@ async fn continue_token_from_the_future_is_504() {
         "{r:?}"
     );
 }
+
+/// The Prometheus side of the cacher: events received and dispatched, the
+/// delivery delay, watchers, and each termination reason, on a resource name
+/// no other test uses (the registry is process-wide).
+#[tokio::test]
+async fn cacher_records_prometheus_metrics() {
+    let prefix = common::unique_prefix("metrics");
+    let cfg = common::etcd_config(common::etcd(), &prefix);
+    let storage = Storage::connect(&cfg).await.expect("connect");
+    let mut etcd = etcd_client::Client::connect([common::etcd()], None)
+        .await
+        .expect("etcd client");
+    let res = ResourceConfig {
+        plural: "metricpods".into(),
+        history_capacity: 2,
+        ..pods(2)
+    };
+    let cacher = Cacher::start(res, &prefix, storage, opts());
+    assert!(cacher.wait_ready(WAIT).await);
+    let m = watchcache::metrics::metrics().for_resource("metricpods");
+    assert_eq!(m.history_capacity.get(), 2);
+    assert_eq!(m.initializations.get(), 1);
+
+    let key = |n: &str| format!("{prefix}/metricpods/ns1/{n}");
+    let put = |n: &str| (key(n), pod("ns1", n, "web", "n1").to_string());
+
+    // A watcher that reads, one the client closes, one that times out.
+    let mut reader = cacher.watch(wreq(None, false, None)).await.expect("watch");
+    let closed = cacher.watch(wreq(None, false, None)).await.expect("watch");
+    let mut timed = cacher
+        .watch(WatchRequest {
+            timeout: Some(Duration::from_millis(300)),
+            ..wreq(None, false, None)
+        })
+        .await
+        .expect("watch");
+    assert_eq!(m.watchers.get(), 3);
+    let (k, v) = put("a");
+    let rev = etcd
+        .put(k, v, None)
+        .await
+        .expect("put")
+        .header()
+        .expect("h")
+        .revision();
+    let evs = read_n(&mut reader, 1).await.expect("event");
+    assert_eq!(evs.len(), 1);
+    assert_eq!(m.events_received.get(), 1);
+    assert_eq!(m.resource_version.get(), rev);
+    assert_eq!(m.objects.get(), 1);
+    assert!(m.events_dispatched.get() >= 1);
+    assert!(m.watch_event_delay.get_sample_count() >= 1);
+
+    drop(closed);
+    assert_eq!(m.terminated_closed.get(), 1);
+    while let Some(c) = tokio::time::timeout(WAIT, timed.next())
+        .await
+        .expect("ends")
+    {
+        assert!(matches!(c, WatchChunk::Data(_)));
+    }
+    drop(timed);
+    assert_eq!(m.terminated_timeout.get(), 1);
+
+    // The reader falls behind a 2-event history: 410, counted as expired.
+    for n in ["b", "c", "d", "e"] {
+        let (k, v) = put(n);
+        etcd.put(k, v, None).await.expect("put");
+    }
+    let last = etcd
+        .get(key("e"), None)
+        .await
+        .expect("get")
+        .header()
+        .expect("h")
+        .revision();
+    assert!(
+        common::eventually(WAIT, || {
+            let c = Arc::clone(&cacher);
+            async move { c.resource_version() >= last }
+        })
+        .await
+    );
+    let r = read_n(&mut reader, 10).await;
+    assert!(matches!(r, Err(CacherError::Expired(_))), "{r:?}");
+    drop(reader);
+    assert_eq!(m.terminated_expired.get(), 1);
+    assert_eq!(m.watchers.get(), 0);
+    cacher.shutdown();
+}

@@ -300,10 +300,7 @@ fn request_verb(method: &hyper::Method, path: &str, query: Option<&str>) -> &'st
             };
         }
     };
-    let item = match rest {
-        ["namespaces", _, _] | [_] => false,
-        _ => true,
-    };
+    let item = !matches!(rest, ["namespaces", _, _] | [_]);
     match *method {
         Method::GET | Method::HEAD if item => "get",
         Method::GET | Method::HEAD => {

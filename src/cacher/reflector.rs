@@ -112,10 +112,11 @@ impl Reflector {
                             if self.cache.is_ready() {
                                 let changes = self.cache.diff(objects, rv);
                                 info!(rv, objects = count, changes = changes.len(), "relisted; differences sent as events");
-                                self.cache.stats().relists.fetch_add(1, Ordering::Relaxed);
                                 self.cache.apply(changes, rv, true);
+                                self.cache.stats().initialized(started.elapsed(), true);
                             } else {
                                 self.cache.init(objects, rv);
+                                self.cache.stats().initialized(started.elapsed(), false);
                                 info!(rv, objects = count, took_ms = started.elapsed().as_millis() as u64, "initialized; ready");
                             }
                             last_rv = rv;
@@ -191,10 +192,7 @@ impl Reflector {
                 Some(o)
             }
             Err(e) => {
-                self.cache
-                    .stats()
-                    .decode_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                self.cache.stats().decode_error();
                 if self.logged_bad.insert(key.to_string()) {
                     warn!(key, error = %e, "skipping undecodable value");
                 }
@@ -301,10 +299,7 @@ impl Reflector {
             let rv = kv.mod_revision();
             max_rv = max_rv.max(rv);
             let Ok(key) = kv.key_str() else {
-                self.cache
-                    .stats()
-                    .decode_errors
-                    .fetch_add(1, Ordering::Relaxed);
+                self.cache.stats().decode_error();
                 continue;
             };
             let key: Arc<str> = Arc::from(key);
@@ -319,10 +314,7 @@ impl Reflector {
                     {
                         Ok(v) => Some(v),
                         Err(e) => {
-                            self.cache
-                                .stats()
-                                .decode_errors
-                                .fetch_add(1, Ordering::Relaxed);
+                            self.cache.stats().decode_error();
                             if self.logged_bad.insert(key.to_string()) {
                                 warn!(key = %key, error = %e, "skipping value the transformer rejects");
                             }

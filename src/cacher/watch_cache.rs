@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::history::{EventKind, Gone, History, HistoryEvent};
 use super::snapshot::{IndexKey, Snapshot, field_pair_key, route_keys};
+use crate::metrics::ResourceMetrics;
 use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 
 /// One change fed to the cache: `new = None` deletes `key`.
@@ -32,7 +33,7 @@ pub struct Change {
 }
 
 /// Counters the metrics layer reads (all monotonic except where noted).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct CacherStats {
     pub events_received: AtomicU64,
     pub decode_errors: AtomicU64,
@@ -51,26 +52,121 @@ pub struct CacherStats {
     pub events_dispatched: AtomicU64,
     /// Sum of consistent-read waits, microseconds.
     pub read_wait_micros: AtomicU64,
+    /// The same facts in the Prometheus registry (labelled by resource);
+    /// the atomics above stay per Cacher for tests and embedders.
+    pub(crate) prom: ResourceMetrics,
 }
 
 impl CacherStats {
+    pub(crate) fn new(resource: &str, history_capacity: usize) -> CacherStats {
+        let prom = crate::metrics::metrics().for_resource(resource);
+        prom.history_capacity.set(history_capacity as i64);
+        CacherStats {
+            events_received: AtomicU64::new(0),
+            decode_errors: AtomicU64::new(0),
+            initializations: AtomicU64::new(0),
+            relists: AtomicU64::new(0),
+            watch_restarts: AtomicU64::new(0),
+            idle_restarts: AtomicU64::new(0),
+            consistent_read_cache: AtomicU64::new(0),
+            consistent_read_fallback: AtomicU64::new(0),
+            list_cache: AtomicU64::new(0),
+            list_etcd: AtomicU64::new(0),
+            watchers: AtomicU64::new(0),
+            watchers_expired: AtomicU64::new(0),
+            events_dispatched: AtomicU64::new(0),
+            read_wait_micros: AtomicU64::new(0),
+            prom,
+        }
+    }
     pub(crate) fn consistent_cache(&self) {
         self.consistent_read_cache.fetch_add(1, Ordering::Relaxed);
+        self.prom.consistent_read_cache.inc();
     }
     pub(crate) fn consistent_fallback(&self) {
         self.consistent_read_fallback
             .fetch_add(1, Ordering::Relaxed);
+        self.prom.consistent_read_fallback.inc();
     }
     pub(crate) fn list_cache(&self) {
         self.list_cache.fetch_add(1, Ordering::Relaxed);
+        self.prom.list_cache.inc();
     }
     pub(crate) fn list_etcd(&self) {
         self.list_etcd.fetch_add(1, Ordering::Relaxed);
+        self.prom.list_etcd.inc();
     }
     pub(crate) fn observe_read_wait(&self, d: Duration) {
         self.read_wait_micros
             .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
+        self.prom.read_wait.observe(d.as_secs_f64());
     }
+    pub(crate) fn decode_error(&self) {
+        self.decode_errors.fetch_add(1, Ordering::Relaxed);
+        self.prom.undecodable_values.inc();
+    }
+    /// An initial list or a relist finished after `took`.
+    pub(crate) fn initialized(&self, took: Duration, relist: bool) {
+        if relist {
+            self.relists.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.initializations.fetch_add(1, Ordering::Relaxed);
+        }
+        self.prom.initializations.inc();
+        self.prom
+            .initialization_duration
+            .observe(took.as_secs_f64());
+    }
+    fn received(&self, n: u64) {
+        self.events_received.fetch_add(n, Ordering::Relaxed);
+        self.prom.events_received.inc_by(n);
+    }
+    fn watcher_added(&self) {
+        self.watchers.fetch_add(1, Ordering::Relaxed);
+        self.prom.watchers.inc();
+    }
+    fn watcher_removed(&self) {
+        self.watchers.fetch_sub(1, Ordering::Relaxed);
+        self.prom.watchers.dec();
+    }
+    /// A watcher ended: `expired` (fell out of the history), `timeout`,
+    /// `shutdown`, or `closed` (the client went away).
+    pub(crate) fn watcher_ended(&self, reason: WatchEnd) {
+        match reason {
+            WatchEnd::Expired => {
+                self.watchers_expired.fetch_add(1, Ordering::Relaxed);
+                self.prom.terminated_expired.inc();
+            }
+            WatchEnd::Timeout => self.prom.terminated_timeout.inc(),
+            WatchEnd::Shutdown => self.prom.terminated_shutdown.inc(),
+            WatchEnd::Closed => self.prom.terminated_closed.inc(),
+        }
+    }
+    /// `n` events handed to one watcher's stream.
+    pub(crate) fn dispatched(&self, n: u64) {
+        self.events_dispatched.fetch_add(n, Ordering::Relaxed);
+        self.prom.events_dispatched.inc_by(n);
+    }
+    /// One event handed to a watcher at `now`, received from etcd at `received`.
+    pub(crate) fn event_delay(&self, received: Instant, now: Instant) {
+        self.prom
+            .watch_event_delay
+            .observe(now.saturating_duration_since(received).as_secs_f64());
+    }
+    fn published(&self, rv: i64, objects: usize) {
+        self.prom.resource_version.set(rv);
+        self.prom.objects.set(objects as i64);
+    }
+}
+
+/// Why a watcher ended (the `reason` label of
+/// `watchcache_terminated_watchers_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WatchEnd {
+    Expired,
+    Timeout,
+    Shutdown,
+    Closed,
 }
 
 /// A watch route: the sequence numbers of retained events whose old or new
@@ -146,6 +242,7 @@ impl std::fmt::Debug for WatchCache {
 impl WatchCache {
     pub fn new(codec: Arc<ObjectCodec>, resource: String, history_capacity: usize) -> WatchCache {
         let index_paths = codec.index_paths().to_vec();
+        let stats = CacherStats::new(&resource, history_capacity);
         WatchCache {
             codec,
             resource,
@@ -160,7 +257,7 @@ impl WatchCache {
             routes: DashMap::new(),
             all_tx: watch::Sender::new(0),
             closed: CancellationToken::new(),
-            stats: CacherStats::default(),
+            stats,
         }
     }
 
@@ -273,7 +370,7 @@ impl WatchCache {
         self.rv_tx.send_replace(rv);
         self.ready.store(true, Ordering::Release);
         self.ready_tx.send_replace(true);
-        self.stats.initializations.fetch_add(1, Ordering::Relaxed);
+        self.stats.published(rv, self.current.load().len());
     }
 
     /// The changes that turn the current state into `objects` (a relist at
@@ -414,7 +511,8 @@ impl WatchCache {
         drop(_g);
 
         let n = events.len() as u64;
-        self.stats.events_received.fetch_add(n, Ordering::Relaxed);
+        self.stats.received(n);
+        self.stats.published(snap.rv, snap.len());
         if n > 0 {
             for r in woken {
                 r.tx.send_replace(next_seq);
@@ -467,7 +565,7 @@ impl WatchCache {
             WatchStart::After(n) if n >= snapshot.rv => Ok(snapshot.next_seq),
             WatchStart::After(n) => self.history.read().seq_after_rv(n),
         };
-        self.stats.watchers.fetch_add(1, Ordering::Relaxed);
+        self.stats.watcher_added();
         Registration {
             route,
             rx,
@@ -482,7 +580,7 @@ impl WatchCache {
         route: Option<(IndexKey, Arc<Route>)>,
         rx: watch::Receiver<u64>,
     ) {
-        self.stats.watchers.fetch_sub(1, Ordering::Relaxed);
+        self.stats.watcher_removed();
         let Some((key, route)) = route else {
             return;
         };

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::CacherError;
 use super::history::{EventKind, Gone, HistoryEvent};
 use super::snapshot::{IndexKey, Snapshot, field_pair_key};
-use super::watch_cache::{ListQuery, Registration, Route, WatchCache, WatchStart};
+use super::watch_cache::{ListQuery, Registration, Route, WatchCache, WatchEnd, WatchStart};
 use crate::object::wire::{EventType, bookmark_line, event_line};
 use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 
@@ -149,6 +149,8 @@ pub struct Watcher {
     next_bookmark: Instant,
     deadline: Option<Instant>,
     done: bool,
+    /// Why the server ended this watcher (none: the client closed it).
+    end: std::cell::Cell<Option<WatchEnd>>,
     /// When the reflector received the oldest event in the last chunk.
     last_received: Option<Instant>,
 }
@@ -190,6 +192,7 @@ impl Watcher {
             deadline: params.timeout.map(|t| now + t),
             params,
             done: false,
+            end: std::cell::Cell::new(None),
             last_received: None,
         };
         match start {
@@ -211,10 +214,7 @@ impl Watcher {
     }
 
     fn expired(&self, g: Gone) -> CacherError {
-        self.cache
-            .stats()
-            .watchers_expired
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.end.set(Some(WatchEnd::Expired));
         CacherError::Expired(format!(
             "too old resource version: {} ({})",
             self.last_rv, g.oldest_rv
@@ -246,7 +246,7 @@ impl Watcher {
                 return Some(WatchChunk::Error(e));
             }
             if self.params.shutdown.is_cancelled() || self.cache.closed().is_cancelled() {
-                self.done = true;
+                self.end_by(WatchEnd::Shutdown);
                 return None;
             }
             if self.initial.is_some() {
@@ -278,8 +278,8 @@ impl Watcher {
             };
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => { self.done = true; return None; }
-                _ = closed.cancelled() => { self.done = true; return None; }
+                _ = shutdown.cancelled() => { self.end_by(WatchEnd::Shutdown); return None; }
+                _ = closed.cancelled() => { self.end_by(WatchEnd::Shutdown); return None; }
                 r = rx.changed() => {
                     if r.is_err() {
                         self.done = true;
@@ -288,7 +288,7 @@ impl Watcher {
                 }
                 _ = tokio::time::sleep_until(deadline) => {
                     // The stream's time is up: flush, one last bookmark, end.
-                    self.done = true;
+                    self.end_by(WatchEnd::Timeout);
                     let mut buf = BytesMut::new();
                     if self.params.allow_bookmarks {
                         if let Err(e) = self.bookmark(&mut buf) {
@@ -316,6 +316,14 @@ impl Watcher {
     }
 
     /// Sends what was drained before the error, then the error.
+    /// Ends the stream for `reason` (the first reason recorded wins).
+    fn end_by(&mut self, reason: WatchEnd) {
+        self.done = true;
+        if self.end.get().is_none() {
+            self.end.set(Some(reason));
+        }
+    }
+
     fn fail(&mut self, buf: BytesMut, e: CacherError) -> Option<WatchChunk> {
         if buf.is_empty() {
             self.done = true;
@@ -385,19 +393,19 @@ impl Watcher {
             },
         };
         let mut sent = 0u64;
+        let now = Instant::now();
+        let stats = self.cache.stats();
         for ev in events {
             if let Some(line) = self.filter.convert(&ev) {
                 buf.extend_from_slice(&line);
                 sent += 1;
                 self.last_received.get_or_insert(ev.received);
+                stats.event_delay(ev.received, now);
             }
             self.last_rv = self.last_rv.max(ev.rv);
         }
         if sent > 0 {
-            self.cache
-                .stats()
-                .events_dispatched
-                .fetch_add(sent, std::sync::atomic::Ordering::Relaxed);
+            stats.dispatched(sent);
         }
         Ok(())
     }
@@ -423,6 +431,10 @@ impl Watcher {
 
 impl Drop for Watcher {
     fn drop(&mut self) {
+        // A watcher the server did not end was closed by its client.
+        self.cache
+            .stats()
+            .watcher_ended(self.end.get().unwrap_or(WatchEnd::Closed));
         if let Some(rx) = self.rx.take() {
             self.cache.unregister(self.route.take(), rx);
         }
