@@ -290,20 +290,36 @@ impl Config {
                 format!("must start with '/', got {:?}", self.etcd.prefix),
             ));
         }
-        if self.etcd.request_timeout_ms == 0 {
-            return Err(ConfigError::invalid(
-                file,
+        // Durations feed `Instant + Duration`, which panics on overflow: bound
+        // them all. Zero is allowed only where it has a meaning.
+        for (field, ms, zero_ok) in [
+            (
                 "etcd.request_timeout_ms",
-                "must be greater than 0",
-            ));
+                self.etcd.request_timeout_ms,
+                false,
+            ),
+            ("etcd.dial_timeout_ms", self.etcd.dial_timeout_ms, false),
+            (
+                "server.header_read_timeout_ms",
+                self.server.header_read_timeout_ms,
+                true,
+            ),
+            (
+                "server.consistent_read_timeout_ms",
+                self.server.consistent_read_timeout_ms,
+                true,
+            ),
+            (
+                "server.bookmark_interval_ms",
+                self.server.bookmark_interval_ms,
+                false,
+            ),
+        ] {
+            validate_duration(ms, zero_ok, MAX_DURATION_MS)
+                .map_err(|m| ConfigError::invalid(file, field, m))?;
         }
-        if self.etcd.dial_timeout_ms == 0 {
-            return Err(ConfigError::invalid(
-                file,
-                "etcd.dial_timeout_ms",
-                "must be greater than 0",
-            ));
-        }
+        validate_duration(self.etcd.lease_reuse_seconds, true, MAX_LEASE_TTL_SECONDS)
+            .map_err(|m| ConfigError::invalid(file, "etcd.lease_reuse_seconds", m))?;
         if self.etcd.list_page_size <= 0 {
             return Err(ConfigError::invalid(
                 file,
@@ -394,12 +410,9 @@ impl Config {
                     format!("must start with '/', got {p:?}"),
                 ));
             }
-            if r.ttl_seconds == Some(0) {
-                return Err(ConfigError::invalid(
-                    file,
-                    at("ttl_seconds"),
-                    "must be greater than 0 when set",
-                ));
+            if let Some(ttl) = r.ttl_seconds {
+                validate_duration(ttl, false, MAX_LEASE_TTL_SECONDS)
+                    .map_err(|m| ConfigError::invalid(file, at("ttl_seconds"), m))?;
             }
         }
         Ok(())
@@ -431,6 +444,21 @@ fn parse_message(e: &toml::de::Error, text: &str) -> String {
             format!("line {line_no}: `{line}`: {msg}")
         }
         None => msg,
+    }
+}
+
+/// Upper bound of every `*_ms` setting: one year.
+const MAX_DURATION_MS: u64 = 365 * 24 * 3600 * 1000;
+/// etcd's largest lease TTL (`MaxLeaseTTL`), in seconds.
+const MAX_LEASE_TTL_SECONDS: u64 = 9_000_000_000;
+
+fn validate_duration(value: u64, zero_ok: bool, max: u64) -> Result<(), String> {
+    if value == 0 && !zero_ok {
+        Err("must be greater than 0".into())
+    } else if value > max {
+        Err(format!("must be at most {max}, got {value}"))
+    } else {
+        Ok(())
     }
 }
 
@@ -653,6 +681,35 @@ indexes = ["spec.nodeName"]
         error_naming(
             &GOOD.replace("namespaced = true", "namespaced = \"yes\""),
             "namespaced",
+        );
+    }
+
+    #[test]
+    fn zero_or_huge_durations() {
+        error_naming(
+            &GOOD.replace("[etcd]", "[server]\nbookmark_interval_ms = 0\n[etcd]"),
+            "server.bookmark_interval_ms",
+        );
+        error_naming(
+            &GOOD.replace(
+                "[etcd]",
+                "[etcd]\nrequest_timeout_ms = 18446744073709551615",
+            ),
+            "etcd.request_timeout_ms",
+        );
+        error_naming(
+            &GOOD.replace(
+                "[etcd]",
+                "[etcd]\nlease_reuse_seconds = 18446744073709551615",
+            ),
+            "etcd.lease_reuse_seconds",
+        );
+        error_naming(
+            &GOOD.replace(
+                "namespaced = true",
+                "namespaced = true\nttl_seconds = 18446744073709551615",
+            ),
+            "resources[0].ttl_seconds",
         );
     }
 
