@@ -11,7 +11,6 @@ use watchcache::cacher::{
     Cacher, CacherError, CacherOptions, GetRequest, ListRequest, ListResult, ListSource,
     ResourceVersionMatch, WatchChunk, WatchRequest, Watcher,
 };
-use watchcache::config::ResourceConfig;
 use watchcache::object::{FieldSelector, LabelSelector};
 use watchcache::storage::Storage;
 
@@ -21,20 +20,6 @@ struct Env {
     cacher: Arc<Cacher>,
     etcd: etcd_client::Client,
     key_prefix: String,
-}
-
-fn pods(history_capacity: usize) -> ResourceConfig {
-    ResourceConfig {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "Pod".into(),
-        plural: "pods".into(),
-        namespaced: true,
-        indexes: vec!["spec.nodeName".into()],
-        history_capacity,
-        key_prefix: None,
-        ttl_seconds: None,
-    }
 }
 
 fn opts() -> CacherOptions {
@@ -65,7 +50,7 @@ async fn env_with(name: &str, history_capacity: usize, o: CacherOptions, seed: u
             .expect("seed");
     }
     let env = Env {
-        cacher: Cacher::start(pods(history_capacity), &prefix, storage, o),
+        cacher: Cacher::start(common::pods_resource(history_capacity), &prefix, storage, o),
         etcd,
         key_prefix,
     };
@@ -91,8 +76,13 @@ impl Env {
     async fn put(&mut self, ns: &str, name: &str, app: &str, node: &str) -> i64 {
         let key = self.key(ns, name);
         let v = pod(ns, name, app, node).to_string();
-        let r = self.etcd.put(key, v, None).await.expect("put");
-        r.header().expect("header").revision()
+        common::etcd_put(&mut self.etcd, key, v).await
+    }
+    /// Writes a key outside this resource's prefix: etcd's revision moves,
+    /// the cache only learns of it through a progress notification.
+    async fn put_outside_prefix(&mut self, name: &str) -> i64 {
+        let key = format!("{}-elsewhere/{name}", self.key_prefix.trim_end_matches('/'));
+        common::etcd_put(&mut self.etcd, key, "1").await
     }
     async fn delete(&mut self, ns: &str, name: &str) -> i64 {
         let key = self.key(ns, name);
@@ -100,15 +90,7 @@ impl Env {
         r.header().expect("header").revision()
     }
     async fn wait_rv(&self, rv: i64) {
-        let c = Arc::clone(&self.cacher);
-        assert!(
-            common::eventually(WAIT, || {
-                let c = Arc::clone(&c);
-                async move { c.resource_version() >= rv }
-            })
-            .await,
-            "cache reached rv {rv}"
-        );
+        common::wait_cacher_rv(&self.cacher, rv, WAIT).await;
     }
     async fn list(&self, req: ListRequest) -> Result<ListResult, CacherError> {
         self.cacher.list(&req).await
@@ -171,18 +153,7 @@ async fn get_rv_unset_is_consistent() {
     // the cache only learns from a progress notification: a consistent read
     // must still be served from the cache, at or after that revision.
     tokio::time::sleep(Duration::from_millis(700)).await;
-    let other = e
-        .etcd
-        .put(
-            format!("{}-elsewhere/x", e.key_prefix.trim_end_matches('/')),
-            "1",
-            None,
-        )
-        .await
-        .expect("put")
-        .header()
-        .expect("header")
-        .revision();
+    let other = e.put_outside_prefix("x").await;
     let r = e.list(lreq(None, None, None, None)).await.expect("list");
     assert_eq!(
         r.source,
@@ -1169,7 +1140,7 @@ async fn not_ready_until_the_first_list() {
         .await
         .expect("connect");
     etcd.kill();
-    let cacher = Cacher::start(pods(100), &prefix, storage, opts());
+    let cacher = Cacher::start(common::pods_resource(100), &prefix, storage, opts());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!cacher.is_ready());
     assert_eq!(
@@ -1235,18 +1206,7 @@ async fn consistent_read_requests_progress_on_an_idle_resource() {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let other = e
-        .etcd
-        .put(
-            format!("{}-elsewhere/y", e.key_prefix.trim_end_matches('/')),
-            "1",
-            None,
-        )
-        .await
-        .expect("put")
-        .header()
-        .expect("header")
-        .revision();
+    let other = e.put_outside_prefix("y").await;
     assert!(
         e.cacher.resource_version() < other,
         "cache {} other {other}",
@@ -1283,18 +1243,7 @@ async fn consistent_read_falls_back_to_etcd_on_timeout() {
         3,
     )
     .await;
-    let other = e
-        .etcd
-        .put(
-            format!("{}-elsewhere/z", e.key_prefix.trim_end_matches('/')),
-            "1",
-            None,
-        )
-        .await
-        .expect("put")
-        .header()
-        .expect("header")
-        .revision();
+    let other = e.put_outside_prefix("z").await;
     let r = e.list(lreq(None, None, Some(2), None)).await.expect("list");
     assert_eq!(r.source, ListSource::Etcd);
     {
@@ -1367,10 +1316,10 @@ async fn cacher_records_prometheus_metrics() {
     let mut etcd = etcd_client::Client::connect([common::etcd()], None)
         .await
         .expect("etcd client");
-    let res = ResourceConfig {
+    let res = watchcache::config::ResourceConfig {
         plural: "metricpods".into(),
         history_capacity: 2,
-        ..pods(2)
+        ..common::pods_resource(2)
     };
     let cacher = Cacher::start(res, &prefix, storage, opts());
     assert!(cacher.wait_ready(WAIT).await);

@@ -17,25 +17,10 @@ use watchcache::cacher::{
     Cacher, CacherError, CacherOptions, ListRequest, ResourceVersionMatch, WatchChunk,
     WatchRequest, Watcher,
 };
-use watchcache::config::ResourceConfig;
 use watchcache::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 use watchcache::storage::{Preconditions, Storage, WriteOptions};
 
 const WAIT: Duration = Duration::from_secs(60);
-
-fn pods(history_capacity: usize) -> ResourceConfig {
-    ResourceConfig {
-        group: String::new(),
-        version: "v1".into(),
-        kind: "Pod".into(),
-        plural: "pods".into(),
-        namespaced: true,
-        indexes: vec!["spec.nodeName".into()],
-        history_capacity,
-        key_prefix: None,
-        ttl_seconds: None,
-    }
-}
 
 fn opts() -> CacherOptions {
     CacherOptions {
@@ -287,12 +272,7 @@ async fn assert_cache_equals_etcd(cacher: &Cacher, endpoint: &str, prefix: &str,
 }
 
 async fn wait_rv(cacher: &Arc<Cacher>, rv: i64) {
-    let ok = common::eventually(WAIT, || {
-        let c = Arc::clone(cacher);
-        async move { c.resource_version() >= rv }
-    })
-    .await;
-    assert!(ok, "cache reached {rv} (at {})", cacher.resource_version());
+    common::wait_cacher_rv(cacher, rv, WAIT).await;
 }
 
 /// Waits until every collector holds at least its expected count, then a
@@ -437,7 +417,12 @@ async fn churn_streams_equal_etcd_history() {
     let storage = Storage::connect(&common::etcd_config(&endpoint, &prefix))
         .await
         .expect("connect");
-    let cacher = Cacher::start(pods(10_000), &prefix, storage.clone(), opts());
+    let cacher = Cacher::start(
+        common::pods_resource(10_000),
+        &prefix,
+        storage.clone(),
+        opts(),
+    );
     assert!(cacher.wait_ready(WAIT).await);
     let codec = cacher.codec().clone();
     let paths = codec.index_paths().to_vec();
@@ -552,7 +537,12 @@ async fn etcd_sigkill_and_restart_mid_stream() {
     let storage = Storage::connect(&common::etcd_config(&endpoint, &prefix))
         .await
         .expect("connect");
-    let cacher = Cacher::start(pods(10_000), &prefix, storage.clone(), opts());
+    let cacher = Cacher::start(
+        common::pods_resource(10_000),
+        &prefix,
+        storage.clone(),
+        opts(),
+    );
     assert!(cacher.wait_ready(WAIT).await);
     let codec = cacher.codec().clone();
     let paths = codec.index_paths().to_vec();
@@ -634,7 +624,12 @@ async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
             .await
             .expect("seed");
     }
-    let cacher = Cacher::start(pods(1000), &prefix, storage.clone(), opts());
+    let cacher = Cacher::start(
+        common::pods_resource(1000),
+        &prefix,
+        storage.clone(),
+        opts(),
+    );
     assert!(cacher.wait_ready(WAIT).await);
     // A watcher from the current state: initial ADDED events, then changes.
     let col = spawn_collector(
@@ -672,17 +667,12 @@ async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
             .await
             .expect("delete");
         let name = format!("q{cycle}");
-        let last = client
-            .put(
-                format!("{key_prefix}ns1/{name}"),
-                pod_value("ns1", &name, "c", "n3", 1),
-                None,
-            )
-            .await
-            .expect("put")
-            .header()
-            .expect("header")
-            .revision();
+        let last = common::etcd_put(
+            &mut client,
+            format!("{key_prefix}ns1/{name}"),
+            pod_value("ns1", &name, "c", "n3", 1),
+        )
+        .await;
         client
             .compact(
                 last,
@@ -754,7 +744,7 @@ async fn silent_watch_is_detected_and_restarted() {
         .await
         .expect("connect");
     let cacher = Cacher::start(
-        pods(100),
+        common::pods_resource(100),
         &prefix,
         storage.clone(),
         CacherOptions {
@@ -769,17 +759,12 @@ async fn silent_watch_is_detected_and_restarted() {
     let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
         .await
         .expect("client");
-    let rev = client
-        .put(
-            format!("{key_prefix}ns1/before"),
-            pod_value("ns1", "before", "a", "n1", 0),
-            None,
-        )
-        .await
-        .expect("put")
-        .header()
-        .expect("header")
-        .revision();
+    let rev = common::etcd_put(
+        &mut client,
+        format!("{key_prefix}ns1/before"),
+        pod_value("ns1", "before", "a", "n1", 0),
+    )
+    .await;
     wait_rv(&cacher, rev).await;
     // Freeze etcd: the watch stream stays open but says nothing, not even
     // to progress requests.
@@ -793,17 +778,12 @@ async fn silent_watch_is_detected_and_restarted() {
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     assert!(restarted, "the silent watch was restarted");
-    let rev = client
-        .put(
-            format!("{key_prefix}ns1/after"),
-            pod_value("ns1", "after", "a", "n1", 0),
-            None,
-        )
-        .await
-        .expect("put")
-        .header()
-        .expect("header")
-        .revision();
+    let rev = common::etcd_put(
+        &mut client,
+        format!("{key_prefix}ns1/after"),
+        pod_value("ns1", "after", "a", "n1", 0),
+    )
+    .await;
     wait_rv(&cacher, rev).await;
     assert_cache_equals_etcd(&cacher, &endpoint, &key_prefix, rev).await;
 }

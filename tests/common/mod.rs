@@ -9,7 +9,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use watchcache::config::EtcdConfig;
+use watchcache::cacher::Cacher;
+use watchcache::config::{EtcdConfig, ResourceConfig};
 use watchcache::etcd_server::EtcdServer;
 
 pub use watchcache::etcd_server::EtcdServer as PrivateEtcd;
@@ -89,6 +90,46 @@ pub fn etcd_config(endpoint: &str, prefix: &str) -> EtcdConfig {
         dial_timeout_ms: 1_000,
         ..EtcdConfig::default()
     }
+}
+
+/// The Pod resource of the cacher tests: namespaced, indexed on `spec.nodeName`.
+pub fn pods_resource(history_capacity: usize) -> ResourceConfig {
+    ResourceConfig {
+        group: String::new(),
+        version: "v1".into(),
+        kind: "Pod".into(),
+        plural: "pods".into(),
+        namespaced: true,
+        indexes: vec!["spec.nodeName".into()],
+        history_capacity,
+        key_prefix: None,
+        ttl_seconds: None,
+    }
+}
+
+/// Puts `value` at `key` straight into etcd (behind the cache's back);
+/// returns the revision of the write.
+pub async fn etcd_put(
+    etcd: &mut etcd_client::Client,
+    key: impl Into<Vec<u8>>,
+    value: impl Into<Vec<u8>>,
+) -> i64 {
+    etcd.put(key, value, None)
+        .await
+        .expect("put")
+        .header()
+        .expect("header")
+        .revision()
+}
+
+/// Waits until the cacher's RV reaches `rv`; fails the test after `timeout`.
+pub async fn wait_cacher_rv(cacher: &Cacher, rv: i64, timeout: Duration) {
+    let ok = eventually(timeout, || async move { cacher.resource_version() >= rv }).await;
+    assert!(
+        ok,
+        "cache reached rv {rv} (at {})",
+        cacher.resource_version()
+    );
 }
 
 /// Polls `f` until it returns true or `timeout` passes.
