@@ -952,6 +952,38 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_stream_that_always_has_events_still_gets_bookmarks_and_times_out() {
+        let cache = new_cache(1000);
+        let c = codec();
+        let mut w = watch(
+            &cache,
+            "",
+            WatchStart::After(10),
+            params(true, Some(Duration::from_secs(150))),
+        );
+        let mut bookmarks = 0;
+        for i in 0..300 {
+            // An event is waiting every time the client asks for more.
+            cache.apply(vec![put(&c, "a", "n1", 11 + i)], 11 + i, false);
+            tokio::time::advance(Duration::from_secs(1)).await;
+            match w.next().await {
+                Some(chunk) => {
+                    bookmarks += lines(Some(chunk))
+                        .iter()
+                        .filter(|l| l.0 == "BOOKMARK")
+                        .count();
+                }
+                None => {
+                    assert_eq!(i, 150, "ended right after the 150 s timeout");
+                    assert_eq!(bookmarks, 3, "at 60 s, 120 s and the final one");
+                    return;
+                }
+            }
+        }
+        panic!("the stream never timed out");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn relist_diff_becomes_ordered_events() {
         let cache = Arc::new(WatchCache::new(codec(), "pods".into(), 100));
         let c = codec();

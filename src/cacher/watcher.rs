@@ -255,15 +255,39 @@ impl Watcher {
                 }
                 continue;
             }
+            // Time-based ends and bookmarks come first, so a stream that
+            // always has events still times out and still gets bookmarks.
+            let now = Instant::now();
+            if self.deadline.is_some_and(|d| now >= d) {
+                // The stream's time is up: flush, one last bookmark, end.
+                self.end_by(WatchEnd::Timeout);
+                let mut buf = BytesMut::new();
+                let r = if self.params.allow_bookmarks {
+                    self.bookmark(&mut buf)
+                } else {
+                    self.drain(&mut buf)
+                };
+                if let Err(e) = r {
+                    self.done = false;
+                    return self.fail(buf, e);
+                }
+                return (!buf.is_empty()).then(|| WatchChunk::Data(buf.freeze()));
+            }
             let mut buf = BytesMut::new();
-            if let Err(e) = self.drain(&mut buf) {
+            let drained = if self.params.allow_bookmarks && now >= self.next_bookmark {
+                self.next_bookmark = now + self.params.bookmark_interval;
+                self.bookmark(&mut buf)
+            } else {
+                self.drain(&mut buf)
+            };
+            if let Err(e) = drained {
                 return self.fail(buf, e);
             }
             if !buf.is_empty() {
                 return Some(WatchChunk::Data(buf.freeze()));
             }
 
-            let far = Instant::now() + Duration::from_secs(86_400 * 365);
+            let far = now + Duration::from_secs(86_400 * 365);
             let deadline = self.deadline.unwrap_or(far);
             let bookmark_at = if self.params.allow_bookmarks {
                 self.next_bookmark
@@ -286,36 +310,13 @@ impl Watcher {
                         return None;
                     }
                 }
-                _ = tokio::time::sleep_until(deadline) => {
-                    // The stream's time is up: flush, one last bookmark, end.
-                    self.end_by(WatchEnd::Timeout);
-                    let mut buf = BytesMut::new();
-                    if self.params.allow_bookmarks {
-                        if let Err(e) = self.bookmark(&mut buf) {
-                            self.done = false;
-                            return self.fail(buf, e);
-                        }
-                    } else if let Err(e) = self.drain(&mut buf) {
-                        self.done = false;
-                        return self.fail(buf, e);
-                    }
-                    return (!buf.is_empty()).then(|| WatchChunk::Data(buf.freeze()));
-                }
-                _ = tokio::time::sleep_until(bookmark_at) => {
-                    self.next_bookmark = Instant::now() + self.params.bookmark_interval;
-                    let mut buf = BytesMut::new();
-                    if let Err(e) = self.bookmark(&mut buf) {
-                        return self.fail(buf, e);
-                    }
-                    if !buf.is_empty() {
-                        return Some(WatchChunk::Data(buf.freeze()));
-                    }
-                }
+                // Handled at the top of the loop.
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = tokio::time::sleep_until(bookmark_at) => {}
             }
         }
     }
 
-    /// Sends what was drained before the error, then the error.
     /// Ends the stream for `reason` (the first reason recorded wins).
     fn end_by(&mut self, reason: WatchEnd) {
         self.done = true;
@@ -324,6 +325,7 @@ impl Watcher {
         }
     }
 
+    /// Sends what was drained before the error, then the error.
     fn fail(&mut self, buf: BytesMut, e: CacherError) -> Option<WatchChunk> {
         if buf.is_empty() {
             self.done = true;
