@@ -1191,6 +1191,43 @@ async fn undecodable_values_are_skipped() {
 }
 
 #[tokio::test]
+async fn a_non_utf8_key_does_not_keep_the_cache_from_starting() {
+    let prefix = common::unique_prefix("non_utf8");
+    let key_prefix = format!("{prefix}/pods/");
+    let mut etcd = etcd_client::Client::connect([common::etcd()], None)
+        .await
+        .expect("etcd client");
+    let mut bad = format!("{key_prefix}ns1/").into_bytes();
+    bad.extend_from_slice(&[0x01, 0xff]);
+    common::etcd_put(&mut etcd, bad, "{}").await;
+    for name in ["a", "b"] {
+        let v = pod("ns1", name, "web", "n1").to_string();
+        common::etcd_put(&mut etcd, format!("{key_prefix}ns1/{name}"), v).await;
+    }
+    let storage = Storage::connect(&common::etcd_config(common::etcd(), &prefix))
+        .await
+        .expect("connect");
+    let o = CacherOptions {
+        list_page_size: 1,
+        ..opts()
+    };
+    let cacher = Cacher::start(common::pods_resource(100), &prefix, storage, o);
+    assert!(cacher.wait_ready(WAIT).await, "ready despite the bad key");
+    let r = cacher
+        .list(&lreq(None, None, None, None))
+        .await
+        .expect("list");
+    assert_eq!(names(&r), vec!["a", "b"]);
+    assert!(
+        cacher
+            .stats()
+            .decode_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+}
+
+#[tokio::test]
 async fn consistent_read_requests_progress_on_an_idle_resource() {
     // The reflector's own idle timer is far away: only the reader's progress
     // request can move the cache RV past a write to another prefix.

@@ -506,13 +506,18 @@ async fn paginated_list_stays_at_one_revision_while_writes_continue() {
     );
 
     // list_all at the old revision sees the same; at latest the new state.
-    let (all, rev) = s.list_all(&prefix, list_rev, 7).await.unwrap();
-    assert_eq!(rev, list_rev);
-    assert_eq!(all, items);
-    let (now, now_rev) = s.list_all(&prefix, 0, 7).await.unwrap();
-    assert!(now_rev > list_rev);
-    assert_eq!(now.len(), 25);
-    assert!(now.iter().any(|o| o.key.ends_with("/k0125")));
+    let paged = |revision| ListOptions {
+        revision,
+        limit: 7,
+        start_key: None,
+    };
+    let all = s.list_all(&prefix, &paged(list_rev)).await.unwrap();
+    assert_eq!(all.revision, list_rev);
+    assert_eq!(all.items, items);
+    let now = s.list_all(&prefix, &paged(0)).await.unwrap();
+    assert!(now.revision > list_rev);
+    assert_eq!(now.items.len(), 25);
+    assert!(now.items.iter().any(|o| o.key.ends_with("/k0125")));
 
     // A start key outside the prefix is refused.
     let bad = ListOptions {
@@ -522,6 +527,43 @@ async fn paginated_list_stays_at_one_revision_while_writes_continue() {
     assert!(matches!(
         s.list(&prefix, &bad).await,
         Err(StorageError::InvalidObject(_))
+    ));
+}
+
+#[tokio::test]
+async fn unreadable_keys_are_skipped_not_fatal() {
+    let (s, p) = shared("unreadable").await;
+    let w = WriteOptions::default();
+    let mut raw = raw_client(common::etcd()).await;
+    // A non-UTF-8 key first (0x01 sorts before the others), alone on its
+    // page, then readable keys.
+    let mut bad = format!("{p}/").into_bytes();
+    bad.extend_from_slice(&[0x01, 0xff]);
+    common::etcd_put(&mut raw, bad, "{}").await;
+    for name in ["a", "b", "c"] {
+        s.create(&format!("{p}/{name}"), obj(name, "u", 1), &w)
+            .await
+            .unwrap();
+    }
+    let all = s
+        .list_all(
+            &format!("{p}/"),
+            &ListOptions {
+                limit: 1,
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("a bad key does not fail the list");
+    let keys: Vec<&str> = all.items.iter().map(|o| o.key.as_str()).collect();
+    assert_eq!(
+        keys,
+        vec![format!("{p}/a"), format!("{p}/b"), format!("{p}/c")]
+    );
+    assert_eq!(all.unreadable.len(), 1, "{:?}", all.unreadable);
+    assert!(matches!(
+        all.unreadable[0].error,
+        StorageError::InvalidObject(_)
     ));
 }
 

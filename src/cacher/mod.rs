@@ -556,14 +556,14 @@ impl Cacher {
         };
         let snap = match self.snapshot_for(&plan).await {
             Ok(Some(s)) => s,
-            Ok(None) => return self.list_from_etcd(req, &query, 0, None, limit).await,
+            Ok(None) => return self.list_from_etcd(&query, 0, None, limit).await,
             Err(e @ (CacherError::Expired(_) | CacherError::TooLargeResourceVersion { .. })) => {
                 // A continue token older than the retained snapshots, or from
                 // an etcd-served first page the cache has not reached: etcd
                 // may have that revision (else it answers Compacted -> 410).
                 if let ReadPlan::Continue { rv, start_key } = &plan {
                     return self
-                        .list_from_etcd(req, &query, *rv, Some(start_key.clone()), limit)
+                        .list_from_etcd(&query, *rv, Some(start_key.clone()), limit)
                         .await;
                 }
                 return Err(e);
@@ -592,7 +592,6 @@ impl Cacher {
     /// prefix at `revision` (0 = latest) and filter like the cache does.
     async fn list_from_etcd(
         &self,
-        _req: &ListRequest,
         query: &watch_cache::ListQuery<'_>,
         revision: i64,
         start_key: Option<String>,
@@ -608,45 +607,40 @@ impl Cacher {
                 });
             }
         }
-        let prefix = query.prefix().to_string();
-        let mut opts = ListOptions {
+        let prefix = query.prefix();
+        let opts = ListOptions {
             revision,
             limit: self.opts.list_page_size.max(1),
             // Reading from the token's key saves etcd work when it lies in
             // the (namespace) prefix; the query filters by it either way.
-            start_key: start_key.clone().filter(|k| k.starts_with(prefix.as_str())),
+            start_key: start_key
+                .as_ref()
+                .filter(|k| k.starts_with(prefix))
+                .map(|k| k.clone().into_bytes()),
         };
-        let mut snap = Snapshot::empty(0, 0);
-        let paths = self.codec.index_paths().to_vec();
-        loop {
-            let page = match self.storage.list(&prefix, &opts).await {
-                Ok(p) => p,
-                Err(StorageError::Compacted { requested, .. }) => {
-                    return Err(CacherError::Expired(format!(
-                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (resource version {requested})"
-                    )));
-                }
-                Err(e) => return Err(e.into()),
-            };
-            opts.revision = page.revision;
-            for item in page.items {
-                if let Ok(o) = self.codec.decode(
-                    &item.key,
-                    &item.value,
-                    item.mod_revision,
-                    item.create_revision,
-                ) {
-                    let o = Arc::new(o);
-                    let key = Arc::clone(&o.key);
-                    snap.apply(&key, Some(o), &paths);
-                }
+        let all = match self.storage.list_all(prefix, &opts).await {
+            Ok(all) => all,
+            Err(StorageError::Compacted { requested, .. }) => {
+                return Err(CacherError::Expired(format!(
+                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (resource version {requested})"
+                )));
             }
-            match page.next_start_key {
-                Some(next) if page.more => opts.start_key = Some(next),
-                _ => break,
+            Err(e) => return Err(e.into()),
+        };
+        let mut snap = Snapshot::empty(all.revision, 0);
+        let paths = self.codec.index_paths();
+        for item in all.items {
+            if let Ok(o) = self.codec.decode(
+                &item.key,
+                &item.value,
+                item.mod_revision,
+                item.create_revision,
+            ) {
+                let o = Arc::new(o);
+                let key = Arc::clone(&o.key);
+                snap.apply(&key, Some(o), paths);
             }
         }
-        snap.rv = opts.revision;
         let page = query.run(&snap, start_key.as_deref(), limit);
         self.cache.stats().list_etcd();
         Ok(ListResult {

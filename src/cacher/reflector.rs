@@ -23,7 +23,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::CacherOptions;
 use super::watch_cache::{Change, WatchCache};
 use crate::object::{Object, ObjectCodec};
-use crate::storage::Storage;
+use crate::storage::{ListOptions, Storage};
 
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
@@ -170,17 +170,28 @@ impl Reflector {
 
     /// The whole prefix, paged, at one revision; undecodable values skipped.
     async fn list(&mut self) -> Result<(Vec<Arc<Object>>, i64), crate::storage::StorageError> {
-        let (items, rv) = self
+        let all = self
             .storage
-            .list_all(self.codec.key_prefix(), 0, self.opts.list_page_size.max(1))
+            .list_all(
+                self.codec.key_prefix(),
+                &ListOptions {
+                    limit: self.opts.list_page_size.max(1),
+                    ..ListOptions::default()
+                },
+            )
             .await?;
-        let mut out = Vec::with_capacity(items.len());
-        for it in items {
+        // Keys whose value the transformer rejects (or that are not UTF-8)
+        // are skipped like undecodable values, as the watch path does.
+        for u in &all.unreadable {
+            self.skip(&u.key, &u.error);
+        }
+        let mut out = Vec::with_capacity(all.items.len());
+        for it in all.items {
             if let Some(o) = self.decode(&it.key, &it.value, it.mod_revision, it.create_revision) {
                 out.push(Arc::new(o));
             }
         }
-        Ok((out, rv))
+        Ok((out, all.revision))
     }
 
     fn decode(&mut self, key: &str, value: &[u8], mod_rev: i64, create_rev: i64) -> Option<Object> {
@@ -192,12 +203,17 @@ impl Reflector {
                 Some(o)
             }
             Err(e) => {
-                self.cache.stats().decode_error();
-                if self.logged_bad.insert(key.to_string()) {
-                    warn!(key, error = %e, "skipping undecodable value");
-                }
+                self.skip(key, &e);
                 None
             }
+        }
+    }
+
+    /// Counts a skipped value and logs it once per key.
+    fn skip(&mut self, key: &str, error: &dyn std::fmt::Display) {
+        self.cache.stats().decode_error();
+        if self.logged_bad.insert(key.to_string()) {
+            warn!(key, error = %error, "skipping undecodable value");
         }
     }
 
@@ -309,18 +325,14 @@ impl Reflector {
                     out.push(Change { key, new: None, rv });
                 }
                 EtcdEventType::Put => {
-                    let value = match transformer
-                        .from_storage(&key, Bytes::copy_from_slice(kv.value()))
-                    {
-                        Ok(v) => Some(v),
-                        Err(e) => {
-                            self.cache.stats().decode_error();
-                            if self.logged_bad.insert(key.to_string()) {
-                                warn!(key = %key, error = %e, "skipping value the transformer rejects");
+                    let value =
+                        match transformer.from_storage(&key, Bytes::copy_from_slice(kv.value())) {
+                            Ok(v) => Some(v),
+                            Err(e) => {
+                                self.skip(&key, &e);
+                                None
                             }
-                            None
-                        }
-                    };
+                        };
                     let obj = value.and_then(|v| {
                         self.decode(&key, &v, kv.mod_revision(), kv.create_revision())
                     });

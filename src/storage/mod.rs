@@ -61,6 +61,11 @@ pub struct StoredObject {
 
 impl StoredObject {
     fn from_kv(kv: KeyValue, transformer: &dyn Transformer) -> Result<Self, StorageError> {
+        Self::read_kv(kv, transformer).map_err(|u| u.error)
+    }
+
+    /// Like `from_kv`, but a failure names the key it is about.
+    fn read_kv(kv: KeyValue, transformer: &dyn Transformer) -> Result<Self, Unreadable> {
         let create_revision = kv.create_revision();
         let mod_revision = kv.mod_revision();
         let version = kv.version();
@@ -69,13 +74,17 @@ impl StoredObject {
         let key = match String::from_utf8(key) {
             Ok(k) => k,
             Err(e) => {
-                return Err(StorageError::InvalidObject(format!(
-                    "non-UTF-8 key {:?}",
-                    String::from_utf8_lossy(e.as_bytes())
-                )));
+                let key = String::from_utf8_lossy(e.as_bytes()).into_owned();
+                return Err(Unreadable {
+                    error: StorageError::InvalidObject(format!("non-UTF-8 key {key:?}")),
+                    key,
+                });
             }
         };
-        let value = transformer.from_storage(&key, Bytes::from(value))?;
+        let value = match transformer.from_storage(&key, Bytes::from(value)) {
+            Ok(v) => v,
+            Err(error) => return Err(Unreadable { key, error }),
+        };
         Ok(StoredObject {
             key,
             value,
@@ -85,6 +94,16 @@ impl StoredObject {
             lease,
         })
     }
+}
+
+/// A listed key whose key or value cannot be read: a non-UTF-8 key, or a
+/// value the transformer rejects. A list skips it instead of failing, so one
+/// bad key cannot keep a whole prefix (and the cache over it) unreadable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreadable {
+    /// The key (lossily decoded when it is not UTF-8).
+    pub key: String,
+    pub error: StorageError,
 }
 
 /// Options of a write.
@@ -122,7 +141,8 @@ pub struct ListOptions {
     pub limit: i64,
     /// Where the page starts (inclusive); `None` = the prefix itself. Must lie
     /// within the prefix. Use the previous page's [`ListPage::next_start_key`].
-    pub start_key: Option<String>,
+    /// Bytes, not a string: etcd keys need not be UTF-8.
+    pub start_key: Option<Vec<u8>>,
 }
 
 /// One page of a list.
@@ -138,7 +158,9 @@ pub struct ListPage {
     /// How many keys follow this page (at `revision`).
     pub remaining: i64,
     /// Start key of the next page when `more`.
-    pub next_start_key: Option<String>,
+    pub next_start_key: Option<Vec<u8>>,
+    /// Keys of this page that were skipped because they cannot be read.
+    pub unreadable: Vec<Unreadable>,
 }
 
 /// What an update function decided.
@@ -460,13 +482,14 @@ impl Storage {
         );
         async {
             let start = match &opts.start_key {
-                Some(s) if !s.starts_with(prefix) => {
+                Some(s) if !s.starts_with(prefix.as_bytes()) => {
                     return Err(StorageError::InvalidObject(format!(
-                        "list start key {s:?} is outside the prefix {prefix:?}"
+                        "list start key {:?} is outside the prefix {prefix:?}",
+                        String::from_utf8_lossy(s)
                     )));
                 }
                 Some(s) => s.clone(),
-                None => prefix.to_string(),
+                None => prefix.as_bytes().to_vec(),
             };
             let end = prefix_range_end(prefix);
             let (revision, limit) = (opts.revision, opts.limit.max(0));
@@ -493,15 +516,26 @@ impl Storage {
             let count = resp.count();
             let kvs = resp.take_kvs();
             let remaining = (count - kvs.len() as i64).max(0);
-            let mut items = Vec::with_capacity(kvs.len());
-            for kv in kvs {
-                items.push(StoredObject::from_kv(kv, self.transformer.as_ref())?);
-            }
-            let next_start_key = if more {
-                items.last().map(|o| format!("{}\0", o.key))
-            } else {
-                None
+            // The next page starts after the last key read, readable or not.
+            let next_start_key = match kvs.last() {
+                Some(kv) if more => {
+                    let mut k = kv.key().to_vec();
+                    k.push(0);
+                    Some(k)
+                }
+                _ => None,
             };
+            let mut items = Vec::with_capacity(kvs.len());
+            let mut unreadable = Vec::new();
+            for kv in kvs {
+                match StoredObject::read_kv(kv, self.transformer.as_ref()) {
+                    Ok(o) => items.push(o),
+                    Err(u) => {
+                        debug!(key = %u.key, error = %u.error, "list: skipping an unreadable key");
+                        unreadable.push(u);
+                    }
+                }
+            }
             debug!(items = items.len(), page_rev, more, remaining, "listed");
             Ok(ListPage {
                 items,
@@ -509,33 +543,35 @@ impl Storage {
                 more,
                 remaining,
                 next_start_key,
+                unreadable,
             })
         }
         .instrument(span)
         .await
     }
 
-    /// Every key under `prefix` at one revision (0 = latest), read in pages
-    /// of `page_size`; returns the items and the revision they are at.
+    /// Every key under `prefix` from `opts.start_key` on, at one revision
+    /// (`opts.revision`, 0 = latest), read in pages of `opts.limit`, as one
+    /// page: the `items` and `unreadable` keys of every page, and the
+    /// `revision` they are all at.
     pub async fn list_all(
         &self,
         prefix: &str,
-        revision: i64,
-        page_size: i64,
-    ) -> Result<(Vec<StoredObject>, i64), StorageError> {
-        let mut opts = ListOptions {
-            revision,
-            limit: page_size.max(0),
-            start_key: None,
-        };
-        let mut items = Vec::new();
+        opts: &ListOptions,
+    ) -> Result<ListPage, StorageError> {
+        let mut opts = opts.clone();
+        let mut all = ListPage::default();
         loop {
             let page = self.list(prefix, &opts).await?;
             opts.revision = page.revision;
-            items.extend(page.items);
+            all.items.extend(page.items);
+            all.unreadable.extend(page.unreadable);
             match page.next_start_key {
                 Some(next) if page.more => opts.start_key = Some(next),
-                _ => return Ok((items, opts.revision)),
+                _ => {
+                    all.revision = opts.revision;
+                    return Ok(all);
+                }
             }
         }
     }
