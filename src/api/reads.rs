@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 use crate::cacher::{GetRequest, ListRequest, WatchChunk, WatchRequest};
 use crate::object::{FieldSelector, LabelSelector, Object, metadata_str};
 
-use super::errors::cacher_status;
+use super::errors::{What, cacher_status};
 use super::k8s::{Target, json_value};
 use super::params::{Query, wants_table};
 use super::table::{self, IncludeObject};
@@ -304,49 +304,62 @@ pub(crate) async fn watch(
         Err(e) => return Err(cacher_status(e, &what)),
     };
     // The cacher ends the stream at `timeoutSeconds` (after a last
-    // bookmark); this deadline is only a backstop.
-    let deadline = timeout.map(|t| tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE);
+    // bookmark); this deadline is only a backstop. It is made once per
+    // stream, like everything else in `St`: nothing is allocated or
+    // registered per chunk.
+    let backstop = timeout.map(|t| {
+        Box::pin(tokio::time::sleep_until(
+            tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE,
+        ))
+    });
     let mut table_watch = table.map(|include| TableWatch {
         paths: res.cacher.codec().index_paths().to_vec(),
         include,
         first: true,
     });
-    let shutdown = state.shutdown.clone();
     struct St {
         watcher: Option<crate::cacher::Watcher>,
         first_error: Option<Bytes>,
+        shutdown: tokio_util::sync::CancellationToken,
+        backstop: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+        what: What,
         _slot: WatchSlot,
     }
     let st = St {
         watcher,
         first_error,
+        shutdown: state.shutdown.clone(),
+        backstop,
+        what,
         _slot: slot,
     };
-    let stream = futures::stream::unfold(Some(st), move |st| {
-        let shutdown = shutdown.clone();
-        let what = what.clone();
-        async move {
-            let mut st = st?;
-            if let Some(e) = st.first_error.take() {
-                return Some((e, None));
+    let stream = futures::stream::unfold(Some(st), |st| async move {
+        let mut st = st?;
+        if let Some(e) = st.first_error.take() {
+            return Some((e, None));
+        }
+        let St {
+            watcher,
+            shutdown,
+            backstop,
+            ..
+        } = &mut st;
+        let watcher = watcher.as_mut()?;
+        let backstop = async {
+            match backstop {
+                Some(b) => b.as_mut().await,
+                None => std::future::pending().await,
             }
-            let watcher = st.watcher.as_mut()?;
-            let sleep = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep_until(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            let item = tokio::select! {
-                _ = shutdown.cancelled() => None,
-                _ = sleep => None,
-                chunk = watcher.next() => chunk,
-            };
-            match item? {
-                WatchChunk::Data(b) => Some((b, Some(st))),
-                WatchChunk::Error(crate::cacher::CacherError::ShuttingDown) => None,
-                WatchChunk::Error(e) => Some((cacher_status(e, &what).error_line(), None)),
-            }
+        };
+        let item = tokio::select! {
+            _ = shutdown.cancelled() => None,
+            _ = backstop => None,
+            chunk = watcher.next() => chunk,
+        };
+        match item? {
+            WatchChunk::Data(b) => Some((b, Some(st))),
+            WatchChunk::Error(crate::cacher::CacherError::ShuttingDown) => None,
+            WatchChunk::Error(e) => Some((cacher_status(e, &st.what).error_line(), None)),
         }
     });
     // Table conversion happens outside the unfold so its state lives once.
