@@ -696,7 +696,6 @@ impl Cacher {
             bookmark_interval: self.opts.bookmark_interval,
             timeout: req.timeout,
             initial_chunk: self.opts.initial_events_chunk.max(1),
-            shutdown: self.shutdown.clone(),
         };
         Ok(Watcher::register(
             Arc::clone(&self.cache),

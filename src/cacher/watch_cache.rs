@@ -296,10 +296,16 @@ impl WatchCache {
         &self.closed
     }
 
-    /// Ends every watcher (they see the token and finish).
+    /// Ends every watcher: they are woken through their channel and see the
+    /// token. Under `apply_lock`, so a route registered concurrently is
+    /// either woken here or registered after the token is set.
     pub fn close(&self) {
+        let _g = self.apply_lock.lock();
         self.closed.cancel();
         self.all_tx.send_replace(u64::MAX);
+        for route in self.routes.iter() {
+            route.tx.send_replace(u64::MAX);
+        }
     }
 
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
@@ -807,7 +813,6 @@ mod tests {
             bookmark_interval: Duration::from_secs(60),
             timeout,
             initial_chunk: 2,
-            shutdown: CancellationToken::new(),
         }
     }
 
@@ -981,6 +986,22 @@ mod tests {
             }
         }
         panic!("the stream never timed out");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn close_ends_waiting_routed_and_unrouted_watchers() {
+        let cache = new_cache(100);
+        let mut tasks = Vec::new();
+        for field in ["", "spec.nodeName=n1", "metadata.name=a"] {
+            let mut w = watch(&cache, field, WatchStart::Now, params(true, None));
+            tasks.push(tokio::spawn(async move { w.next().await }));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        cache.close();
+        for t in tasks {
+            let ended = tokio::time::timeout(Duration::from_secs(1), t).await;
+            assert!(matches!(ended, Ok(Ok(None))), "ended at once: {ended:?}");
+        }
     }
 
     #[tokio::test(start_paused = true)]

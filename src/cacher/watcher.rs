@@ -5,13 +5,13 @@
 //! chunk of pre-rendered, shared event lines. If its next event has left the
 //! ring it ends with a 410. Dropping it unregisters it at once.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::watch;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, Sleep};
 
 use super::CacherError;
 use super::history::{EventKind, Gone, HistoryEvent};
@@ -124,7 +124,6 @@ pub(crate) struct WatcherParams {
     pub(crate) bookmark_interval: Duration,
     pub(crate) timeout: Option<Duration>,
     pub(crate) initial_chunk: usize,
-    pub(crate) shutdown: CancellationToken,
 }
 
 struct InitialState {
@@ -153,6 +152,11 @@ pub struct Watcher {
     end: std::cell::Cell<Option<WatchEnd>>,
     /// When the reflector received the oldest event in the last chunk.
     last_received: Option<Instant>,
+    /// Wakes the watcher for its deadline or its next bookmark; one timer
+    /// per watcher, reset only when that instant changes.
+    timer: Pin<Box<Sleep>>,
+    /// "Never" for the timer: a year after registration.
+    far: Instant,
 }
 
 impl std::fmt::Debug for Watcher {
@@ -179,6 +183,7 @@ impl Watcher {
             cursor,
         } = cache.register(filter.route.clone(), start);
         let now = Instant::now();
+        let far = now + Duration::from_secs(86_400 * 365);
         let mut w = Watcher {
             cache,
             filter,
@@ -194,6 +199,8 @@ impl Watcher {
             done: false,
             end: std::cell::Cell::new(None),
             last_received: None,
+            timer: Box::pin(tokio::time::sleep_until(far)),
+            far,
         };
         match start {
             WatchStart::Initial { end_bookmark } => {
@@ -245,7 +252,8 @@ impl Watcher {
                 self.done = true;
                 return Some(WatchChunk::Error(e));
             }
-            if self.params.shutdown.is_cancelled() || self.cache.closed().is_cancelled() {
+            // `WatchCache::close` wakes every watcher to see this.
+            if self.cache.closed().is_cancelled() {
                 self.end_by(WatchEnd::Shutdown);
                 return None;
             }
@@ -287,32 +295,30 @@ impl Watcher {
                 return Some(WatchChunk::Data(buf.freeze()));
             }
 
-            let far = now + Duration::from_secs(86_400 * 365);
-            let deadline = self.deadline.unwrap_or(far);
-            let bookmark_at = if self.params.allow_bookmarks {
-                self.next_bookmark
-            } else {
-                far
-            };
-            let shutdown = self.params.shutdown.clone();
-            let closed = self.cache.closed().clone();
+            let mut wake_at = self.deadline.unwrap_or(self.far);
+            if self.params.allow_bookmarks {
+                wake_at = wake_at.min(self.next_bookmark);
+            }
+            if self.timer.deadline() != wake_at {
+                self.timer.as_mut().reset(wake_at);
+            }
             let Some(rx) = self.rx.as_mut() else {
                 self.done = true;
                 return None;
             };
+            // No shared shutdown future is polled here: closing the cache
+            // sends on every channel a watcher waits on, and the loop's top
+            // sees the closed token. Deadline and bookmark are handled at
+            // the top as well.
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => { self.end_by(WatchEnd::Shutdown); return None; }
-                _ = closed.cancelled() => { self.end_by(WatchEnd::Shutdown); return None; }
                 r = rx.changed() => {
                     if r.is_err() {
                         self.done = true;
                         return None;
                     }
                 }
-                // Handled at the top of the loop.
-                _ = tokio::time::sleep_until(deadline) => {}
-                _ = tokio::time::sleep_until(bookmark_at) => {}
+                _ = self.timer.as_mut() => {}
             }
         }
     }
