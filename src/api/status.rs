@@ -1,11 +1,13 @@
-//! Kubernetes `Status` objects and the one mapping from error enums to them.
+//! The API's failure answers as Kubernetes `Status` objects.
 //!
 //! Every error that leaves the API goes through [`ApiStatus`]: handlers build
-//! one directly for request problems, and `From` impls map the storage and
-//! cacher errors once, at the edge.
+//! one directly for request problems, and `super::errors` maps the storage
+//! and cacher errors once, at the edge. The JSON is rendered by the object
+//! layer's [`Status`].
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+
+use crate::object::wire::{Status, StatusDetails};
 
 /// A failure answer: HTTP code, Kubernetes reason, message and optional
 /// `Retry-After` seconds.
@@ -92,41 +94,35 @@ impl ApiStatus {
         self
     }
 
-    /// The `Status` object as JSON.
-    pub fn to_json(&self) -> Value {
-        let mut v = json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": self.message,
-            "reason": self.reason,
-            "code": self.code,
-        });
-        let mut details = serde_json::Map::new();
-        if let Some((name, kind)) = &self.details {
-            details.insert("name".into(), Value::String(name.clone()));
-            details.insert("kind".into(), Value::String(kind.clone()));
+    /// The `Status` object (the object layer renders it).
+    pub fn status(&self) -> Status {
+        let mut status = Status::failure(self.code, self.reason, self.message.clone());
+        let (name, kind) = match &self.details {
+            Some((n, k)) => (Some(n.clone()), Some(k.clone())),
+            None => (None, None),
+        };
+        let retry_after_seconds = self
+            .retry_after
+            .map(|s| u32::try_from(s).unwrap_or(u32::MAX));
+        if name.is_some() || retry_after_seconds.is_some() {
+            status = status.with_details(StatusDetails {
+                name,
+                kind,
+                retry_after_seconds,
+                ..StatusDetails::default()
+            });
         }
-        if let Some(secs) = self.retry_after {
-            details.insert("retryAfterSeconds".into(), json!(secs));
-        }
-        if !details.is_empty() {
-            v["details"] = Value::Object(details);
-        }
-        v
+        status
     }
 
     /// The `Status` object as bytes.
     pub fn to_bytes(&self) -> Bytes {
-        Bytes::from(self.to_json().to_string())
+        self.status().to_json()
     }
 
     /// A watch `ERROR` event line carrying this Status.
     pub fn error_line(&self) -> Bytes {
-        let mut line = json!({"type": "ERROR", "object": self.to_json()}).to_string();
-        line.push('\n');
-        Bytes::from(line)
+        crate::object::wire::error_line(&self.status())
     }
 }
 
@@ -136,25 +132,15 @@ impl std::fmt::Display for ApiStatus {
     }
 }
 
-/// A `Status` object with `status: Success` (used by deletes that answer with a Status).
-pub fn success_json(name: &str, kind: &str) -> Value {
-    json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Success",
-        "details": {"name": name, "kind": kind},
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     #[test]
     fn status_shape() {
         let s = ApiStatus::too_many_requests("busy", 2).with_details("a", "pods");
-        let v = s.to_json();
+        let v: Value = serde_json::from_slice(&s.to_bytes()).unwrap();
         assert_eq!(v["kind"], "Status");
         assert_eq!(v["status"], "Failure");
         assert_eq!(v["code"], 429);
