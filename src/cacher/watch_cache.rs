@@ -50,8 +50,6 @@ pub struct CacherStats {
     pub watchers: AtomicU64,
     pub watchers_expired: AtomicU64,
     pub events_dispatched: AtomicU64,
-    /// Sum of consistent-read waits, microseconds.
-    pub read_wait_micros: AtomicU64,
     /// The same facts in the Prometheus registry (labelled by resource);
     /// the atomics above stay per Cacher for tests and embedders.
     pub(crate) prom: ResourceMetrics,
@@ -75,7 +73,6 @@ impl CacherStats {
             watchers: AtomicU64::new(0),
             watchers_expired: AtomicU64::new(0),
             events_dispatched: AtomicU64::new(0),
-            read_wait_micros: AtomicU64::new(0),
             prom,
         }
     }
@@ -97,8 +94,6 @@ impl CacherStats {
         self.prom.list_etcd.inc();
     }
     pub(crate) fn observe_read_wait(&self, d: Duration) {
-        self.read_wait_micros
-            .fetch_add(d.as_micros() as u64, Ordering::Relaxed);
         self.prom.read_wait.observe(d.as_secs_f64());
     }
     pub(crate) fn decode_error(&self) {

@@ -150,8 +150,6 @@ pub struct Watcher {
     done: bool,
     /// Why the server ended this watcher (none: the client closed it).
     end: std::cell::Cell<Option<WatchEnd>>,
-    /// When the reflector received the oldest event in the last chunk.
-    last_received: Option<Instant>,
     /// Wakes the watcher for its deadline or its next bookmark; one timer
     /// per watcher, reset only when that instant changes.
     timer: Pin<Box<Sleep>>,
@@ -198,7 +196,6 @@ impl Watcher {
             params,
             done: false,
             end: std::cell::Cell::new(None),
-            last_received: None,
             timer: Box::pin(tokio::time::sleep_until(far)),
             far,
         };
@@ -228,13 +225,6 @@ impl Watcher {
         ))
     }
 
-    /// When the reflector received the oldest change in the chunk last
-    /// returned by [`Watcher::next`] (None for initial events, bookmarks):
-    /// for the "etcd commit seen -> written to watcher" delay metric.
-    pub fn last_chunk_received(&self) -> Option<Instant> {
-        self.last_received
-    }
-
     /// The RV of the last event or bookmark sent (for resuming elsewhere).
     pub fn resource_version(&self) -> i64 {
         self.last_rv
@@ -243,7 +233,6 @@ impl Watcher {
     /// The next chunk of the stream; `None` when it has ended (timeout,
     /// shutdown, or after an `Error`).
     pub async fn next(&mut self) -> Option<WatchChunk> {
-        self.last_received = None;
         loop {
             if self.done {
                 return None;
@@ -407,7 +396,6 @@ impl Watcher {
             if let Some(line) = self.filter.convert(&ev) {
                 buf.extend_from_slice(&line);
                 sent += 1;
-                self.last_received.get_or_insert(ev.received);
                 stats.event_delay(ev.received, now);
             }
             self.last_rv = self.last_rv.max(ev.rv);
