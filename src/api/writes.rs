@@ -92,36 +92,8 @@ pub(crate) fn check_type_meta(obj: &mut Value, res: &Resource) -> Result<(), Api
             "the request body must be a JSON object",
         ));
     };
-    match map.get("apiVersion") {
-        None | Some(Value::Null) => {
-            map.insert("apiVersion".into(), Value::String(api_version));
-        }
-        Some(Value::String(s)) if s.is_empty() => {
-            map.insert("apiVersion".into(), Value::String(api_version));
-        }
-        Some(Value::String(s)) if *s == api_version => {}
-        Some(other) => {
-            return Err(ApiStatus::bad_request(format!(
-                "the API version in the data ({}) does not match the expected API version ({api_version})",
-                other.as_str().unwrap_or("?")
-            )));
-        }
-    }
-    match map.get("kind") {
-        None | Some(Value::Null) => {
-            map.insert("kind".into(), Value::String(kind));
-        }
-        Some(Value::String(s)) if s.is_empty() => {
-            map.insert("kind".into(), Value::String(kind));
-        }
-        Some(Value::String(s)) if *s == kind => {}
-        Some(other) => {
-            return Err(ApiStatus::bad_request(format!(
-                "the kind in the data ({}) does not match the expected kind ({kind})",
-                other.as_str().unwrap_or("?")
-            )));
-        }
-    }
+    fill_or_check(map, "apiVersion", "API version", api_version)?;
+    fill_or_check(map, "kind", "kind", kind)?;
     match map.get("metadata") {
         None | Some(Value::Null) => {
             map.insert("metadata".into(), Value::Object(Map::new()));
@@ -129,6 +101,29 @@ pub(crate) fn check_type_meta(obj: &mut Value, res: &Resource) -> Result<(), Api
         Some(Value::Object(_)) => {}
         Some(_) => return Err(ApiStatus::bad_request("metadata must be a JSON object")),
     }
+    Ok(())
+}
+
+/// Sets `field` to `expected` when it is absent, null or empty; any other
+/// value than `expected` is a 400.
+fn fill_or_check(
+    map: &mut Map<String, Value>,
+    field: &str,
+    what: &str,
+    expected: String,
+) -> Result<(), ApiStatus> {
+    match map.get(field) {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() => {}
+        Some(Value::String(s)) if *s == expected => return Ok(()),
+        Some(other) => {
+            return Err(ApiStatus::bad_request(format!(
+                "the {what} in the data ({}) does not match the expected {what} ({expected})",
+                other.as_str().unwrap_or("?")
+            )));
+        }
+    }
+    map.insert(field.into(), Value::String(expected));
     Ok(())
 }
 
