@@ -34,28 +34,23 @@ fn opts() -> CacherOptions {
 
 async fn env_with(name: &str, history_capacity: usize, o: CacherOptions, seed: usize) -> Env {
     let prefix = common::unique_prefix(name);
-    let cfg = common::etcd_config(common::etcd(), &prefix);
-    let storage = Storage::connect(&cfg).await.expect("connect");
-    let etcd = etcd_client::Client::connect([common::etcd()], None)
+    let mut etcd = etcd_client::Client::connect([common::etcd()], None)
         .await
         .expect("etcd client");
     let key_prefix = format!("{prefix}/pods/");
     // Seed before starting, so the first list holds the seeds.
-    let mut etcd = etcd;
     for i in 0..seed {
         let name = format!("seed-{i:02}");
         let v = pod("ns1", &name, "web", "n1").to_string();
-        etcd.put(format!("{key_prefix}ns1/{name}"), v, None)
-            .await
-            .expect("seed");
+        common::etcd_put(&mut etcd, format!("{key_prefix}ns1/{name}"), v).await;
     }
-    let env = Env {
-        cacher: Cacher::start(common::pods_resource(history_capacity), &prefix, storage, o),
+    let resource = common::pods_resource(history_capacity);
+    let (_, cacher) = common::start_cacher(common::etcd(), &prefix, resource, o).await;
+    Env {
+        cacher,
         etcd,
         key_prefix,
-    };
-    assert!(env.cacher.wait_ready(WAIT).await, "cacher ready");
-    env
+    }
 }
 
 async fn env(name: &str) -> Env {
@@ -1204,15 +1199,13 @@ async fn a_non_utf8_key_does_not_keep_the_cache_from_starting() {
         let v = pod("ns1", name, "web", "n1").to_string();
         common::etcd_put(&mut etcd, format!("{key_prefix}ns1/{name}"), v).await;
     }
-    let storage = Storage::connect(&common::etcd_config(common::etcd(), &prefix))
-        .await
-        .expect("connect");
     let o = CacherOptions {
         list_page_size: 1,
         ..opts()
     };
-    let cacher = Cacher::start(common::pods_resource(100), &prefix, storage, o);
-    assert!(cacher.wait_ready(WAIT).await, "ready despite the bad key");
+    // Ready despite the bad key.
+    let (_, cacher) =
+        common::start_cacher(common::etcd(), &prefix, common::pods_resource(100), o).await;
     let r = cacher
         .list(&lreq(None, None, None, None))
         .await
@@ -1348,18 +1341,14 @@ async fn continue_token_from_the_future_is_504() {
 #[tokio::test]
 async fn cacher_records_prometheus_metrics() {
     let prefix = common::unique_prefix("metrics");
-    let cfg = common::etcd_config(common::etcd(), &prefix);
-    let storage = Storage::connect(&cfg).await.expect("connect");
     let mut etcd = etcd_client::Client::connect([common::etcd()], None)
         .await
         .expect("etcd client");
     let res = watchcache::config::ResourceConfig {
         plural: "metricpods".into(),
-        history_capacity: 2,
         ..common::pods_resource(2)
     };
-    let cacher = Cacher::start(res, &prefix, storage, opts());
-    assert!(cacher.wait_ready(WAIT).await);
+    let (_, cacher) = common::start_cacher(common::etcd(), &prefix, res, opts()).await;
     let m = watchcache::metrics::metrics().for_resource("metricpods");
     assert_eq!(m.history_capacity.get(), 2);
     assert_eq!(m.initializations.get(), 1);

@@ -414,16 +414,8 @@ async fn etcd_writer(
 async fn churn_streams_equal_etcd_history() {
     let prefix = common::unique_prefix("churn");
     let endpoint = common::etcd().to_string();
-    let storage = Storage::connect(&common::etcd_config(&endpoint, &prefix))
-        .await
-        .expect("connect");
-    let cacher = Cacher::start(
-        common::pods_resource(10_000),
-        &prefix,
-        storage.clone(),
-        opts(),
-    );
-    assert!(cacher.wait_ready(WAIT).await);
+    let (storage, cacher) =
+        common::start_cacher(&endpoint, &prefix, common::pods_resource(10_000), opts()).await;
     let codec = cacher.codec().clone();
     let paths = codec.index_paths().to_vec();
     let key_prefix = codec.key_prefix().to_string();
@@ -534,16 +526,8 @@ async fn etcd_sigkill_and_restart_mid_stream() {
     let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
     let endpoint = etcd.endpoint();
     let prefix = common::unique_prefix("restart");
-    let storage = Storage::connect(&common::etcd_config(&endpoint, &prefix))
-        .await
-        .expect("connect");
-    let cacher = Cacher::start(
-        common::pods_resource(10_000),
-        &prefix,
-        storage.clone(),
-        opts(),
-    );
-    assert!(cacher.wait_ready(WAIT).await);
+    let (storage, cacher) =
+        common::start_cacher(&endpoint, &prefix, common::pods_resource(10_000), opts()).await;
     let codec = cacher.codec().clone();
     let paths = codec.index_paths().to_vec();
     let key_prefix = codec.key_prefix().to_string();
@@ -606,9 +590,6 @@ async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
     let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
     let endpoint = etcd.endpoint();
     let prefix = common::unique_prefix("compact");
-    let storage = Storage::connect(&common::etcd_config(&endpoint, &prefix))
-        .await
-        .expect("connect");
     let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
         .await
         .expect("client");
@@ -624,13 +605,8 @@ async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
             .await
             .expect("seed");
     }
-    let cacher = Cacher::start(
-        common::pods_resource(1000),
-        &prefix,
-        storage.clone(),
-        opts(),
-    );
-    assert!(cacher.wait_ready(WAIT).await);
+    let (_storage, cacher) =
+        common::start_cacher(&endpoint, &prefix, common::pods_resource(1000), opts()).await;
     // A watcher from the current state: initial ADDED events, then changes.
     let col = spawn_collector(
         cacher
@@ -740,20 +716,17 @@ async fn silent_watch_is_detected_and_restarted() {
     let endpoint = etcd.endpoint();
     let pid = etcd.pid().expect("pid") as libc::pid_t;
     let prefix = common::unique_prefix("idle");
-    let storage = Storage::connect(&common::etcd_config(&endpoint, &prefix))
-        .await
-        .expect("connect");
-    let cacher = Cacher::start(
-        common::pods_resource(100),
+    let (_storage, cacher) = common::start_cacher(
+        &endpoint,
         &prefix,
-        storage.clone(),
+        common::pods_resource(100),
         CacherOptions {
             progress_interval: Duration::from_millis(200),
             idle_timeout: Duration::from_millis(600),
             ..opts()
         },
-    );
-    assert!(cacher.wait_ready(WAIT).await);
+    )
+    .await;
     // A write seen through the watch: the stream is established.
     let key_prefix = cacher.codec().key_prefix().to_string();
     let mut client = etcd_client::Client::connect([endpoint.as_str()], None)

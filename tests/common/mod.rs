@@ -9,9 +9,10 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use watchcache::cacher::Cacher;
+use watchcache::cacher::{Cacher, CacherOptions};
 use watchcache::config::{EtcdConfig, ResourceConfig};
 use watchcache::etcd_server::EtcdServer;
+use watchcache::storage::Storage;
 
 pub use watchcache::etcd_server::EtcdServer as PrivateEtcd;
 
@@ -105,6 +106,25 @@ pub fn pods_resource(history_capacity: usize) -> ResourceConfig {
         key_prefix: None,
         ttl_seconds: None,
     }
+}
+
+/// Connects a `Storage` to `endpoint` under `prefix`, starts a cacher for
+/// `resource` and waits (up to a minute) for its first list.
+pub async fn start_cacher(
+    endpoint: &str,
+    prefix: &str,
+    resource: ResourceConfig,
+    opts: CacherOptions,
+) -> (Storage, std::sync::Arc<Cacher>) {
+    let storage = Storage::connect(&etcd_config(endpoint, prefix))
+        .await
+        .expect("connect");
+    let cacher = Cacher::start(resource, prefix, storage.clone(), opts);
+    assert!(
+        cacher.wait_ready(Duration::from_secs(60)).await,
+        "cacher ready"
+    );
+    (storage, cacher)
 }
 
 /// Puts `value` at `key` straight into etcd (behind the cache's back);
