@@ -98,6 +98,10 @@ pub struct ServerConfig {
     /// Interval of periodic watch bookmarks.
     #[serde(default = "default_bookmark_interval_ms")]
     pub bookmark_interval_ms: u64,
+    /// Watches without `timeoutSeconds` end after a random time in
+    /// `[min, 2*min)` seconds, like kube-apiserver's `--min-request-timeout`.
+    #[serde(default = "default_min_request_timeout_seconds")]
+    pub min_request_timeout_seconds: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -162,6 +166,9 @@ fn default_consistent_read_timeout_ms() -> u64 {
 fn default_bookmark_interval_ms() -> u64 {
     60_000
 }
+fn default_min_request_timeout_seconds() -> u64 {
+    1800
+}
 fn default_history_capacity() -> usize {
     10_000
 }
@@ -188,6 +195,7 @@ impl Default for ServerConfig {
             header_read_timeout_ms: default_header_read_timeout_ms(),
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),
+            min_request_timeout_seconds: default_min_request_timeout_seconds(),
         }
     }
 }
@@ -331,6 +339,13 @@ impl Config {
             return Err(ConfigError::invalid(
                 file,
                 "server.max_body_bytes",
+                "must be greater than 0",
+            ));
+        }
+        if self.server.min_request_timeout_seconds == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "server.min_request_timeout_seconds",
                 "must be greater than 0",
             ));
         }

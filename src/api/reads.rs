@@ -267,6 +267,13 @@ impl TableWatch {
     }
 }
 
+/// A random watch timeout in `[min, 2*min)` seconds (kube-apiserver's
+/// `--min-request-timeout` behaviour).
+fn default_watch_timeout(min_seconds: u64) -> std::time::Duration {
+    let min = min_seconds.max(1);
+    std::time::Duration::from_secs(rand::random_range(min..min.saturating_mul(2).max(min + 1)))
+}
+
 pub(crate) async fn watch(
     state: &Arc<State>,
     target: &Target<'_>,
@@ -276,7 +283,15 @@ pub(crate) async fn watch(
     let res = target.resource;
     let table = table_request(req, query)?;
     let (label_selector, field_selector) = selectors(res, query)?;
-    let timeout = query.timeout()?;
+    // Like kube-apiserver: a watch without timeoutSeconds still ends, after a
+    // random time in [min, 2*min), so long-lived watches spread over replicas
+    // and restarts instead of pinning one connection forever.
+    let timeout = match query.timeout()? {
+        Some(t) => Some(t),
+        None => Some(default_watch_timeout(
+            state.config.server.min_request_timeout_seconds,
+        )),
+    };
     let watch = WatchRequest {
         namespace: target.namespace.clone(),
         label_selector,
@@ -380,4 +395,20 @@ pub(crate) async fn watch(
         hyper::header::HeaderValue::from_static("no-cache, private"),
     );
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_watch_timeout;
+
+    #[test]
+    fn default_watch_timeout_is_in_min_to_twice_min() {
+        for _ in 0..1000 {
+            let t = default_watch_timeout(1800).as_secs();
+            assert!((1800..3600).contains(&t), "{t}");
+        }
+        assert_eq!(default_watch_timeout(1).as_secs(), 1);
+        // Never a zero timeout, even from a zero setting.
+        assert!(default_watch_timeout(0).as_secs() >= 1);
+    }
 }
