@@ -766,20 +766,9 @@ mod tests {
     use super::*;
     use crate::cacher::CacherError;
     use crate::cacher::watcher::{Filter, WatchChunk, Watcher, WatcherParams};
-    use crate::config::ResourceConfig;
 
     fn codec() -> Arc<ObjectCodec> {
-        let r = ResourceConfig {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "Pod".into(),
-            plural: "pods".into(),
-            namespaced: true,
-            indexes: vec!["spec.nodeName".into()],
-            history_capacity: 4,
-            key_prefix: None,
-            ttl_seconds: None,
-        };
+        let r = crate::object::tests::resource(true, &["spec.nodeName"]);
         Arc::new(ObjectCodec::new(&r, "/registry"))
     }
 

@@ -409,4 +409,4 @@ pub fn field_string(value: &Value) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

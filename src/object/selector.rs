@@ -777,7 +777,6 @@ pub fn escape_field_value(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ResourceConfig;
     use crate::object::ObjectCodec;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -962,17 +961,7 @@ mod tests {
     }
 
     fn codec() -> ObjectCodec {
-        let r = ResourceConfig {
-            group: String::new(),
-            version: "v1".into(),
-            kind: "Pod".into(),
-            plural: "pods".into(),
-            namespaced: true,
-            indexes: vec!["spec.nodeName".into(), "status.phase".into()],
-            history_capacity: 10,
-            key_prefix: None,
-            ttl_seconds: None,
-        };
+        let r = crate::object::tests::resource(true, &["spec.nodeName", "status.phase"]);
         ObjectCodec::new(&r, "/registry")
     }
 

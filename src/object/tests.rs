@@ -3,7 +3,8 @@
 use super::*;
 use serde_json::json;
 
-fn resource(namespaced: bool, indexes: &[&str]) -> ResourceConfig {
+/// A Pod-like resource config for unit tests (shared by the cacher's).
+pub(crate) fn resource(namespaced: bool, indexes: &[&str]) -> ResourceConfig {
     ResourceConfig {
         group: String::new(),
         version: "v1".into(),
