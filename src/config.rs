@@ -342,13 +342,13 @@ impl Config {
                 "must be greater than 0",
             ));
         }
-        if self.server.min_request_timeout_seconds == 0 {
-            return Err(ConfigError::invalid(
-                file,
-                "server.min_request_timeout_seconds",
-                "must be greater than 0",
-            ));
-        }
+        // Twice this is added to an Instant: bound it like the other durations.
+        validate_duration(
+            self.server.min_request_timeout_seconds,
+            false,
+            MAX_DURATION_MS / 1000,
+        )
+        .map_err(|m| ConfigError::invalid(file, "server.min_request_timeout_seconds", m))?;
         if self.server.max_watches == 0 {
             return Err(ConfigError::invalid(
                 file,
@@ -711,6 +711,13 @@ indexes = ["spec.nodeName"]
                 "[etcd]\nrequest_timeout_ms = 18446744073709551615",
             ),
             "etcd.request_timeout_ms",
+        );
+        error_naming(
+            &GOOD.replace(
+                "[etcd]",
+                "[server]\nmin_request_timeout_seconds = 9223372036854775807\n[etcd]",
+            ),
+            "server.min_request_timeout_seconds",
         );
         error_naming(
             &GOOD.replace(
