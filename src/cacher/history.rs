@@ -68,32 +68,29 @@ impl HistoryEvent {
     /// `ADDED` line of the new object (None when there is no new object).
     pub fn added_line(&self) -> Option<Bytes> {
         let obj = self.object.as_ref()?;
-        Some(
-            self.added
-                .get_or_init(|| event_line(EventType::Added, &obj.wire))
-                .clone(),
-        )
+        Some(rendered(&self.added, EventType::Added, || obj.wire.clone()))
     }
 
     /// `MODIFIED` line of the new object.
     pub fn modified_line(&self) -> Option<Bytes> {
         let obj = self.object.as_ref()?;
-        Some(
-            self.modified
-                .get_or_init(|| event_line(EventType::Modified, &obj.wire))
-                .clone(),
-        )
+        Some(rendered(&self.modified, EventType::Modified, || {
+            obj.wire.clone()
+        }))
     }
 
     /// `DELETED` line: the previous object at this event's RV.
     pub fn deleted_line(&self) -> Option<Bytes> {
         let prev = self.prev.as_ref()?;
-        Some(
-            self.deleted
-                .get_or_init(|| event_line(EventType::Deleted, &prev.wire_at(self.rv)))
-                .clone(),
-        )
+        Some(rendered(&self.deleted, EventType::Deleted, || {
+            prev.wire_at(self.rv)
+        }))
     }
+}
+
+/// The line in `cell`, rendered from `object_json()` on first use.
+fn rendered(cell: &OnceLock<Bytes>, ty: EventType, object_json: impl FnOnce() -> Bytes) -> Bytes {
+    cell.get_or_init(|| event_line(ty, &object_json())).clone()
 }
 
 /// The watcher's cursor left the ring: its next event is gone.
