@@ -574,7 +574,7 @@ impl Cacher {
             ReadPlan::Exact(n) | ReadPlan::Continue { rv: n, .. } => *n,
             _ => snap.rv,
         };
-        let page = query.run(&snap, start_key, limit);
+        let page = query.run(&snap, start_key, limit, true);
         self.cache.stats().list_cache();
         Ok(ListResult {
             resource_version: list_rv,
@@ -641,7 +641,7 @@ impl Cacher {
                 snap.apply(&key, Some(o), paths);
             }
         }
-        let page = query.run(&snap, start_key.as_deref(), limit);
+        let page = query.run(&snap, start_key.as_deref(), limit, true);
         self.cache.stats().list_etcd();
         Ok(ListResult {
             resource_version: snap.rv,

@@ -711,12 +711,16 @@ impl<'a> ListQuery<'a> {
         self.label.matches(&o.labels) && self.field.matches(o)
     }
 
-    /// Runs the query on `snap` from `start_key` (inclusive), up to `limit` items.
+    /// Runs the query on `snap` from `start_key` (inclusive), up to `limit`
+    /// items. `count_rest`: count the matches after the page for
+    /// `remaining` (a walk over the rest of the range); otherwise only look
+    /// whether one more exists (`remaining` is then `None`).
     pub(crate) fn run(
         &self,
         snap: &Snapshot,
         start_key: Option<&str>,
         limit: Option<usize>,
+        count_rest: bool,
     ) -> ListPage {
         let from = start_key.unwrap_or("");
         // The smallest index set, if any exact pair is indexed.
@@ -744,12 +748,16 @@ impl<'a> ListQuery<'a> {
         let mut matching = iter.filter(|o| self.matches(o));
         let limit = limit.unwrap_or(usize::MAX);
         let items: Vec<Arc<Object>> = matching.by_ref().take(limit).cloned().collect();
-        let rest = matching.count() as i64;
+        let rest = if count_rest {
+            matching.count()
+        } else {
+            usize::from(matching.next().is_some())
+        };
         if rest > 0 {
             ListPage {
                 last_key: items.last().map(|o| o.key.to_string()),
                 items,
-                remaining: Some(rest),
+                remaining: count_rest.then_some(rest as i64),
             }
         } else {
             ListPage {

@@ -341,10 +341,13 @@ impl Watcher {
             &self.filter.label,
             &self.filter.field,
         );
+        // Only "is there more" matters here: counting the rest on every
+        // page would make the initial events quadratic in the object count.
         let page = query.run(
             &init.snapshot,
             init.next_key.as_deref(),
             Some(self.params.initial_chunk),
+            false,
         );
         let mut buf = BytesMut::new();
         for o in &page.items {
