@@ -142,11 +142,10 @@ impl CacherStats {
         self.events_dispatched.fetch_add(n, Ordering::Relaxed);
         self.prom.events_dispatched.inc_by(n);
     }
-    /// One event handed to a watcher at `now`, received from etcd at `received`.
-    pub(crate) fn event_delay(&self, received: Instant, now: Instant) {
-        self.prom
-            .watch_event_delay
-            .observe(now.saturating_duration_since(received).as_secs_f64());
+    /// A local recorder of "received from etcd -> handed to a watcher"
+    /// delays; it adds its samples to the histogram when dropped.
+    pub(crate) fn event_delays(&self) -> prometheus::local::LocalHistogram {
+        self.prom.watch_event_delay.local()
     }
     fn published(&self, rv: i64, objects: usize) {
         self.prom.resource_version.set(rv);

@@ -392,14 +392,23 @@ impl Watcher {
                 Err(g) => return Err(self.expired(g)),
             },
         };
+        if events.is_empty() {
+            return Ok(());
+        }
         let mut sent = 0u64;
         let now = Instant::now();
         let stats = self.cache.stats();
+        // One delay sample per event sent, gathered locally and flushed to the
+        // shared histogram once per chunk (when `delays` drops), not with
+        // atomics per event and watcher.
+        let mut delays = None;
         for ev in events {
             if let Some(line) = self.filter.convert(&ev) {
                 buf.extend_from_slice(&line);
                 sent += 1;
-                stats.event_delay(ev.received, now);
+                delays
+                    .get_or_insert_with(|| stats.event_delays())
+                    .observe(now.saturating_duration_since(ev.received).as_secs_f64());
             }
             self.last_rv = self.last_rv.max(ev.rv);
         }
