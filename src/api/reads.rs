@@ -335,7 +335,7 @@ pub(crate) async fn watch(
     struct St {
         watcher: Option<crate::cacher::Watcher>,
         first_error: Option<Bytes>,
-        shutdown: tokio_util::sync::CancellationToken,
+        shutdown: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
         backstop: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
         what: What,
         _slot: WatchSlot,
@@ -343,7 +343,7 @@ pub(crate) async fn watch(
     let st = St {
         watcher,
         first_error,
-        shutdown: state.shutdown.clone(),
+        shutdown: Box::pin(state.shutdown.clone().cancelled_owned()),
         backstop,
         what,
         _slot: slot,
@@ -367,7 +367,7 @@ pub(crate) async fn watch(
             }
         };
         let item = tokio::select! {
-            _ = shutdown.cancelled() => None,
+            _ = shutdown.as_mut() => None,
             _ = backstop => None,
             chunk = watcher.next() => chunk,
         };
