@@ -627,28 +627,32 @@ impl Cacher {
             }
             Err(e) => return Err(e.into()),
         };
-        let mut snap = Snapshot::empty(all.revision, 0);
-        let paths = self.codec.index_paths();
-        for item in all.items {
-            if let Ok(o) = self.codec.decode(
-                &item.key,
-                &item.value,
-                item.mod_revision,
-                item.create_revision,
-            ) {
-                let o = Arc::new(o);
-                let key = Arc::clone(&o.key);
-                snap.apply(&key, Some(o), paths);
-            }
-        }
-        let page = query.run(&snap, start_key.as_deref(), limit, true);
+        // Items come in key order from the (namespace) prefix and from the
+        // start key on: decode and filter them straight, no snapshot needed.
+        let objects: Vec<Arc<Object>> = all
+            .items
+            .iter()
+            .filter(|item| start_key.as_deref().is_none_or(|s| item.key.as_str() >= s))
+            .filter_map(|item| {
+                self.codec
+                    .decode(
+                        &item.key,
+                        &item.value,
+                        item.mod_revision,
+                        item.create_revision,
+                    )
+                    .ok()
+                    .map(Arc::new)
+            })
+            .collect();
+        let page = query.page(objects.iter(), limit, true);
         self.cache.stats().list_etcd();
         Ok(ListResult {
-            resource_version: snap.rv,
+            resource_version: all.revision,
             continue_token: page
                 .last_key
                 .as_deref()
-                .map(|k| continue_token::encode(snap.rv, k, self.codec.key_prefix())),
+                .map(|k| continue_token::encode(all.revision, k, self.codec.key_prefix())),
             remaining_item_count: page.remaining,
             items: page.items,
             source: ListSource::Etcd,

@@ -744,7 +744,18 @@ impl<'a> ListQuery<'a> {
             Some(set) => Box::new(snap.indexed_range_from(set, &self.prefix, from)),
             None => Box::new(snap.range_from(&self.prefix, from)),
         };
-        let mut matching = iter.filter(|o| self.matches(o));
+        self.page(iter, limit, count_rest)
+    }
+
+    /// One page of the matching objects of `objects` (in key order, already
+    /// within the prefix and from the start key): see [`ListQuery::run`].
+    pub(crate) fn page<'o>(
+        &self,
+        objects: impl Iterator<Item = &'o Arc<Object>>,
+        limit: Option<usize>,
+        count_rest: bool,
+    ) -> ListPage {
+        let mut matching = objects.filter(|o| self.matches(o));
         let limit = limit.unwrap_or(usize::MAX);
         let items: Vec<Arc<Object>> = matching.by_ref().take(limit).cloned().collect();
         let rest = if count_rest {
