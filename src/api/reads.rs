@@ -307,17 +307,13 @@ pub(crate) async fn watch(
     };
     let slot = acquire_watch_slot(state)?;
     let what = target.what();
-    let mut first_error = None;
-    let watcher = match res.cacher.watch(watch).await {
-        Ok(w) => Some(w),
-        // A watch that cannot be served from history is a 200 with an
-        // ERROR event, as Kubernetes does.
-        Err(crate::cacher::CacherError::Expired(m)) => {
-            first_error = Some(ApiStatus::expired(m).error_line());
-            None
-        }
-        Err(e) => return Err(cacher_status(e, &what)),
-    };
+    // A watch that cannot be served from history still gets a Watcher,
+    // whose only item is the 410: a 200 with an ERROR event, as Kubernetes.
+    let watcher = res
+        .cacher
+        .watch(watch)
+        .await
+        .map_err(|e| cacher_status(e, &what))?;
     // The cacher ends the stream at `timeoutSeconds` (after a last
     // bookmark); this deadline is only a backstop. It is made once per
     // stream, like everything else in `St`: nothing is allocated or
@@ -333,8 +329,7 @@ pub(crate) async fn watch(
         first: true,
     });
     struct St {
-        watcher: Option<crate::cacher::Watcher>,
-        first_error: Option<Bytes>,
+        watcher: crate::cacher::Watcher,
         shutdown: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
         backstop: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
         what: What,
@@ -342,7 +337,6 @@ pub(crate) async fn watch(
     }
     let st = St {
         watcher,
-        first_error,
         shutdown: Box::pin(state.shutdown.clone().cancelled_owned()),
         backstop,
         what,
@@ -350,16 +344,12 @@ pub(crate) async fn watch(
     };
     let stream = futures::stream::unfold(Some(st), |st| async move {
         let mut st = st?;
-        if let Some(e) = st.first_error.take() {
-            return Some((e, None));
-        }
         let St {
             watcher,
             shutdown,
             backstop,
             ..
         } = &mut st;
-        let watcher = watcher.as_mut()?;
         let backstop = async {
             match backstop {
                 Some(b) => b.as_mut().await,
