@@ -67,7 +67,7 @@ impl Query {
         Query { pairs }
     }
 
-    /// The last value of `key` (Kubernetes takes the first; duplicates are rare).
+    /// The first value of `key`, as Kubernetes takes it.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.pairs
             .iter()
