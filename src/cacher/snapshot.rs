@@ -119,20 +119,28 @@ impl Snapshot {
             Some(o) => self.objects.insert(Arc::clone(key), Arc::clone(o)),
             None => self.objects.remove(&**key),
         };
-        if let Some(p) = &prev {
-            for ik in index_keys(p, index_paths) {
-                let mut drop_entry = false;
-                if let Some(set) = self.index.get_mut(&ik) {
-                    set.remove(&**key);
-                    drop_entry = set.is_empty();
-                }
-                if drop_entry {
-                    self.index.remove(&ik);
-                }
+        // Only the index entries that differ change: an update that keeps
+        // its labels and fields (most do) touches no index set.
+        let old_keys = prev
+            .as_deref()
+            .map(|p| index_keys(p, index_paths))
+            .unwrap_or_default();
+        let new_keys = new
+            .as_deref()
+            .map(|o| index_keys(o, index_paths))
+            .unwrap_or_default();
+        for ik in old_keys.iter().filter(|k| !new_keys.contains(k)) {
+            let mut drop_entry = false;
+            if let Some(set) = self.index.get_mut(ik) {
+                set.remove(&**key);
+                drop_entry = set.is_empty();
+            }
+            if drop_entry {
+                self.index.remove(ik);
             }
         }
-        if let Some(o) = &new {
-            for ik in index_keys(o, index_paths) {
+        for ik in new_keys {
+            if !old_keys.contains(&ik) {
                 self.index.entry(ik).or_default().insert(Arc::clone(key));
             }
         }
@@ -226,8 +234,16 @@ mod tests {
             Some("x")
         );
 
+        // An update that keeps labels and fields keeps the index entries.
+        let a3 = obj("ns1", "a", &[("app", "y")], Some("n2"));
+        s.apply(&ka, Some(a3), &p);
+        assert_eq!(s.index_lookup(&ly).map(|x| x.len()), Some(2));
+        let n2 = IndexKey::Field("spec.nodeName".into(), "n2".into());
+        assert_eq!(s.index_lookup(&n2).map(|x| x.len()), Some(1));
+
         s.apply(&ka, None, &p);
         assert!(s.get("/r/pods/ns1/a").is_none());
+        assert!(s.index_lookup(&n2).is_none());
         assert_eq!(s.index_lookup(&ly).map(|x| x.len()), Some(1));
         assert_eq!(s.len(), 1);
     }
