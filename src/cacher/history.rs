@@ -66,13 +66,15 @@ impl HistoryEvent {
     }
 
     /// `ADDED` line of the new object (None when there is no new object).
-    pub fn added_line(&self) -> Option<Bytes> {
+    /// Borrowed: a watcher copies it into its chunk without touching the
+    /// shared refcount.
+    pub fn added_line(&self) -> Option<&Bytes> {
         let obj = self.object.as_ref()?;
         Some(rendered(&self.added, EventType::Added, || obj.wire.clone()))
     }
 
     /// `MODIFIED` line of the new object.
-    pub fn modified_line(&self) -> Option<Bytes> {
+    pub fn modified_line(&self) -> Option<&Bytes> {
         let obj = self.object.as_ref()?;
         Some(rendered(&self.modified, EventType::Modified, || {
             obj.wire.clone()
@@ -80,7 +82,7 @@ impl HistoryEvent {
     }
 
     /// `DELETED` line: the previous object at this event's RV.
-    pub fn deleted_line(&self) -> Option<Bytes> {
+    pub fn deleted_line(&self) -> Option<&Bytes> {
         let prev = self.prev.as_ref()?;
         Some(rendered(&self.deleted, EventType::Deleted, || {
             prev.wire_at(self.rv)
@@ -89,8 +91,8 @@ impl HistoryEvent {
 }
 
 /// The line in `cell`, rendered from `object_json()` on first use.
-fn rendered(cell: &OnceLock<Bytes>, ty: EventType, object_json: impl FnOnce() -> Bytes) -> Bytes {
-    cell.get_or_init(|| event_line(ty, &object_json())).clone()
+fn rendered(cell: &OnceLock<Bytes>, ty: EventType, object_json: impl FnOnce() -> Bytes) -> &Bytes {
+    cell.get_or_init(|| event_line(ty, &object_json()))
 }
 
 /// The watcher's cursor left the ring: its next event is gone.
@@ -309,7 +311,7 @@ mod tests {
         let a = ev.deleted_line().unwrap();
         let b = ev.deleted_line().unwrap();
         assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
-        let s = std::str::from_utf8(&a).unwrap();
+        let s = std::str::from_utf8(a).unwrap();
         assert!(s.starts_with("{\"type\":\"DELETED\""), "{s}");
         assert!(s.contains("\"resourceVersion\":\"9\""), "{s}");
         assert!(ev.added_line().is_none());

@@ -97,7 +97,7 @@ impl Filter {
     /// The line this event becomes for this filter, converting with the
     /// previous object: new match only -> ADDED, both -> MODIFIED, old
     /// only -> DELETED (the old object at the new RV).
-    pub(crate) fn convert(&self, ev: &HistoryEvent) -> Option<Bytes> {
+    pub(crate) fn convert<'e>(&self, ev: &'e HistoryEvent) -> Option<&'e Bytes> {
         if self.is_everything() {
             return match ev.kind {
                 EventKind::Added => ev.added_line(),
@@ -404,7 +404,7 @@ impl Watcher {
         let mut delays = None;
         for ev in events {
             if let Some(line) = self.filter.convert(&ev) {
-                buf.extend_from_slice(&line);
+                buf.extend_from_slice(line);
                 sent += 1;
                 delays
                     .get_or_insert_with(|| stats.event_delays())
