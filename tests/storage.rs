@@ -939,7 +939,14 @@ async fn frozen_etcd_times_out_instead_of_hanging() {
     };
     let s = storage_with(cfg).await;
     let w = WriteOptions::default();
-    let a = s.create("/frozen/a", obj("a", "u", 1), &w).await.unwrap();
+    // Set up with a generous deadline: a loaded machine must not fail the
+    // setup; only the calls against the frozen etcd test the short one.
+    let setup = storage_with(EtcdConfig {
+        request_timeout_ms: 10_000,
+        ..common::etcd_config(&etcd.endpoint(), "/frozen")
+    })
+    .await;
+    let a = setup.create("/frozen/a", obj("a", "u", 1), &w).await.unwrap();
     let frozen = Frozen::new(etcd.pid().expect("etcd pid"));
 
     // The connection is up but nobody answers: only our deadline ends it.
