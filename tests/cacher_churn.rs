@@ -587,8 +587,14 @@ async fn etcd_sigkill_and_restart_mid_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
-    let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
     let endpoint = etcd.endpoint();
+    // The cacher reaches etcd only through a proxy the test can cut; the
+    // test itself writes to etcd directly.
+    let target = format!("127.0.0.1:{}", etcd.client_port())
+        .parse()
+        .expect("addr");
+    let proxy = common::TcpProxy::start(target).await;
     let prefix = common::unique_prefix("compact");
     let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
         .await
@@ -605,8 +611,13 @@ async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
             .await
             .expect("seed");
     }
-    let (_storage, cacher) =
-        common::start_cacher(&endpoint, &prefix, common::pods_resource(1000), opts()).await;
+    let (_storage, cacher) = common::start_cacher(
+        &proxy.endpoint(),
+        &prefix,
+        common::pods_resource(1000),
+        opts(),
+    )
+    .await;
     // A watcher from the current state: initial ADDED events, then changes.
     let col = spawn_collector(
         cacher
@@ -617,97 +628,93 @@ async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
             .await
             .expect("watch"),
     );
-    // Whether the reflector resumes before or after the compaction is a
-    // race; repeat until it has had to relist (nearly always the first time).
-    for cycle in 0..5 {
-        // Down long enough that the reflector's backoff is past a second.
-        etcd.kill();
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        etcd.restart().await.expect("restart");
-        let mut client = etcd_client::Client::connect([endpoint.as_str()], None)
-            .await
-            .expect("client");
-        // Changes the reflector will not see as events: modify, delete,
-        // add, then compact them away.
-        let app = format!("b{cycle}");
-        client
-            .put(
-                format!("{key_prefix}ns1/p0"),
-                pod_value("ns1", "p0", &app, "n2", 1),
-                None,
-            )
-            .await
-            .expect("put");
-        client
-            .delete(format!("{key_prefix}ns1/p{}", cycle + 1), None)
-            .await
-            .expect("delete");
-        let name = format!("q{cycle}");
-        let last = common::etcd_put(
-            &mut client,
-            format!("{key_prefix}ns1/{name}"),
-            pod_value("ns1", &name, "c", "n3", 1),
-        )
-        .await;
-        client
-            .compact(
-                last,
-                Some(etcd_client::CompactionOptions::new().with_physical()),
-            )
-            .await
-            .expect("compact");
-        wait_rv(&cacher, last).await;
-        assert_cache_equals_etcd(&cacher, &endpoint, &key_prefix, last).await;
 
-        // The watcher's stream, replayed on an empty map, gives etcd's state.
-        let resp = client
-            .get(
-                key_prefix.as_str(),
-                Some(etcd_client::GetOptions::new().with_prefix()),
-            )
-            .await
-            .expect("range");
-        let want: BTreeMap<String, String> = resp
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let v: Value = serde_json::from_slice(kv.value()).ok()?;
-                Some((
-                    v["metadata"]["name"].as_str()?.to_string(),
-                    v["metadata"]["labels"]["app"].as_str()?.to_string(),
-                ))
-            })
-            .collect();
-        let ok = common::eventually(WAIT, || {
-            let c = Arc::clone(&col);
-            let want = want.clone();
-            async move {
-                let mut state: BTreeMap<String, String> = BTreeMap::new();
-                for e in &c.lock().events {
-                    if e.ty == "DELETED" {
-                        state.remove(&e.name);
-                    } else {
-                        state.insert(e.name.clone(), e.app.clone());
-                    }
-                }
-                state == want
-            }
+    // Cut the reflector off, then make changes it cannot see as events
+    // (modify, delete, add) and compact them away.
+    proxy.cut();
+    // Let the forwarding tasks see the cut before the first write.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    client
+        .put(
+            format!("{key_prefix}ns1/p0"),
+            pod_value("ns1", "p0", "b", "n2", 1),
+            None,
+        )
+        .await
+        .expect("put");
+    client
+        .delete(format!("{key_prefix}ns1/p1"), None)
+        .await
+        .expect("delete");
+    let last = common::etcd_put(
+        &mut client,
+        format!("{key_prefix}ns1/q"),
+        pod_value("ns1", "q", "c", "n3", 1),
+    )
+    .await;
+    client
+        .compact(
+            last,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .expect("compact");
+    assert!(
+        cacher.resource_version() < last,
+        "the reflector was cut off"
+    );
+    proxy.restore();
+
+    wait_rv(&cacher, last).await;
+    assert!(
+        cacher.stats().relists.load(Ordering::Relaxed) >= 1,
+        "resuming below the compaction made the reflector relist"
+    );
+    assert_cache_equals_etcd(&cacher, &endpoint, &key_prefix, last).await;
+
+    // The watcher's stream, replayed on an empty map, gives etcd's state.
+    let resp = client
+        .get(
+            key_prefix.as_str(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("range");
+    let want: BTreeMap<String, String> = resp
+        .kvs()
+        .iter()
+        .filter_map(|kv| {
+            let v: Value = serde_json::from_slice(kv.value()).ok()?;
+            Some((
+                v["metadata"]["name"].as_str()?.to_string(),
+                v["metadata"]["labels"]["app"].as_str()?.to_string(),
+            ))
         })
-        .await;
-        let c = col.lock();
-        assert!(
-            ok,
-            "watcher made whole: {:?} (error {:?})",
-            c.events, c.error
-        );
-        assert!(c.error.is_none());
-        check_rvs_increase(&c.events).expect("rv order");
-        drop(c);
-        if cacher.stats().relists.load(Ordering::Relaxed) > 0 {
-            return;
+        .collect();
+    let ok = common::eventually(WAIT, || {
+        let c = Arc::clone(&col);
+        let want = want.clone();
+        async move {
+            let mut state: BTreeMap<String, String> = BTreeMap::new();
+            for e in &c.lock().events {
+                if e.ty == "DELETED" {
+                    state.remove(&e.name);
+                } else {
+                    state.insert(e.name.clone(), e.app.clone());
+                }
+            }
+            state == want
         }
-    }
-    panic!("the reflector never had to relist");
+    })
+    .await;
+    let c = col.lock();
+    assert!(
+        ok,
+        "watcher made whole: {:?} (error {:?})",
+        c.events, c.error
+    );
+    assert!(c.error.is_none());
+    check_rvs_increase(&c.events).expect("rv order");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -319,3 +319,64 @@ impl Drop for Daemon {
         }
     }
 }
+
+/// A TCP forwarder in front of etcd that a test can cut and restore, so a
+/// client (the reflector) loses etcd while the test still writes to it
+/// directly: deterministic "disconnected while X happened" scenarios.
+pub struct TcpProxy {
+    pub addr: std::net::SocketAddr,
+    /// `true` = forwarding; on `false` live connections are dropped and new
+    /// ones are closed at once.
+    open: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    pub async fn start(target: std::net::SocketAddr) -> TcpProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy addr");
+        let (open, _) = tokio::sync::watch::channel(true);
+        let open_tx = open.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let mut open_rx = open_tx.subscribe();
+                if !*open_rx.borrow_and_update() {
+                    continue; // dropped: the client sees the connection close
+                }
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = open_rx.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        TcpProxy { addr, open, task }
+    }
+
+    /// The proxy's client URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Drops every forwarded connection and refuses new ones.
+    pub fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    /// Forwards again.
+    pub fn restore(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
