@@ -71,6 +71,14 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// Two distinct free loopback ports (both held until both are known, so
+/// they cannot be the same port).
+fn free_port_pair() -> std::io::Result<(u16, u16)> {
+    let a = TcpListener::bind("127.0.0.1:0")?;
+    let b = TcpListener::bind("127.0.0.1:0")?;
+    Ok((a.local_addr()?.port(), b.local_addr()?.port()))
+}
+
 pub struct EtcdServer {
     binary: PathBuf,
     child: Option<Child>,
@@ -86,19 +94,28 @@ impl EtcdServer {
     /// start it from a thread that lives as long as etcd should.
     pub async fn start() -> Result<EtcdServer, EtcdServerError> {
         let binary = find_etcd_binary().ok_or(EtcdServerError::NotFound)?;
-        let data_dir = tempfile::Builder::new()
-            .prefix("watchcache-etcd-")
-            .tempdir()?;
-        let mut server = EtcdServer {
-            binary,
-            child: None,
-            data_dir,
-            client_port: free_port()?,
-            peer_port: free_port()?,
-        };
-        server.spawn()?;
-        server.wait_healthy(Duration::from_secs(30)).await?;
-        Ok(server)
+        // Ports are picked free and released before etcd binds them, so a
+        // parallel test can take one in between: retry with fresh ports.
+        let mut last_err = None;
+        for _ in 0..3 {
+            let data_dir = tempfile::Builder::new()
+                .prefix("watchcache-etcd-")
+                .tempdir()?;
+            let (client_port, peer_port) = free_port_pair()?;
+            let mut server = EtcdServer {
+                binary: binary.clone(),
+                child: None,
+                data_dir,
+                client_port,
+                peer_port,
+            };
+            server.spawn()?;
+            match server.wait_healthy(Duration::from_secs(30)).await {
+                Ok(()) => return Ok(server),
+                Err(e) => last_err = Some(e),
+            }
+        }
+        Err(last_err.unwrap_or(EtcdServerError::NotFound))
     }
 
     /// The client URL, e.g. `http://127.0.0.1:23791`.
