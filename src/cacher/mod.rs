@@ -423,7 +423,7 @@ impl Cacher {
     /// Waits (bounded) until the cache has caught up with etcd's current
     /// revision. Ok(true): caught up; Ok(false): timed out.
     async fn wait_fresh(&self) -> Result<bool, CacherError> {
-        let rev = self.storage.current_revision().await?;
+        let rev = self.storage.fresh_revision().await?;
         Ok(self.wait_for_rv(rev).await)
     }
 

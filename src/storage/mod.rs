@@ -12,6 +12,7 @@
 mod error;
 mod lease;
 mod preconditions;
+mod revision_batcher;
 mod transformer;
 
 pub use error::StorageError;
@@ -182,6 +183,7 @@ pub struct Storage {
     max_update_retries: u32,
     leases: Arc<LeaseManager>,
     conflict_retries: Arc<AtomicU64>,
+    revisions: Arc<revision_batcher::RevisionBatcher>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -278,6 +280,7 @@ impl Storage {
             max_update_retries: cfg.max_update_retries,
             leases: Arc::new(leases),
             conflict_retries: Arc::new(AtomicU64::new(0)),
+            revisions: Arc::default(),
         })
     }
 
@@ -449,6 +452,19 @@ impl Storage {
             .instrument(debug_span!("storage.current_revision"))
             .await?;
         header_revision(resp.header())
+    }
+
+    /// etcd's current revision, read by a request that started after this
+    /// call began; concurrent callers (of every resource) share one read.
+    /// This is what consistent reads from the cache wait for.
+    pub async fn fresh_revision(&self) -> Result<i64, StorageError> {
+        let s = self.clone();
+        self.revisions
+            .fresh(move || {
+                let s = s.clone();
+                async move { s.current_revision().await }
+            })
+            .await
     }
 
     /// One key at `revision` (0 = latest).
