@@ -574,7 +574,7 @@ impl Cacher {
             ReadPlan::Exact(n) | ReadPlan::Continue { rv: n, .. } => *n,
             _ => snap.rv,
         };
-        let page = query.run(&snap, start_key, limit, true);
+        let page = query.run(&snap, start_key, limit, query.counts_remaining());
         self.cache.stats().list_cache();
         Ok(ListResult {
             resource_version: list_rv,
@@ -645,7 +645,7 @@ impl Cacher {
                     .map(Arc::new)
             })
             .collect();
-        let page = query.page(objects.iter(), limit, true);
+        let page = query.page(objects.iter(), limit, query.counts_remaining());
         self.cache.stats().list_etcd();
         Ok(ListResult {
             resource_version: all.revision,

@@ -701,6 +701,13 @@ impl<'a> ListQuery<'a> {
         &self.prefix
     }
 
+    /// Kubernetes sets `remainingItemCount` only for lists without label or
+    /// field selectors (with them the count is "unknown"); that also spares
+    /// walking the rest of the range on every page.
+    pub(crate) fn counts_remaining(&self) -> bool {
+        self.label.is_empty() && self.field.is_empty()
+    }
+
     pub(crate) fn matches(&self, o: &Object) -> bool {
         if let Some(ns) = self.namespace
             && o.namespace.as_deref().is_some_and(|n| n != ns)
