@@ -458,11 +458,13 @@ impl Storage {
     /// call began; concurrent callers (of every resource) share one read.
     /// This is what consistent reads from the cache wait for.
     pub async fn fresh_revision(&self) -> Result<i64, StorageError> {
-        let s = self.clone();
         self.revisions
-            .fresh(move || {
-                let s = s.clone();
-                async move { s.current_revision().await }
+            .fresh(|| {
+                let s = self.clone();
+                move || {
+                    let s = s.clone();
+                    async move { s.current_revision().await }
+                }
             })
             .await
     }

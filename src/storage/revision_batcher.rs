@@ -33,10 +33,13 @@ struct BatchState {
 }
 
 impl RevisionBatcher {
-    /// A revision read that started after this call; `fetch` performs one
-    /// read and is shared by every caller of the same batch.
-    pub(crate) async fn fresh<F, Fut>(self: &Arc<Self>, fetch: F) -> Result<i64, StorageError>
+    /// A revision read that started after this call. `make_fetch` is only
+    /// called when this caller has to start the driver (so the common case,
+    /// joining a batch, costs no clone of the client); the fetch it returns
+    /// performs one read per batch.
+    pub(crate) async fn fresh<M, F, Fut>(self: &Arc<Self>, make_fetch: M) -> Result<i64, StorageError>
     where
+        M: FnOnce() -> F,
         F: Fn() -> Fut + Send + 'static,
         Fut: Future<Output = Result<i64, StorageError>> + Send,
     {
@@ -50,6 +53,7 @@ impl RevisionBatcher {
             // A task of its own: a caller that gives up (its request was
             // cancelled) must not strand the others.
             let me = Arc::clone(self);
+            let fetch = make_fetch();
             tokio::spawn(async move {
                 loop {
                     let batch = {
@@ -102,7 +106,7 @@ mod tests {
             tasks.push(tokio::spawn(async move {
                 // The revision at arrival: the answer may not be older.
                 let at_arrival = rev.load(Ordering::SeqCst);
-                let got = b.fresh(f).await.unwrap();
+                let got = b.fresh(|| f).await.unwrap();
                 assert!(
                     got > at_arrival,
                     "{got} started after arrival at {at_arrival}"
@@ -120,9 +124,9 @@ mod tests {
     async fn errors_reach_every_caller_and_the_batcher_recovers() {
         let b = Arc::new(RevisionBatcher::default());
         let err = b
-            .fresh(|| async { Err(StorageError::Unavailable("down".into())) })
+            .fresh(|| || async { Err(StorageError::Unavailable("down".into())) })
             .await;
         assert!(matches!(err, Err(StorageError::Unavailable(_))));
-        assert_eq!(b.fresh(|| async { Ok(7) }).await, Ok(7));
+        assert_eq!(b.fresh(|| || async { Ok(7) }).await, Ok(7));
     }
 }
