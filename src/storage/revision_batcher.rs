@@ -37,7 +37,10 @@ impl RevisionBatcher {
     /// called when this caller has to start the driver (so the common case,
     /// joining a batch, costs no clone of the client); the fetch it returns
     /// performs one read per batch.
-    pub(crate) async fn fresh<M, F, Fut>(self: &Arc<Self>, make_fetch: M) -> Result<i64, StorageError>
+    pub(crate) async fn fresh<M, F, Fut>(
+        self: &Arc<Self>,
+        make_fetch: M,
+    ) -> Result<i64, StorageError>
     where
         M: FnOnce() -> F,
         F: Fn() -> Fut + Send + 'static,
