@@ -946,7 +946,10 @@ async fn frozen_etcd_times_out_instead_of_hanging() {
         ..common::etcd_config(&etcd.endpoint(), "/frozen")
     })
     .await;
-    let a = setup.create("/frozen/a", obj("a", "u", 1), &w).await.unwrap();
+    let a = setup
+        .create("/frozen/a", obj("a", "u", 1), &w)
+        .await
+        .unwrap();
     let frozen = Frozen::new(etcd.pid().expect("etcd pid"));
 
     // The connection is up but nobody answers: only our deadline ends it.
