@@ -535,6 +535,50 @@ async fn list_not_older_than_rv_n() {
 
 // ---------------------------------------------------------------- pagination
 
+/// remainingItemCount on every page of a namespace list, against a count of
+/// what is really left, while another namespace holds objects too.
+#[tokio::test]
+async fn namespace_pages_count_what_remains() {
+    let mut e = env_with("ns_paging", 1000, opts(), 7).await; // 7 in ns1
+    for i in 0..5 {
+        e.put("ns2", &format!("other-{i}"), "web", "n1").await;
+    }
+    let last = e.put("ns1", "zz", "web", "n1").await; // 8 in ns1
+    e.wait_rv(last).await;
+    let mut token = None;
+    let mut seen = 0;
+    loop {
+        let page = e
+            .list(ListRequest {
+                namespace: Some("ns1".into()),
+                ..lreq(None, None, Some(3), token.clone())
+            })
+            .await
+            .expect("page");
+        assert!(
+            page.items
+                .iter()
+                .all(|o| o.namespace.as_deref() == Some("ns1"))
+        );
+        seen += page.items.len();
+        match page.continue_token {
+            Some(t) => {
+                assert_eq!(
+                    page.remaining_item_count,
+                    Some((8 - seen) as i64),
+                    "after {seen}"
+                );
+                token = Some(t);
+            }
+            None => {
+                assert_eq!(page.remaining_item_count, None);
+                break;
+            }
+        }
+    }
+    assert_eq!(seen, 8);
+}
+
 #[tokio::test]
 async fn pagination_is_consistent_at_the_first_page_rv() {
     let mut e = env_with("paging", 1000, opts(), 25).await;

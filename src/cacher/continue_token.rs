@@ -17,6 +17,13 @@ struct Wire {
     v: String,
     rv: i64,
     start: String,
+    /// Items in the whole list (no selectors) at `rv`, counted on the first
+    /// page, so later pages get `remainingItemCount` without walking the rest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    t: Option<u64>,
+    /// Items returned by the pages before `start`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    n: Option<u64>,
 }
 
 /// A decoded token: the list RV and the absolute key the next page starts at (inclusive).
@@ -24,17 +31,25 @@ struct Wire {
 pub struct ContinueToken {
     pub rv: i64,
     pub start_key: String,
+    /// (items in the whole list, items returned before `start_key`), when
+    /// the list counts its remaining items.
+    pub counts: Option<(u64, u64)>,
 }
 
 /// Token for the page after `last_key` of a list at `rv`. `last_key` must
 /// start with `key_prefix` (it is a key the cacher just returned).
-pub fn encode(rv: i64, last_key: &str, key_prefix: &str) -> String {
+///
+/// `counts`: (items in the whole list, items returned up to and including
+/// `last_key`), carried for `remainingItemCount`.
+pub fn encode(rv: i64, last_key: &str, key_prefix: &str, counts: Option<(u64, u64)>) -> String {
     let rel = last_key.strip_prefix(key_prefix).unwrap_or(last_key);
     // The next page starts right after `last_key`.
     let wire = Wire {
         v: VERSION.to_string(),
         rv,
         start: format!("{rel}\u{0}"),
+        t: counts.map(|c| c.0),
+        n: counts.map(|c| c.1),
     };
     // Serializing a plain struct of strings and integers cannot fail.
     let json = serde_json::to_vec(&wire).unwrap_or_default();
@@ -62,6 +77,7 @@ pub fn decode(token: &str, key_prefix: &str) -> Result<ContinueToken, String> {
     Ok(ContinueToken {
         rv: wire.rv,
         start_key: format!("{key_prefix}{}", wire.start),
+        counts: wire.t.zip(wire.n),
     })
 }
 
@@ -91,7 +107,7 @@ mod tests {
 
     #[test]
     fn round_trip() {
-        let t = encode(42, "/registry/pods/ns/a", P);
+        let t = encode(42, "/registry/pods/ns/a", P, None);
         let d = decode(&t, P).unwrap();
         assert_eq!(d.rv, 42);
         assert_eq!(d.start_key, "/registry/pods/ns/a\0");
@@ -125,5 +141,13 @@ mod tests {
         let wrong_v = URL_SAFE_NO_PAD.encode(br#"{"v":"x","rv":3,"start":"a"}"#);
         assert!(decode(&wrong_v, P).is_err());
         assert!(decode(&forge(5, "ns/a\u{0}"), P).is_ok());
+    }
+
+    #[test]
+    fn counts_round_trip_and_old_tokens_have_none() {
+        let t = encode(9, "/registry/pods/ns/b", P, Some((40, 10)));
+        assert_eq!(decode(&t, P).unwrap().counts, Some((40, 10)));
+        let t = encode(9, "/registry/pods/ns/b", P, None);
+        assert_eq!(decode(&t, P).unwrap().counts, None);
     }
 }

@@ -169,6 +169,8 @@ pub(crate) enum ReadPlan {
     Continue {
         rv: i64,
         start_key: String,
+        /// From the token: (items in the whole list, items returned so far).
+        counts: Option<(u64, u64)>,
     },
 }
 
@@ -203,6 +205,7 @@ pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan,
                 Ok(ReadPlan::Continue {
                     rv: t.rv,
                     start_key: t.start_key,
+                    counts: t.counts,
                 })
             } else {
                 Err(CacherError::BadRequest(format!(
@@ -217,6 +220,7 @@ pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan,
                 Ok(ReadPlan::Continue {
                     rv: t.rv,
                     start_key: t.start_key,
+                    counts: t.counts,
                 })
             } else {
                 Err(CacherError::BadRequest(format!(
@@ -230,6 +234,7 @@ pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan,
         (None, None | Some(0), Some(t)) => Ok(ReadPlan::Continue {
             rv: t.rv,
             start_key: t.start_key,
+            counts: t.counts,
         }),
         (None, Some(_), Some(_)) => Err(CacherError::BadRequest(
             "specifying resource version is not allowed when using continue".into(),
@@ -561,7 +566,7 @@ impl Cacher {
                 // A continue token older than the retained snapshots, or from
                 // an etcd-served first page the cache has not reached: etcd
                 // may have that revision (else it answers Compacted -> 410).
-                if let ReadPlan::Continue { rv, start_key } = &plan {
+                if let ReadPlan::Continue { rv, start_key, .. } = &plan {
                     return self
                         .list_from_etcd(&query, *rv, Some(start_key.clone()), limit)
                         .await;
@@ -574,15 +579,36 @@ impl Cacher {
             ReadPlan::Exact(n) | ReadPlan::Continue { rv: n, .. } => *n,
             _ => snap.rv,
         };
-        let page = query.run(&snap, start_key, limit, query.counts_remaining());
+        // remainingItemCount (lists without selectors): the first page counts
+        // the whole list once (O(1) without a namespace: the snapshot holds
+        // only this resource) and the token carries (total, returned), so
+        // later pages do not walk the rest of the range.
+        let counts = if !query.counts_remaining() {
+            None
+        } else {
+            match &plan {
+                ReadPlan::Continue { counts, .. } => *counts,
+                _ => Some((query.count_all(&snap), 0)),
+            }
+        };
+        let walk_rest = query.counts_remaining() && counts.is_none();
+        let page = query.run(&snap, start_key, limit, walk_rest);
+        let returned = counts.map(|(total, before)| (total, before + page.items.len() as u64));
+        let remaining = match returned {
+            Some((total, upto)) => page
+                .last_key
+                .is_some()
+                .then(|| total.saturating_sub(upto) as i64),
+            None => page.remaining,
+        };
         self.cache.stats().list_cache();
         Ok(ListResult {
             resource_version: list_rv,
             continue_token: page
                 .last_key
                 .as_deref()
-                .map(|k| continue_token::encode(list_rv, k, self.codec.key_prefix())),
-            remaining_item_count: page.remaining,
+                .map(|k| continue_token::encode(list_rv, k, self.codec.key_prefix(), returned)),
+            remaining_item_count: remaining,
             items: page.items,
             source: ListSource::Cache,
         })
@@ -652,7 +678,7 @@ impl Cacher {
             continue_token: page
                 .last_key
                 .as_deref()
-                .map(|k| continue_token::encode(all.revision, k, self.codec.key_prefix())),
+                .map(|k| continue_token::encode(all.revision, k, self.codec.key_prefix(), None)),
             remaining_item_count: page.remaining,
             items: page.items,
             source: ListSource::Etcd,
@@ -752,7 +778,7 @@ mod tests {
         limit: Option<i64>,
         cont: bool,
     ) -> Result<ReadPlan, CacherError> {
-        let tok = continue_token::encode(7, "/registry/pods/ns/a", P);
+        let tok = continue_token::encode(7, "/registry/pods/ns/a", P, None);
         plan_list(
             &ListRequest {
                 resource_version: rv,
@@ -775,6 +801,7 @@ mod tests {
         let cont = Continue {
             rv: 7,
             start_key: "/registry/pods/ns/a\0".into(),
+            counts: None,
         };
         // no limit
         assert_eq!(list(None, None, None, false), Ok(MostRecent));

@@ -708,6 +708,17 @@ impl<'a> ListQuery<'a> {
         self.label.is_empty() && self.field.is_empty()
     }
 
+    /// Items of the whole list at `snap`, ignoring selectors (callers use
+    /// it only when there are none): the snapshot's size for a whole
+    /// resource, one walk of the namespace range otherwise.
+    pub(crate) fn count_all(&self, snap: &Snapshot) -> u64 {
+        if self.namespace.is_none() {
+            snap.len() as u64
+        } else {
+            snap.range_from(&self.prefix, "").count() as u64
+        }
+    }
+
     pub(crate) fn matches(&self, o: &Object) -> bool {
         if let Some(ns) = self.namespace
             && o.namespace.as_deref().is_some_and(|n| n != ns)
