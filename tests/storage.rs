@@ -987,3 +987,27 @@ async fn frozen_etcd_times_out_instead_of_hanging() {
     .await;
     assert!(back, "storage did not recover after etcd resumed");
 }
+
+/// A list page larger than gRPC's default 4 MiB decode limit (the reflector's
+/// first page of many large objects) is read, not refused.
+#[tokio::test]
+async fn list_pages_larger_than_4_mib_are_read() {
+    let (s, prefix) = shared("big_page").await;
+    let pad = "x".repeat(900 * 1024);
+    for i in 0..6 {
+        let v = json!({"metadata": {"name": format!("big{i}")}, "pad": pad}).to_string();
+        s.create(
+            &format!("{prefix}/big{i}"),
+            Bytes::from(v),
+            &WriteOptions::default(),
+        )
+        .await
+        .expect("create");
+    }
+    let page = s
+        .list(&format!("{prefix}/"), &ListOptions::default())
+        .await
+        .expect("a ~5.4 MiB page");
+    assert_eq!(page.items.len(), 6);
+    assert!(page.items.iter().map(|o| o.value.len()).sum::<usize>() > 5 * 1024 * 1024);
+}

@@ -224,7 +224,7 @@ impl Reflector {
             .with_start_revision(*last_rv + 1)
             .with_prev_key()
             .with_progress_notify();
-        let mut client = self.storage.client();
+        let mut client = self.storage.watch_client();
         let prefix = self.codec.key_prefix().to_string();
         let created = tokio::select! {
             _ = self.shutdown.cancelled() => return WatchEnd::Shutdown,

@@ -27,8 +27,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, PutOptions,
-    Txn, TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue, KvClient,
+    PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchClient, WatchOptions,
 };
 use tokio::time::Instant;
 use tracing::{Instrument, debug, debug_span, warn};
@@ -37,6 +37,9 @@ use crate::config::EtcdConfig;
 
 /// HTTP/2 keepalive: detect a dead etcd connection under a long watch. Idle
 /// pings stay off because etcd answers pings without streams with GOAWAY.
+/// Largest gRPC response we decode: a list page of big objects (etcd itself
+/// caps a response only by its own `--max-recv-bytes`, default unlimited).
+pub const MAX_DECODING_MESSAGE_BYTES: usize = 1 << 30;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 const TCP_KEEPALIVE: Duration = Duration::from_secs(30);
@@ -178,6 +181,9 @@ pub enum UpdateAction {
 #[derive(Clone)]
 pub struct Storage {
     client: Client,
+    /// KV client with a decode limit that fits a list page of large objects
+    /// (tonic's default of 4 MiB does not: 10,000 objects of 1 KiB is 10 MiB).
+    kv: KvClient,
     transformer: Arc<dyn Transformer>,
     request_timeout: Duration,
     max_update_retries: u32,
@@ -274,6 +280,9 @@ impl Storage {
             request_timeout,
         );
         Ok(Storage {
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES),
             client,
             transformer: Arc::new(IdentityTransformer),
             request_timeout,
@@ -292,6 +301,14 @@ impl Storage {
     /// The underlying client, for the Reflector's watch.
     pub fn client(&self) -> Client {
         self.client.clone()
+    }
+
+    /// A watch client whose decode limit fits large watch responses (a
+    /// burst of events, or a txn touching many keys, in one message).
+    pub fn watch_client(&self) -> WatchClient {
+        self.client
+            .watch_client()
+            .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
     }
 
     pub fn transformer(&self) -> &Arc<dyn Transformer> {
@@ -341,7 +358,7 @@ impl Storage {
     /// attempts together within the request deadline.
     async fn read<T, F, Fut>(&self, op: &str, requested: i64, mut f: F) -> Result<T, StorageError>
     where
-        F: FnMut(Client) -> Fut,
+        F: FnMut(KvClient) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + self.request_timeout;
@@ -349,7 +366,7 @@ impl Storage {
         loop {
             let started = Instant::now();
             let left = deadline.saturating_duration_since(started);
-            let r = match tokio::time::timeout(left, f(self.client.clone())).await {
+            let r = match tokio::time::timeout(left, f(self.kv.clone())).await {
                 Err(_) => Err(StorageError::Timeout(format!(
                     "{op}: etcd did not answer within {:?}",
                     self.request_timeout
@@ -379,7 +396,7 @@ impl Storage {
     /// watch from the compacted revision does, so ask one (best effort, 0 on
     /// failure).
     async fn compacted_revision(&self, requested: i64) -> i64 {
-        let mut watch = self.client.watch_client();
+        let mut watch = self.watch_client();
         let probe = async move {
             let mut stream = watch
                 .watch(
@@ -645,7 +662,7 @@ impl Storage {
                     Some(Self::put_options(lease)),
                 )])
                 .or_else([TxnOp::get(key, None)]);
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv.clone();
             let resp = self.call("create", 0, kv.txn(txn)).await?;
             if !resp.succeeded() {
                 debug!("create: key exists");
@@ -702,7 +719,7 @@ impl Storage {
                     Some(Self::put_options(lease).with_prev_key()),
                 )])
                 .or_else([TxnOp::get(key, None)]);
-            let mut kv = self.client.kv_client();
+            let mut kv = self.kv.clone();
             let resp = self.call("update", 0, kv.txn(txn)).await?;
             if !resp.succeeded() {
                 return match txn_else_kv(&resp) {
@@ -830,7 +847,7 @@ impl Storage {
                         Some(Self::put_options(lease_id)),
                     )])
                     .or_else([TxnOp::get(key, None)]);
-                let mut kv = self.client.kv_client();
+                let mut kv = self.kv.clone();
                 let resp = self.call("guaranteed_update", 0, kv.txn(txn)).await?;
                 if resp.succeeded() {
                     let rev = header_revision(resp.header())?;
@@ -891,7 +908,7 @@ impl Storage {
                     )])
                     .and_then([TxnOp::delete(key, Some(DeleteOptions::new()))])
                     .or_else([TxnOp::get(key, None)]);
-                let mut kv = self.client.kv_client();
+                let mut kv = self.kv.clone();
                 let resp = self.call("delete", 0, kv.txn(txn)).await?;
                 if resp.succeeded() {
                     debug!(rev = state.mod_revision, "deleted");
