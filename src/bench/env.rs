@@ -1,0 +1,406 @@
+//! The system under test: etcd (our own, or one at `--etcd URL`) and the
+//! watchcache daemon (our own child process, or one at `--proxy URL`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use etcd_client::{Client, ConnectOptions, GetOptions, KvClient, Txn, TxnOp};
+use futures::StreamExt;
+
+use watchcache::etcd_server::{EtcdServer, free_port};
+
+use crate::http::get_once;
+use crate::wire::{make_object, now_nanos};
+
+enum KeeperCmd {
+    /// Kill etcd and start it again on the same data dir; reply with the
+    /// time from spawn to healthy.
+    Restart(mpsc::Sender<Result<Duration, String>>),
+}
+
+/// Our own etcd, owned by a thread that lives for the whole run (etcd gets
+/// SIGKILL through PDEATHSIG when the thread that forked it exits).
+pub struct EtcdKeeper {
+    pub endpoint: String,
+    pid: Arc<AtomicU32>,
+    tx: Option<mpsc::Sender<KeeperCmd>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EtcdKeeper {
+    /// Starts etcd on free loopback ports (blocking).
+    pub fn start() -> Result<EtcdKeeper> {
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(String, u32), String>>();
+        let (tx, rx) = mpsc::channel::<KeeperCmd>();
+        let pid = Arc::new(AtomicU32::new(0));
+        let pid2 = pid.clone();
+        let thread = std::thread::Builder::new()
+            .name("etcd-keeper".into())
+            .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let mut server = match rt.block_on(EtcdServer::start()) {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                pid2.store(server.pid().unwrap_or(0), Ordering::SeqCst);
+                let _ = ready_tx.send(Ok((server.endpoint(), server.pid().unwrap_or(0))));
+                // Serve commands until the sender is dropped, then drop (kill) etcd.
+                while let Ok(cmd) = rx.recv() {
+                    match cmd {
+                        KeeperCmd::Restart(reply) => {
+                            server.kill();
+                            let t = Instant::now();
+                            let r = rt.block_on(server.restart());
+                            let took = t.elapsed();
+                            pid2.store(server.pid().unwrap_or(0), Ordering::SeqCst);
+                            let _ = reply.send(r.map(|_| took).map_err(|e| e.to_string()));
+                        }
+                    }
+                }
+                drop(server);
+            })
+            .context("spawning the etcd keeper thread")?;
+        let (endpoint, _) = ready_rx
+            .recv()
+            .map_err(|_| anyhow!("etcd keeper thread died"))?
+            .map_err(|e| anyhow!("starting etcd: {e}"))?;
+        Ok(EtcdKeeper {
+            endpoint,
+            pid,
+            tx: Some(tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid.load(Ordering::SeqCst)
+    }
+
+    /// Restarts etcd (same ports, same data) and returns the time to healthy.
+    pub async fn restart(&self) -> Result<Duration> {
+        let tx = self.tx.clone().ok_or_else(|| anyhow!("keeper stopped"))?;
+        tokio::task::spawn_blocking(move || {
+            let (rtx, rrx) = mpsc::channel();
+            tx.send(KeeperCmd::Restart(rtx))
+                .map_err(|_| anyhow!("etcd keeper thread died"))?;
+            rrx.recv()
+                .map_err(|_| anyhow!("etcd keeper thread died"))?
+                .map_err(|e| anyhow!("restarting etcd: {e}"))
+        })
+        .await?
+    }
+}
+
+impl Drop for EtcdKeeper {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A watchcache daemon started by the bench.
+pub struct Daemon {
+    child: Option<Child>,
+    pub authority: String,
+    pub pid: u32,
+    dir: tempfile::TempDir,
+}
+
+/// The daemon config: one namespaced resource, `pods`, under `prefix`.
+pub fn daemon_config(
+    etcd: &str,
+    prefix: &str,
+    history_capacity: usize,
+    list_page_size: Option<usize>,
+) -> String {
+    let page = list_page_size
+        .map(|n| format!("list_page_size = {n}\n"))
+        .unwrap_or_default();
+    format!(
+        r#"listen = "127.0.0.1:8080"
+
+[etcd]
+endpoints = ["{etcd}"]
+prefix = "{prefix}"
+{page}
+[[resources]]
+group = ""
+version = "v1"
+kind = "Pod"
+plural = "pods"
+namespaced = true
+history_capacity = {history_capacity}
+"#
+    )
+}
+
+/// `watchcache` next to this executable (or `$WATCHCACHE_BIN`).
+pub fn default_watchcache_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("WATCHCACHE_BIN") {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(|d| d.join("watchcache")))
+        .unwrap_or_else(|| PathBuf::from("watchcache"))
+}
+
+impl Daemon {
+    /// Spawns the daemon on a free loopback port. Call it from a thread that
+    /// outlives the daemon (PDEATHSIG).
+    pub fn spawn(bin: &Path, config_text: &str) -> Result<Daemon> {
+        if !bin.is_file() {
+            bail!(
+                "watchcache binary not found at {} (build it: cargo build --release --bins)",
+                bin.display()
+            );
+        }
+        let dir = tempfile::Builder::new()
+            .prefix("watchcache-bench-")
+            .tempdir()?;
+        let config = dir.path().join("watchcache.toml");
+        std::fs::write(&config, config_text)?;
+        let log = std::fs::File::create(dir.path().join("watchcache.log"))?;
+        let port = free_port()?;
+        let authority = format!("127.0.0.1:{port}");
+        let mut cmd = Command::new(bin);
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--listen")
+            .arg(&authority)
+            .env(
+                "RUST_LOG",
+                std::env::var("WATCHCACHE_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        #[cfg(target_os = "linux")]
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {}", bin.display()))?;
+        let pid = child.id();
+        Ok(Daemon {
+            child: Some(child),
+            authority,
+            pid,
+            dir,
+        })
+    }
+
+    fn log_tail(&self) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.path().join("watchcache.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    /// Polls `/readyz` until it answers 200; returns the time since `since`.
+    pub async fn wait_ready(&mut self, since: Instant, timeout: Duration) -> Result<Duration> {
+        let deadline = since + timeout;
+        loop {
+            if let Ok(Ok((200, _))) =
+                tokio::time::timeout(Duration::from_secs(2), get_once(&self.authority, "/readyz"))
+                    .await
+            {
+                return Ok(since.elapsed());
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                bail!("watchcache exited with {status}; log:\n{}", self.log_tail());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "watchcache not ready after {timeout:?}; log:\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+impl Drop for Daemon {
+    /// SIGTERM (a clean shutdown, so profilers wrapping the daemon can write
+    /// their data), SIGKILL after 5 s.
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            // SAFETY: kill(2) on our own child, not yet reaped.
+            unsafe {
+                libc::kill(c.id() as libc::pid_t, libc::SIGTERM);
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// A new etcd client (its own gRPC connection).
+pub async fn etcd_connect(endpoint: &str) -> Result<Client> {
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_keep_alive(Duration::from_secs(30), Duration::from_secs(10));
+    Client::connect([endpoint], Some(opts))
+        .await
+        .with_context(|| format!("connecting to etcd at {endpoint}"))
+}
+
+/// A KV client that accepts responses of any size (full ranges of 100 MB).
+pub fn big_kv(client: &Client) -> KvClient {
+    client
+        .kv_client()
+        .max_decoding_message_size(i32::MAX as usize)
+}
+
+/// `/registry/pods/{ns}/`.
+pub fn ns_prefix(etcd_prefix: &str, namespace: &str) -> String {
+    format!("{}/pods/{namespace}/", etcd_prefix.trim_end_matches('/'))
+}
+
+/// etcd's current revision.
+pub async fn current_revision(kv: &mut KvClient) -> Result<i64> {
+    let r = kv
+        .get("/", Some(GetOptions::new().with_count_only()))
+        .await
+        .context("reading etcd's revision")?;
+    r.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| anyhow!("etcd response without header"))
+}
+
+/// Deletes every key under `prefix`; returns the revision after.
+pub async fn clear_prefix(kv: &mut KvClient, prefix: &str) -> Result<i64> {
+    let r = kv
+        .delete(
+            prefix,
+            Some(etcd_client::DeleteOptions::new().with_prefix()),
+        )
+        .await
+        .with_context(|| format!("clearing {prefix}"))?;
+    r.header()
+        .map(|h| h.revision())
+        .ok_or_else(|| anyhow!("etcd response without header"))
+}
+
+/// Name of bench object `i`.
+pub fn object_name(i: usize) -> String {
+    format!("obj-{i:06}")
+}
+
+/// Writes objects `obj-000000..obj-{n-1}` of about `size` bytes under
+/// `prefix` in transactions of 100 puts; returns the last revision.
+pub async fn load_objects(
+    kv: &KvClient,
+    prefix: &str,
+    namespace: &str,
+    n: usize,
+    size: usize,
+    progress: &indicatif::ProgressBar,
+) -> Result<i64> {
+    const BATCH: usize = 100;
+    let batches: Vec<(usize, usize)> = (0..n)
+        .step_by(BATCH)
+        .map(|s| (s, (s + BATCH).min(n)))
+        .collect();
+    let mut last_rev = 0i64;
+    let mut results = futures::stream::iter(batches.into_iter().map(|(s, e)| {
+        let mut kv = kv.clone();
+        async move {
+            let ops: Vec<TxnOp> = (s..e)
+                .map(|i| {
+                    let name = object_name(i);
+                    TxnOp::put(
+                        format!("{prefix}{name}"),
+                        make_object(namespace, &name, now_nanos(), size),
+                        None,
+                    )
+                })
+                .collect();
+            let r = kv
+                .txn(Txn::new().and_then(ops))
+                .await
+                .context("loading objects")?;
+            let rev = r.header().map(|h| h.revision()).unwrap_or(0);
+            Ok::<_, anyhow::Error>((e - s, rev))
+        }
+    }))
+    .buffer_unordered(4);
+    while let Some(r) = results.next().await {
+        let (count, rev) = r?;
+        progress.inc(count as u64);
+        last_rev = last_rev.max(rev);
+    }
+    Ok(last_rev)
+}
+
+/// A value from etcd's `/metrics` (e.g. `etcd_debugging_mvcc_watcher_total`).
+pub async fn etcd_metric(endpoint: &str, name: &str) -> Option<f64> {
+    let authority = endpoint
+        .strip_prefix("http://")?
+        .trim_end_matches('/')
+        .to_string();
+    let (status, body) =
+        tokio::time::timeout(Duration::from_secs(5), get_once(&authority, "/metrics"))
+            .await
+            .ok()?
+            .ok()?;
+    if status != 200 {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&body);
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.starts_with(name) && matches!(l.as_bytes().get(name.len()), Some(b' ') | Some(b'{'))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// etcd's version string, from its `/version` endpoint.
+pub async fn etcd_version(endpoint: &str) -> Option<String> {
+    let authority = endpoint.strip_prefix("http://")?.trim_end_matches('/');
+    let (_, body) = tokio::time::timeout(Duration::from_secs(5), get_once(authority, "/version"))
+        .await
+        .ok()?
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+    v["etcdserver"].as_str().map(str::to_string)
+}

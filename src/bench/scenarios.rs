@@ -1,0 +1,947 @@
+//! The scenarios of DESIGN.md section 9: fanout (F1), list (L1), get (G1),
+//! startup (S1) and idle (M1). Each runs against one target and returns its
+//! figures as JSON; the caller tabulates and compares.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use etcd_client::{Client, GetOptions};
+use hdrhistogram::Histogram;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+
+use crate::check::{CheckResult, check_deliveries};
+use crate::env::{
+    Daemon, EtcdKeeper, big_kv, clear_prefix, current_revision, daemon_config, etcd_connect,
+    etcd_metric, load_objects, ns_prefix, object_name,
+};
+use crate::http::{Conn, HttpTarget, Pool};
+use crate::procfs::{ProcSample, reset_peak, sample, self_pid};
+use crate::report::{distribution, new_histogram, summarize};
+use crate::watchers::{WatchTarget, WatcherSet};
+use crate::wire::{extract_continue, extract_resource_version, make_object, now_nanos};
+
+/// What a scenario runs against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Proxy,
+    Etcd,
+}
+
+impl Target {
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Proxy => "proxy",
+            Target::Etcd => "etcd",
+        }
+    }
+}
+
+/// Scenario parameters (from the command line).
+#[derive(Debug, Clone)]
+pub struct Params {
+    pub watchers: usize,
+    pub rate: f64,
+    pub duration_s: f64,
+    pub size: usize,
+    pub keys: usize,
+    pub connections: usize,
+    pub streams_per_conn: usize,
+    pub http1: bool,
+    /// etcd watchers share one gRPC watch stream per connection.
+    pub etcd_mux: bool,
+    pub writers: usize,
+    pub drain_timeout_s: f64,
+    pub objects: usize,
+    pub concurrency: usize,
+    pub iterations: usize,
+    pub page_size: usize,
+    pub namespace: String,
+    pub etcd_prefix: String,
+    pub settle_s: f64,
+    /// `etcd.list_page_size` of the daemons the bench starts (None: its default).
+    pub list_page_size: Option<usize>,
+}
+
+/// The environment every scenario runs in.
+pub struct Ctx {
+    pub etcd_endpoint: String,
+    pub keeper: Option<EtcdKeeper>,
+    pub etcd_pid_override: Option<u32>,
+    pub proxy_authority: Option<String>,
+    pub proxy_pid_override: Option<u32>,
+    pub daemon: Option<Daemon>,
+    pub watchcache_bin: std::path::PathBuf,
+    pub mp: MultiProgress,
+    pub progress: bool,
+    pub p: Params,
+}
+
+impl Ctx {
+    pub fn etcd_pid(&self) -> Option<u32> {
+        self.etcd_pid_override
+            .or_else(|| self.keeper.as_ref().map(|k| k.pid()))
+    }
+
+    pub fn proxy_pid(&self) -> Option<u32> {
+        self.proxy_pid_override
+            .or_else(|| self.daemon.as_ref().map(|d| d.pid))
+    }
+
+    fn proxy(&self) -> Result<HttpTarget> {
+        let a = self
+            .proxy_authority
+            .as_ref()
+            .ok_or_else(|| anyhow!("no proxy (internal error)"))?;
+        HttpTarget::parse(&format!("http://{a}"), self.p.http1)
+    }
+
+    /// A progress bar of `len` steps (hidden with --no-progress).
+    pub fn bar(&self, len: u64, msg: &str) -> ProgressBar {
+        if !self.progress {
+            return ProgressBar::hidden();
+        }
+        let pb = self.mp.add(ProgressBar::new(len));
+        pb.set_style(
+            ProgressStyle::with_template(
+                "{prefix:>9} {msg:<28} [{bar:36.cyan/blue}] {pos}/{len} {elapsed_precise}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        pb.set_message(msg.to_string());
+        pb
+    }
+
+    fn prefix(&self) -> String {
+        ns_prefix(&self.p.etcd_prefix, &self.p.namespace)
+    }
+
+    /// `/api/v1/namespaces/{ns}/pods`.
+    fn list_path(&self) -> String {
+        format!("/api/v1/namespaces/{}/pods", self.p.namespace)
+    }
+}
+
+/// CPU and memory of the processes involved, sampled at phase start and end.
+struct Usage {
+    etcd: Option<(u32, ProcSample)>,
+    proxy: Option<(u32, ProcSample)>,
+    bench: Option<ProcSample>,
+}
+
+impl Usage {
+    /// Resets peak RSS and samples etcd, the proxy and the bench itself.
+    fn start(ctx: &Ctx) -> Usage {
+        let etcd = ctx.etcd_pid().and_then(|pid| {
+            reset_peak(pid);
+            sample(pid).map(|s| (pid, s))
+        });
+        let proxy = ctx.proxy_pid().and_then(|pid| {
+            reset_peak(pid);
+            sample(pid).map(|s| (pid, s))
+        });
+        Usage {
+            etcd,
+            proxy,
+            bench: sample(self_pid()),
+        }
+    }
+
+    /// CPU seconds used since `start`, peak and current RSS, per process.
+    fn finish(&self) -> Value {
+        let one = |start: &Option<(u32, ProcSample)>| -> Value {
+            match start {
+                Some((pid, s0)) => match sample(*pid) {
+                    Some(s1) => json!({
+                        "pid": pid,
+                        "cpu_s": round3(s1.cpu_s - s0.cpu_s),
+                        "peak_rss_kb": s1.hwm_kb,
+                        "rss_kb": s1.rss_kb,
+                        "rss_at_start_kb": s0.rss_kb,
+                    }),
+                    None => Value::Null,
+                },
+                None => Value::Null,
+            }
+        };
+        let bench = match (&self.bench, sample(self_pid())) {
+            (Some(s0), Some(s1)) => json!({
+                "cpu_s": round3(s1.cpu_s - s0.cpu_s),
+                "rss_kb": s1.rss_kb,
+            }),
+            _ => Value::Null,
+        };
+        json!({"etcd": one(&self.etcd), "proxy": one(&self.proxy), "bench": bench})
+    }
+}
+
+fn round3(v: f64) -> f64 {
+    (v * 1000.0).round() / 1000.0
+}
+
+/// Percent-encodes a query value.
+fn qenc(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Waits until the proxy answers a consistent list of the namespace at a
+/// resourceVersion >= `rev` (it is ready and has caught up with etcd).
+async fn proxy_caught_up(conn: &mut Conn, path: &str, rev: i64, timeout: Duration) -> Result<i64> {
+    let deadline = Instant::now() + timeout;
+    let mut last_err;
+    loop {
+        match conn.get_body(&format!("{path}?limit=1")).await {
+            Ok(body) => match extract_resource_version(&body) {
+                Some(rv) if rv >= rev => return Ok(rv),
+                Some(rv) => last_err = format!("list resourceVersion {rv} < {rev}"),
+                None => last_err = "list without resourceVersion".into(),
+            },
+            Err(e) => last_err = format!("{e:#}"),
+        }
+        if Instant::now() >= deadline {
+            bail!("proxy did not catch up with etcd revision {rev}: {last_err}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn etcd_clients(endpoint: &str, n: usize) -> Result<Vec<Client>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n.max(1) {
+        v.push(etcd_connect(endpoint).await?);
+    }
+    Ok(v)
+}
+
+/// Proxy connections for `w` watch streams: at least `--connections`, and
+/// enough that none carries more than `--streams-per-conn`.
+fn proxy_connections(p: &Params, w: usize) -> usize {
+    p.connections
+        .max(w.div_ceil(p.streams_per_conn.max(1)))
+        .max(1)
+}
+
+// ---------------------------------------------------------------- F1 fanout
+
+/// One write of the fan-out run.
+#[derive(Debug, Clone, Copy)]
+struct WriteRecord {
+    rev: i64,
+}
+
+pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<u64>>)> {
+    let p = &ctx.p;
+    let prefix = ctx.prefix();
+    let writer = etcd_connect(&ctx.etcd_endpoint).await?;
+    let mut kv = writer.kv_client();
+    clear_prefix(&mut kv, &prefix).await?;
+    let r0 = current_revision(&mut kv).await?;
+
+    let mut pool: Option<Pool> = None;
+    let mut clients: Vec<Client> = Vec::new();
+    let watch_target = match target {
+        Target::Proxy => {
+            let t = ctx.proxy()?;
+            let mut c = t.connect().await?;
+            proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
+            pool = Some(t.pool(proxy_connections(p, p.watchers)).await?);
+            WatchTarget::Proxy {
+                pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
+                path: ctx.list_path(),
+            }
+        }
+        Target::Etcd => {
+            clients = etcd_clients(&ctx.etcd_endpoint, p.connections).await?;
+            WatchTarget::Etcd {
+                clients: &clients,
+                prefix: prefix.clone(),
+                mux: p.etcd_mux,
+            }
+        }
+    };
+
+    let pb = ctx.bar(p.watchers as u64, "establishing watchers");
+    pb.set_prefix(target.name());
+    let set = WatcherSet::start(watch_target, p.watchers, r0).await?;
+    let established = set.wait_established(Duration::from_secs(180), &pb).await;
+    pb.finish_and_clear();
+    if established == 0 && p.watchers > 0 {
+        let outs = set.stop().await;
+        let err = outs
+            .iter()
+            .find_map(|o| o.error.clone())
+            .unwrap_or_default();
+        bail!("{}: no watcher could be established: {err}", target.name());
+    }
+    let connections = set.connections;
+    let etcd_watchers = etcd_metric(&ctx.etcd_endpoint, "etcd_debugging_mvcc_watcher_total").await;
+    let etcd_streams =
+        etcd_metric(&ctx.etcd_endpoint, "etcd_debugging_mvcc_watch_stream_total").await;
+
+    // Write phase.
+    let total = (p.rate * p.duration_s).round().max(1.0) as u64;
+    let usage = Usage::start(ctx);
+    let pb = ctx.bar(total, "writing");
+    pb.set_prefix(target.name());
+    let log: Arc<Mutex<Vec<WriteRecord>>> =
+        Arc::new(Mutex::new(Vec::with_capacity(total as usize)));
+    let write_errors = Arc::new(AtomicU64::new(0));
+    let first_write_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let sem = Arc::new(tokio::sync::Semaphore::new(p.writers.max(1)));
+    let interval = Duration::from_secs_f64(1.0 / p.rate.max(0.001));
+    let t0 = tokio::time::Instant::now();
+    let t0_std = Instant::now();
+    for i in 0..total {
+        tokio::time::sleep_until(t0 + interval.mul_f64(i as f64)).await;
+        let permit = sem.clone().acquire_owned().await?;
+        let mut kv = kv.clone();
+        let log = log.clone();
+        let errors = write_errors.clone();
+        let first_err = first_write_error.clone();
+        let name = object_name(i as usize % p.keys.max(1));
+        let key = format!("{prefix}{name}");
+        let ns = p.namespace.clone();
+        let size = p.size;
+        let pb = pb.clone();
+        let shared = set.shared.clone();
+        tokio::spawn(async move {
+            let value = make_object(&ns, &name, now_nanos(), size);
+            match kv.put(key, value, None).await {
+                Ok(r) => {
+                    if let Some(h) = r.header() {
+                        log.lock().push(WriteRecord { rev: h.revision() });
+                    }
+                }
+                Err(e) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    first_err.lock().get_or_insert(e.to_string());
+                }
+            }
+            drop(permit);
+            pb.inc(1);
+            pb.set_message(format!(
+                "writing ({} deliveries)",
+                shared.deliveries.load(Ordering::Relaxed)
+            ));
+        });
+    }
+    // Wait for the last writes.
+    let _all = sem.acquire_many(p.writers.max(1) as u32).await?;
+    let write_phase = t0_std.elapsed();
+    pb.finish_and_clear();
+
+    // Drain: wait until every live watcher has seen the last write.
+    let revs: Vec<i64> = {
+        let mut v: Vec<i64> = log.lock().iter().map(|w| w.rev).collect();
+        v.sort_unstable();
+        v
+    };
+    let final_rev = revs.last().copied().unwrap_or(r0);
+    let pb = ctx.bar(established as u64, "draining (watchers done)");
+    pb.set_prefix(target.name());
+    let drain_start = Instant::now();
+    let drain_deadline = drain_start + Duration::from_secs_f64(p.drain_timeout_s);
+    let mut drained = false;
+    loop {
+        let failed = set.failed();
+        let behind = set.shared.behind(final_rev, &failed);
+        let live = failed.iter().filter(|f| !**f).count();
+        pb.set_length(live as u64);
+        pb.set_position((live - behind.min(live)) as u64);
+        if behind == 0 {
+            drained = true;
+            break;
+        }
+        if Instant::now() >= drain_deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let drain = drain_start.elapsed();
+    pb.finish_and_clear();
+    let usage = usage.finish();
+    let shared = set.shared.clone();
+    let outcomes = set.stop().await;
+    // Watchers flush their last latencies when they stop.
+    let hist = shared.histogram();
+    let deliveries = shared.deliveries.load(Ordering::Relaxed);
+    drop(pool);
+    drop(clients);
+
+    // Check every watcher against the write log.
+    let mut total_check = CheckResult::default();
+    let mut watchers_with_loss = 0u64;
+    let mut watchers_with_dup = 0u64;
+    let mut errors = 0u64;
+    let mut first_error: Option<String> = None;
+    for o in &outcomes {
+        if !o.established {
+            errors += 1;
+            if first_error.is_none() {
+                first_error = o.error.clone();
+            }
+            continue;
+        }
+        let c = check_deliveries(&revs, &o.revs);
+        if c.lost > 0 {
+            watchers_with_loss += 1;
+        }
+        if c.duplicated > 0 {
+            watchers_with_dup += 1;
+        }
+        total_check.add(&c);
+        if let Some(e) = &o.error {
+            errors += 1;
+            first_error.get_or_insert(e.clone());
+        }
+    }
+    let elapsed = (write_phase + drain).as_secs_f64();
+    let lat = summarize(&hist);
+    let result = json!({
+        "target": target.name(),
+        "watchers": p.watchers,
+        "watchers_established": established,
+        "watchers_failed": errors,
+        "connections": connections,
+        "transport": match target { Target::Proxy if p.http1 => "http/1.1", Target::Proxy => "h2c", Target::Etcd if p.etcd_mux => "grpc, one watch stream per connection", Target::Etcd => "grpc, one watch stream per watcher" },
+        "rate_per_s": p.rate,
+        "duration_s": p.duration_s,
+        "object_size": p.size,
+        "keys": p.keys,
+        "start_revision": r0,
+        "writes": revs.len(),
+        "write_errors": write_errors.load(Ordering::Relaxed),
+        "first_write_error": *first_write_error.lock(),
+        "write_phase_s": round3(write_phase.as_secs_f64()),
+        "achieved_write_rate_per_s": round3(revs.len() as f64 / write_phase.as_secs_f64().max(1e-9)),
+        "drain_s": round3(drain.as_secs_f64()),
+        "drained": drained,
+        "deliveries": deliveries,
+        "expected_deliveries": (revs.len() * established) as u64,
+        "deliveries_per_s": round3(deliveries as f64 / elapsed.max(1e-9)),
+        "latency_ms": lat,
+        "lost": total_check.lost,
+        "duplicated": total_check.duplicated,
+        "unexpected": total_check.unexpected,
+        "out_of_order": total_check.out_of_order,
+        "watchers_with_loss": watchers_with_loss,
+        "watchers_with_duplicates": watchers_with_dup,
+        "first_error": first_error,
+        "etcd_watchers": etcd_watchers,
+        "etcd_watch_streams": etcd_streams,
+        "processes": usage,
+        "latency_distribution": distribution(&hist),
+    });
+    Ok((result, Some(hist)))
+}
+
+// ---------------------------------------------------------------- L1 list
+
+/// Loads `--objects` objects into the namespace (after clearing it).
+async fn load(ctx: &Ctx) -> Result<i64> {
+    let p = &ctx.p;
+    let client = etcd_connect(&ctx.etcd_endpoint).await?;
+    let mut kv = client.kv_client();
+    clear_prefix(&mut kv, &ctx.prefix()).await?;
+    let pb = ctx.bar(p.objects as u64, "loading objects into etcd");
+    pb.set_prefix("setup");
+    let rev = load_objects(&kv, &ctx.prefix(), &p.namespace, p.objects, p.size, &pb).await?;
+    pb.finish_and_clear();
+    Ok(rev.max(current_revision(&mut kv).await?))
+}
+
+pub async fn load_for(ctx: &Ctx) -> Result<i64> {
+    load(ctx).await
+}
+
+/// `variant` is "proxy" (resourceVersion=0: served from the cache as is),
+/// "proxy_consistent" (resourceVersion unset: a consistent read) or "etcd".
+pub async fn list(
+    ctx: &Ctx,
+    variant: &str,
+    loaded_rev: i64,
+) -> Result<(Value, Option<Histogram<u64>>)> {
+    let p = &ctx.p;
+    let mut full = new_histogram();
+    let mut paged = new_histogram();
+    let mut full_bytes = 0u64;
+    let items;
+    let mut paged_items = 0usize;
+    let mut pages = 0usize;
+    let usage;
+    let pb = ctx.bar((2 * p.iterations) as u64, "full and paged lists");
+    pb.set_prefix(variant.to_string());
+    if variant == "etcd" {
+        let client = etcd_connect(&ctx.etcd_endpoint).await?;
+        let mut kv = big_kv(&client);
+        let prefix = ctx.prefix();
+        let end = prefix_end(&prefix);
+        // Warm-up (untimed), also counts the items.
+        let r = kv
+            .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+            .await?;
+        items = r.kvs().len();
+        usage = Usage::start(ctx);
+        for _ in 0..p.iterations {
+            let t = Instant::now();
+            let r = kv
+                .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
+                .await?;
+            full.saturating_record(t.elapsed().as_micros() as u64);
+            full_bytes = r.kvs().iter().map(|kv| kv.value().len() as u64).sum();
+            pb.inc(1);
+        }
+        for _ in 0..p.iterations {
+            let t = Instant::now();
+            let (n, np) = etcd_paged(&mut kv, &prefix, &end, p.page_size as i64).await?;
+            paged.saturating_record(t.elapsed().as_micros() as u64);
+            paged_items = n;
+            pages = np;
+            pb.inc(1);
+        }
+    } else {
+        let target = ctx.proxy()?;
+        let mut conn = target.connect().await?;
+        let path = ctx.list_path();
+        proxy_caught_up(&mut conn, &path, loaded_rev, Duration::from_secs(120)).await?;
+        let rv0 = variant == "proxy";
+        let full_q = if rv0 {
+            format!("{path}?resourceVersion=0")
+        } else {
+            path.clone()
+        };
+        // Warm-up (untimed): parse once to count the items.
+        let body = conn.get_body(&full_q).await?;
+        let v: Value = serde_json::from_slice(&body).context("list body is not JSON")?;
+        items = v["items"].as_array().map(|a| a.len()).unwrap_or(0);
+        drop(v);
+        drop(body);
+        usage = Usage::start(ctx);
+        for _ in 0..p.iterations {
+            let t = Instant::now();
+            full_bytes = conn.get_count(&full_q).await?;
+            full.saturating_record(t.elapsed().as_micros() as u64);
+            pb.inc(1);
+        }
+        for _ in 0..p.iterations {
+            let t = Instant::now();
+            let mut tok: Option<String> = None;
+            let mut np = 0usize;
+            loop {
+                let q = match (&tok, rv0) {
+                    (Some(c), _) => format!("{path}?limit={}&continue={}", p.page_size, qenc(c)),
+                    (None, true) => format!("{path}?limit={}&resourceVersion=0", p.page_size),
+                    (None, false) => format!("{path}?limit={}", p.page_size),
+                };
+                let body = conn.get_body(&q).await?;
+                np += 1;
+                tok = extract_continue(&body);
+                if tok.is_none() {
+                    break;
+                }
+                if np > 1_000_000 {
+                    bail!("paged list does not end");
+                }
+            }
+            paged.saturating_record(t.elapsed().as_micros() as u64);
+            pages = np;
+            paged_items = items;
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let usage = usage.finish();
+    let result = json!({
+        "target": variant,
+        "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable range" },
+        "objects": p.objects,
+        "object_size": p.size,
+        "iterations": p.iterations,
+        "items": items,
+        "full_list_bytes": full_bytes,
+        "full_list_ms": summarize(&full),
+        "page_size": p.page_size,
+        "pages": pages,
+        "paged_items": paged_items,
+        "paged_list_ms": summarize(&paged),
+        "processes": usage,
+        "latency_distribution": distribution(&full),
+    });
+    Ok((result, Some(full)))
+}
+
+/// The end of the key range of `prefix` (prefix with its last byte + 1).
+fn prefix_end(prefix: &str) -> Vec<u8> {
+    let mut end = prefix.as_bytes().to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// A paged range as the Kubernetes etcd3 store does it: pages of `limit`
+/// keys at the revision of the first page. Returns (items, pages).
+async fn etcd_paged(
+    kv: &mut etcd_client::KvClient,
+    prefix: &str,
+    end: &[u8],
+    limit: i64,
+) -> Result<(usize, usize)> {
+    let mut key: Vec<u8> = prefix.as_bytes().to_vec();
+    let mut rev = 0i64;
+    let mut items = 0usize;
+    let mut pages = 0usize;
+    loop {
+        let mut opts = GetOptions::new().with_range(end.to_vec()).with_limit(limit);
+        if rev > 0 {
+            opts = opts.with_revision(rev);
+        }
+        let r = kv.get(key.clone(), Some(opts)).await?;
+        pages += 1;
+        if rev == 0 {
+            rev = r.header().map(|h| h.revision()).unwrap_or(0);
+        }
+        items += r.kvs().len();
+        match r.kvs().last() {
+            Some(last) if r.more() => {
+                key = last.key().to_vec();
+                key.push(0);
+            }
+            _ => return Ok((items, pages)),
+        }
+    }
+}
+
+// ---------------------------------------------------------------- G1 get
+
+pub async fn get(
+    ctx: &Ctx,
+    variant: &str,
+    loaded_rev: i64,
+) -> Result<(Value, Option<Histogram<u64>>)> {
+    let p = &ctx.p;
+    let k = p.concurrency.max(1);
+    let n = p.objects.max(1);
+    let ops = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let hist = Arc::new(Mutex::new(new_histogram()));
+    let dur = Duration::from_secs_f64(p.duration_s);
+    let mut handles = Vec::new();
+    let mut pool_keep: Option<Pool> = None;
+    let mut clients_keep: Vec<Client> = Vec::new();
+    let connections;
+    let rv0 = variant == "proxy";
+    let base = format!("/api/v1/namespaces/{}/pods/", p.namespace);
+    if variant == "etcd" {
+        clients_keep = etcd_clients(&ctx.etcd_endpoint, p.connections).await?;
+        connections = clients_keep.len();
+    } else {
+        let t = ctx.proxy()?;
+        let mut c = t.connect().await?;
+        proxy_caught_up(
+            &mut c,
+            &ctx.list_path(),
+            loaded_rev,
+            Duration::from_secs(120),
+        )
+        .await?;
+        let pool = t.pool(p.connections).await?;
+        connections = if pool.len() == 0 { k } else { pool.len() };
+        pool_keep = Some(pool);
+    }
+    let usage = Usage::start(ctx);
+    let start = Instant::now();
+    let deadline = start + dur;
+    for w in 0..k {
+        let ops = ops.clone();
+        let errors = errors.clone();
+        let first_error = first_error.clone();
+        let hist = hist.clone();
+        let prefix = ctx.prefix();
+        let base = base.clone();
+        let mut seed =
+            0x9E37_79B9_7F4A_7C15u64 ^ (w as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            (seed % n as u64) as usize
+        };
+        if variant == "etcd" {
+            let mut kv = clients_keep[w % clients_keep.len()].kv_client();
+            handles.push(tokio::spawn(async move {
+                let mut local = new_histogram();
+                while Instant::now() < deadline {
+                    let key = format!("{prefix}{}", object_name(next()));
+                    let t = Instant::now();
+                    match kv.get(key, None).await {
+                        Ok(r) if r.kvs().len() == 1 => {
+                            local.saturating_record(t.elapsed().as_micros() as u64);
+                            ops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Ok(_) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            first_error
+                                .lock()
+                                .get_or_insert("etcd get: key not found".into());
+                        }
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            first_error.lock().get_or_insert(e.to_string());
+                        }
+                    }
+                }
+                let _ = hist.lock().add(&local);
+            }));
+        } else {
+            let pool = pool_keep.as_ref().ok_or_else(|| anyhow!("no pool"))?;
+            let mut conn = pool.conn(w).await?;
+            handles.push(tokio::spawn(async move {
+                let mut local = new_histogram();
+                while Instant::now() < deadline {
+                    let q = if rv0 {
+                        format!("{base}{}?resourceVersion=0", object_name(next()))
+                    } else {
+                        format!("{base}{}", object_name(next()))
+                    };
+                    let t = Instant::now();
+                    match conn.get_body(&q).await {
+                        Ok(_) => {
+                            local.saturating_record(t.elapsed().as_micros() as u64);
+                            ops.fetch_add(1, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            errors.fetch_add(1, Ordering::Relaxed);
+                            first_error.lock().get_or_insert(format!("{e:#}"));
+                            if conn.share().is_none() {
+                                // HTTP/1.1: the connection may be gone; stop this worker.
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = hist.lock().add(&local);
+            }));
+        }
+    }
+    let pb = ctx.bar(dur.as_secs().max(1), "gets");
+    pb.set_prefix(variant.to_string());
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        pb.set_position(start.elapsed().as_secs());
+        pb.set_message(format!("gets ({} done)", ops.load(Ordering::Relaxed)));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let usage = usage.finish();
+    drop(pool_keep);
+    drop(clients_keep);
+    let h = hist.lock().clone();
+    let done = ops.load(Ordering::Relaxed);
+    let result = json!({
+        "target": variant,
+        "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable get" },
+        "objects": n,
+        "object_size": p.size,
+        "concurrency": k,
+        "connections": connections,
+        "duration_s": round3(elapsed),
+        "gets": done,
+        "errors": errors.load(Ordering::Relaxed),
+        "first_error": *first_error.lock(),
+        "gets_per_s": round3(done as f64 / elapsed.max(1e-9)),
+        "latency_ms": summarize(&h),
+        "processes": usage,
+        "latency_distribution": distribution(&h),
+    });
+    Ok((result, Some(h)))
+}
+
+// ---------------------------------------------------------------- S1 startup
+
+/// Starts a fresh daemon against the bench etcd; returns (time to ready, RSS
+/// after `settle`).
+async fn daemon_ready(ctx: &Ctx, etcd_prefix: &str) -> Result<(f64, u64)> {
+    let cfg = daemon_config(
+        &ctx.etcd_endpoint,
+        etcd_prefix,
+        10_000,
+        ctx.p.list_page_size,
+    );
+    let t = Instant::now();
+    let mut d = Daemon::spawn(&ctx.watchcache_bin, &cfg)?;
+    let took = d.wait_ready(t, Duration::from_secs(600)).await?;
+    tokio::time::sleep(Duration::from_secs_f64(ctx.p.settle_s)).await;
+    let rss = sample(d.pid).map(|s| s.rss_kb).unwrap_or(0);
+    Ok((took.as_secs_f64(), rss))
+}
+
+pub async fn startup(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<u64>>)> {
+    let p = &ctx.p;
+    let iters = p.iterations.max(1);
+    let mut times = Vec::new();
+    let pb = ctx.bar(iters as u64, "start-ups");
+    pb.set_prefix(target.name());
+    let result = match target {
+        Target::Proxy => {
+            let empty_prefix = format!("{}-empty", p.etcd_prefix.trim_end_matches('/'));
+            let (empty_s, empty_rss) = daemon_ready(ctx, &empty_prefix).await?;
+            let mut rss = 0;
+            for _ in 0..iters {
+                let (s, r) = daemon_ready(ctx, &p.etcd_prefix).await?;
+                times.push(s);
+                rss = r;
+                pb.inc(1);
+            }
+            let per_object = if p.objects > 0 {
+                (rss.saturating_sub(empty_rss) as f64 * 1024.0) / p.objects as f64
+            } else {
+                0.0
+            };
+            json!({
+                "target": "proxy",
+                "objects": p.objects,
+                "object_size": p.size,
+                "iterations": iters,
+                "ready_s": times,
+                "ready_s_median": median(&times),
+                "empty_ready_s": round3(empty_s),
+                "rss_kb": rss,
+                "empty_rss_kb": empty_rss,
+                "rss_per_object_bytes": round3(per_object),
+            })
+        }
+        Target::Etcd => {
+            let keeper = ctx.keeper.as_ref().ok_or_else(|| {
+                anyhow!("startup --target etcd needs the bench's own etcd (no --etcd)")
+            })?;
+            for _ in 0..iters {
+                let d = keeper.restart().await?;
+                times.push(d.as_secs_f64());
+                pb.inc(1);
+            }
+            tokio::time::sleep(Duration::from_secs_f64(p.settle_s)).await;
+            let rss = sample(keeper.pid()).map(|s| s.rss_kb).unwrap_or(0);
+            json!({
+                "target": "etcd",
+                "objects": p.objects,
+                "object_size": p.size,
+                "iterations": iters,
+                "ready_s": times,
+                "ready_s_median": median(&times),
+                "rss_kb": rss,
+                "note": "etcd restarted on its data dir; time from spawn to /health ok",
+            })
+        }
+    };
+    pb.finish_and_clear();
+    Ok((result, None))
+}
+
+fn median(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    round3(s[s.len() / 2])
+}
+
+// ---------------------------------------------------------------- M1 idle
+
+pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<u64>>)> {
+    let p = &ctx.p;
+    let prefix = ctx.prefix();
+    let client = etcd_connect(&ctx.etcd_endpoint).await?;
+    let mut kv = client.kv_client();
+    let r0 = current_revision(&mut kv).await?;
+    let settle = Duration::from_secs_f64(p.settle_s);
+
+    let mut pool: Option<Pool> = None;
+    let mut clients: Vec<Client> = Vec::new();
+    if target == Target::Proxy {
+        let t = ctx.proxy()?;
+        let mut c = t.connect().await?;
+        proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
+        pool = Some(t.pool(proxy_connections(p, p.watchers)).await?);
+    } else {
+        clients = etcd_clients(&ctx.etcd_endpoint, p.connections).await?;
+    }
+    tokio::time::sleep(settle).await;
+    let before_etcd = ctx.etcd_pid().and_then(sample);
+    let before_proxy = ctx.proxy_pid().and_then(sample);
+    let before_bench = sample(self_pid());
+    let wt = match target {
+        Target::Proxy => WatchTarget::Proxy {
+            pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
+            path: ctx.list_path(),
+        },
+        Target::Etcd => WatchTarget::Etcd {
+            clients: &clients,
+            prefix,
+            mux: p.etcd_mux,
+        },
+    };
+    let pb = ctx.bar(p.watchers as u64, "establishing idle watchers");
+    pb.set_prefix(target.name());
+    let set = WatcherSet::start(wt, p.watchers, r0).await?;
+    let established = set.wait_established(Duration::from_secs(300), &pb).await;
+    pb.finish_and_clear();
+    tokio::time::sleep(settle).await;
+    let after_etcd = ctx.etcd_pid().and_then(sample);
+    let after_proxy = ctx.proxy_pid().and_then(sample);
+    let after_bench = sample(self_pid());
+    let etcd_watchers = etcd_metric(&ctx.etcd_endpoint, "etcd_debugging_mvcc_watcher_total").await;
+    let connections = set.connections;
+    let outcomes = set.stop().await;
+    let first_error = outcomes.iter().find_map(|o| o.error.clone());
+    drop(pool);
+    drop(clients);
+    let per = |b: Option<ProcSample>, a: Option<ProcSample>| -> Value {
+        match (b, a) {
+            (Some(b), Some(a)) if established > 0 => json!({
+                "rss_before_kb": b.rss_kb,
+                "rss_after_kb": a.rss_kb,
+                "rss_per_watcher_bytes": round3((a.rss_kb as f64 - b.rss_kb as f64) * 1024.0 / established as f64),
+            }),
+            _ => Value::Null,
+        }
+    };
+    let holder = match target {
+        Target::Proxy => per(before_proxy, after_proxy),
+        Target::Etcd => per(before_etcd, after_etcd),
+    };
+    let result = json!({
+        "target": target.name(),
+        "watchers": p.watchers,
+        "watchers_established": established,
+        "connections": connections,
+        "first_error": first_error,
+        "rss_per_watcher_bytes": holder.get("rss_per_watcher_bytes").cloned().unwrap_or(Value::Null),
+        "holder": holder,
+        "etcd": per(before_etcd, after_etcd),
+        "proxy": per(before_proxy, after_proxy),
+        "bench": per(before_bench, after_bench),
+        "etcd_watchers": etcd_watchers,
+    });
+    Ok((result, None))
+}

@@ -1,0 +1,263 @@
+//! Bench objects and the cheap parsing of what comes back.
+//!
+//! The receiving side of a fan-out run handles up to a million events a
+//! second on the same two cores as the system under test, so it does not build
+//! a JSON tree per event: it finds the few fields it needs by substring search
+//! and falls back to serde_json only when that fails. Pure; shared with
+//! `tests/bench.rs` through `#[path]`.
+
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
+
+static TYPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"type\":\""));
+static RV: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"resourceVersion\":\""));
+static WRITE_TS: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"writeTs\":"));
+static CONTINUE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"continue\":\""));
+
+/// Nanoseconds since the Unix epoch (the clock shared by writer and watchers).
+pub fn now_nanos() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+/// A Pod of about `size` bytes of JSON carrying its write timestamp.
+pub fn make_object(namespace: &str, name: &str, write_ts: i64, size: usize) -> Vec<u8> {
+    let head = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"{namespace}"}},"spec":{{"writeTs":{write_ts},"pad":""#
+    );
+    let tail = r#""}}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut v = Vec::with_capacity(head.len() + pad + tail.len());
+    v.extend_from_slice(head.as_bytes());
+    v.resize(head.len() + pad, b'x');
+    v.extend_from_slice(tail.as_bytes());
+    v
+}
+
+/// The type of a watch event line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventKind {
+    Added,
+    Modified,
+    Deleted,
+    Bookmark,
+    Error,
+    Other,
+}
+
+impl EventKind {
+    fn parse(s: &[u8]) -> EventKind {
+        match s {
+            b"ADDED" => EventKind::Added,
+            b"MODIFIED" => EventKind::Modified,
+            b"DELETED" => EventKind::Deleted,
+            b"BOOKMARK" => EventKind::Bookmark,
+            b"ERROR" => EventKind::Error,
+            _ => EventKind::Other,
+        }
+    }
+}
+
+/// What the bench needs from one watch event line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventInfo {
+    pub kind: EventKind,
+    /// `metadata.resourceVersion` of the object (0 when absent).
+    pub rv: i64,
+    /// `spec.writeTs` of the object, when present.
+    pub write_ts: Option<i64>,
+    /// For ERROR events: the Status message.
+    pub message: Option<String>,
+}
+
+fn digits_at(s: &[u8], mut i: usize) -> Option<i64> {
+    while i < s.len() && s[i] == b' ' {
+        i += 1;
+    }
+    let start = i;
+    while i < s.len() && s[i].is_ascii_digit() {
+        i += 1;
+    }
+    if i == start {
+        return None;
+    }
+    std::str::from_utf8(&s[start..i]).ok()?.parse().ok()
+}
+
+/// `spec.writeTs` of a bench object (a raw etcd value or an event line).
+pub fn extract_write_ts(value: &[u8]) -> Option<i64> {
+    let at = WRITE_TS.find(value)?;
+    digits_at(value, at + WRITE_TS.needle().len())
+}
+
+/// Parses one watch event line (`{"type":..,"object":..}`).
+pub fn parse_watch_line(line: &[u8]) -> Result<EventInfo, String> {
+    if let Some(at) = TYPE.find(line) {
+        let start = at + TYPE.needle().len();
+        if let Some(len) = memchr::memchr(b'"', &line[start..]) {
+            let kind = EventKind::parse(&line[start..start + len]);
+            if kind != EventKind::Error {
+                let rv = RV
+                    .find(line)
+                    .and_then(|i| digits_at(line, i + RV.needle().len()))
+                    .unwrap_or(0);
+                if rv != 0 || kind == EventKind::Other {
+                    return Ok(EventInfo {
+                        kind,
+                        rv,
+                        write_ts: extract_write_ts(line),
+                        message: None,
+                    });
+                }
+            }
+        }
+    }
+    parse_watch_line_slow(line)
+}
+
+fn parse_watch_line_slow(line: &[u8]) -> Result<EventInfo, String> {
+    let v: serde_json::Value = serde_json::from_slice(line).map_err(|e| {
+        format!(
+            "unparsable watch line ({e}): {}",
+            String::from_utf8_lossy(&line[..line.len().min(200)])
+        )
+    })?;
+    let kind = EventKind::parse(v["type"].as_str().unwrap_or("").as_bytes());
+    let obj = &v["object"];
+    let rv = match &obj["metadata"]["resourceVersion"] {
+        serde_json::Value::String(s) => s.parse().unwrap_or(0),
+        serde_json::Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    };
+    let write_ts = obj["spec"]["writeTs"].as_i64();
+    let message = (kind == EventKind::Error).then(|| {
+        obj["message"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| obj.to_string())
+    });
+    Ok(EventInfo {
+        kind,
+        rv,
+        write_ts,
+        message,
+    })
+}
+
+/// The `metadata.continue` token of a list body, if any.
+pub fn extract_continue(body: &[u8]) -> Option<String> {
+    let at = CONTINUE.find(body)?;
+    let start = at + CONTINUE.needle().len();
+    let len = memchr::memchr(b'"', &body[start..])?;
+    let tok = std::str::from_utf8(&body[start..start + len]).ok()?;
+    (!tok.is_empty()).then(|| tok.to_string())
+}
+
+/// `metadata.resourceVersion` of a list body (the first one in it).
+pub fn extract_resource_version(body: &[u8]) -> Option<i64> {
+    let at = RV.find(body)?;
+    digits_at(body, at + RV.needle().len())
+}
+
+/// Splits a byte stream into `\n`-terminated lines, copying only the pieces
+/// that straddle two chunks.
+#[derive(Default)]
+pub struct LineSplitter {
+    partial: Vec<u8>,
+}
+
+impl LineSplitter {
+    /// Feeds one chunk; calls `f` for every complete line (without the `\n`;
+    /// empty lines are skipped).
+    pub fn feed(&mut self, mut data: &[u8], mut f: impl FnMut(&[u8])) {
+        if !self.partial.is_empty() {
+            match memchr::memchr(b'\n', data) {
+                Some(nl) => {
+                    self.partial.extend_from_slice(&data[..nl]);
+                    if !self.partial.is_empty() {
+                        f(&self.partial);
+                    }
+                    self.partial.clear();
+                    data = &data[nl + 1..];
+                }
+                None => {
+                    self.partial.extend_from_slice(data);
+                    return;
+                }
+            }
+        }
+        while let Some(nl) = memchr::memchr(b'\n', data) {
+            if nl > 0 {
+                f(&data[..nl]);
+            }
+            data = &data[nl + 1..];
+        }
+        self.partial.extend_from_slice(data);
+    }
+
+    /// Bytes of an unfinished line.
+    #[allow(dead_code)] // used by the tests
+    pub fn pending(&self) -> usize {
+        self.partial.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_has_the_requested_size_and_timestamp() {
+        let o = make_object("ns", "obj-1", 1_700_000_000_123_456_789, 1024);
+        assert_eq!(o.len(), 1024);
+        let v: serde_json::Value = serde_json::from_slice(&o).unwrap();
+        assert_eq!(
+            v["spec"]["writeTs"].as_i64(),
+            Some(1_700_000_000_123_456_789)
+        );
+        assert_eq!(extract_write_ts(&o), Some(1_700_000_000_123_456_789));
+    }
+
+    #[test]
+    fn parses_event_lines_fast_and_slow() {
+        let line = br#"{"type":"MODIFIED","object":{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","resourceVersion":"42"},"spec":{"pad":"x","writeTs":17}}}"#;
+        let e = parse_watch_line(line).unwrap();
+        assert_eq!(
+            (e.kind, e.rv, e.write_ts),
+            (EventKind::Modified, 42, Some(17))
+        );
+        let spaced = br#"{"type": "ADDED", "object": {"metadata": {"resourceVersion": "7"}, "spec": {"writeTs": 9}}}"#;
+        let e = parse_watch_line(spaced).unwrap();
+        assert_eq!((e.kind, e.rv, e.write_ts), (EventKind::Added, 7, Some(9)));
+        let err = br#"{"type":"ERROR","object":{"kind":"Status","code":410,"message":"too old resource version: 1 (5)"}}"#;
+        let e = parse_watch_line(err).unwrap();
+        assert_eq!(e.kind, EventKind::Error);
+        assert_eq!(
+            e.message.as_deref(),
+            Some("too old resource version: 1 (5)")
+        );
+        assert!(parse_watch_line(b"{not json").is_err());
+    }
+
+    #[test]
+    fn splits_lines_across_chunks() {
+        let mut s = LineSplitter::default();
+        let mut got = Vec::new();
+        for chunk in [&b"ab"[..], b"c\nde", b"f\n\ngh\n", b"i"] {
+            s.feed(chunk, |l| got.push(String::from_utf8_lossy(l).to_string()));
+        }
+        assert_eq!(got, ["abc", "def", "gh"]);
+        assert_eq!(s.pending(), 1);
+    }
+
+    #[test]
+    fn finds_continue_and_rv() {
+        let body = br#"{"kind":"PodList","metadata":{"resourceVersion":"12","continue":"abc="},"items":[]}"#;
+        assert_eq!(extract_continue(body).as_deref(), Some("abc="));
+        assert_eq!(extract_resource_version(body), Some(12));
+        assert_eq!(extract_continue(br#"{"metadata":{"continue":""}}"#), None);
+    }
+}

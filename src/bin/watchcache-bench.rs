@@ -1,0 +1,677 @@
+//! `watchcache-bench`: the load generator of DESIGN.md section 9.
+//!
+//! Scenarios: `fanout` (F1), `list` (L1), `get` (G1), `startup` (S1), `idle`
+//! (M1), each against `--target proxy` (watchcache's HTTP API) or `--target
+//! etcd` (the same work on etcd directly), or both with `--compare` on the
+//! same etcd. By default the bench starts its own etcd and its own watchcache
+//! daemon (the `watchcache` binary next to this one); `--etcd URL` and
+//! `--proxy URL` use running ones. See docs/BENCHMARKS.md.
+
+#[path = "../bench/check.rs"]
+mod check;
+#[path = "../bench/env.rs"]
+mod env;
+#[path = "../bench/http.rs"]
+mod http;
+#[path = "../bench/procfs.rs"]
+mod procfs;
+#[path = "../bench/report.rs"]
+mod report;
+#[path = "../bench/scenarios.rs"]
+mod scenarios;
+#[path = "../bench/watchers.rs"]
+mod watchers;
+#[path = "../bench/wire.rs"]
+mod wire;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, ValueEnum};
+use indicatif::MultiProgress;
+use serde_json::{Value, json};
+
+use env::{Daemon, EtcdKeeper, daemon_config, default_watchcache_bin};
+use report::{f, print_table, ratio};
+use scenarios::{Ctx, Params, Target};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Scenario {
+    /// F1: W watchers, R writes/s of ~S-byte objects for D seconds.
+    Fanout,
+    /// L1: full and paged (limit) List of N objects.
+    List,
+    /// G1: single-object Get throughput and latency at concurrency K.
+    Get,
+    /// S1: time from daemon start to /readyz 200 with N objects in etcd.
+    Startup,
+    /// M1: RSS per idle watcher.
+    Idle,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum EtcdWatchMode {
+    /// All watchers of a connection share one gRPC watch stream (as Go's clientv3 does).
+    Mux,
+    /// One gRPC watch stream per watcher (as independent clients do).
+    Stream,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum TargetArg {
+    Proxy,
+    Etcd,
+}
+
+/// Load generator for watchcache: watch fan-out, lists, gets, start-up and
+/// memory, measured side by side with etcd.
+#[derive(Debug, Parser)]
+#[command(name = "watchcache-bench", version, about, long_about = None)]
+struct Cli {
+    /// The scenario to run.
+    #[arg(value_enum)]
+    scenario: Scenario,
+    /// What to measure: the proxy's HTTP API or etcd directly.
+    #[arg(long, value_enum, default_value = "proxy")]
+    target: TargetArg,
+    /// Run both targets in one invocation on the same etcd and print ratios.
+    #[arg(long)]
+    compare: bool,
+    /// Use this running etcd instead of starting one (e.g. http://127.0.0.1:2379).
+    #[arg(long, value_name = "URL")]
+    etcd: Option<String>,
+    /// pid of the etcd at --etcd, for its CPU and RSS figures.
+    #[arg(long, value_name = "PID")]
+    etcd_pid: Option<u32>,
+    /// Use this running watchcache instead of starting one (e.g. http://127.0.0.1:8080).
+    /// It must serve core/v1 pods from the same etcd with the default prefix.
+    #[arg(long, value_name = "URL")]
+    proxy: Option<String>,
+    /// pid of the watchcache at --proxy, for its CPU and RSS figures.
+    #[arg(long, value_name = "PID")]
+    proxy_pid: Option<u32>,
+    /// The watchcache binary to start (default: `watchcache` next to this binary).
+    #[arg(long, value_name = "PATH")]
+    watchcache_bin: Option<PathBuf>,
+    /// Watchers (fanout, idle).
+    #[arg(short = 'w', long, default_value_t = 100)]
+    watchers: usize,
+    /// Writes per second (fanout).
+    #[arg(short = 'r', long, default_value_t = 100.0)]
+    rate: f64,
+    /// Seconds of writes (fanout) or of gets (get).
+    #[arg(short = 'd', long, default_value_t = 10.0)]
+    duration: f64,
+    /// Object size in bytes (JSON).
+    #[arg(short = 's', long, default_value_t = 1024)]
+    size: usize,
+    /// Distinct objects the fanout writes cycle over.
+    #[arg(long, default_value_t = 100)]
+    keys: usize,
+    /// Connections: etcd clients for etcd watchers and gets; HTTP/2
+    /// connections to the proxy (at least; see --streams-per-conn).
+    #[arg(short = 'c', long, default_value_t = 10)]
+    connections: usize,
+    /// At most this many watch streams per HTTP/2 connection to the proxy.
+    #[arg(long, default_value_t = 1000)]
+    streams_per_conn: usize,
+    /// Talk HTTP/1.1 to the proxy (one connection per watcher or worker)
+    /// instead of HTTP/2 with prior knowledge.
+    #[arg(long)]
+    http1: bool,
+    /// How etcd watchers use their connections.
+    #[arg(long, value_enum, default_value = "mux")]
+    etcd_watch_mode: EtcdWatchMode,
+    /// Concurrent writes in flight (fanout).
+    #[arg(long, default_value_t = 4)]
+    writers: usize,
+    /// Seconds to wait after the last write for every watcher to see it.
+    #[arg(long, default_value_t = 60.0)]
+    drain_timeout: f64,
+    /// Objects in etcd (list: 10000, get: 1000, startup: 10000 by default).
+    #[arg(short = 'n', long)]
+    objects: Option<usize>,
+    /// Concurrent requests (get).
+    #[arg(short = 'k', long, default_value_t = 64)]
+    concurrency: usize,
+    /// Repetitions (list: 10, startup: 3 by default).
+    #[arg(long)]
+    iterations: Option<usize>,
+    /// Page size of the paged list.
+    #[arg(long, default_value_t = 500)]
+    page_size: usize,
+    /// Namespace the bench writes to (cleared first!).
+    #[arg(long, default_value = "watchcache-bench")]
+    namespace: String,
+    /// etcd key prefix (keys are {prefix}/pods/{ns}/{name}).
+    #[arg(long, default_value = "/registry")]
+    etcd_prefix: String,
+    /// `etcd.list_page_size` in the config of the daemons the bench starts
+    /// (default: the daemon's own default).
+    #[arg(long, value_name = "N")]
+    list_page_size: Option<usize>,
+    /// Seconds to let memory settle before reading RSS (startup, idle).
+    #[arg(long, default_value_t = 2.0)]
+    settle: f64,
+    /// Write every figure as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    json: Option<PathBuf>,
+    /// Draw the latency distributions (proxy vs etcd) into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    plot: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long)]
+    no_progress: bool,
+}
+
+fn main() -> Result<()> {
+    let nofile = procfs::raise_nofile_limit();
+    let cli = Cli::parse();
+    if cli.rate <= 0.0 || cli.duration <= 0.0 {
+        bail!("--rate and --duration must be positive");
+    }
+    if cli.proxy.is_some() && cli.etcd.is_none() {
+        bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
+    }
+    // Our own etcd lives in a keeper thread for the whole run.
+    let keeper = match &cli.etcd {
+        Some(_) => None,
+        None => Some(EtcdKeeper::start()?),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // The daemon is spawned from this (main) thread inside block_on, which
+    // outlives it (PDEATHSIG).
+    let r = rt.block_on(run(cli, keeper, nofile));
+    rt.shutdown_timeout(Duration::from_secs(2));
+    r
+}
+
+async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
+    let started = chrono::Utc::now();
+    let etcd_endpoint = match (&cli.etcd, &keeper) {
+        (Some(u), _) => u.trim_end_matches('/').to_string(),
+        (None, Some(k)) => k.endpoint.clone(),
+        (None, None) => bail!("no etcd"),
+    };
+    let targets: Vec<Target> = if cli.compare {
+        vec![Target::Proxy, Target::Etcd]
+    } else if cli.target == TargetArg::Proxy {
+        vec![Target::Proxy]
+    } else {
+        vec![Target::Etcd]
+    };
+    let default_objects = match cli.scenario {
+        Scenario::Get => 1000,
+        Scenario::Fanout | Scenario::Idle => 0,
+        _ => 10_000,
+    };
+    let default_iterations = match cli.scenario {
+        Scenario::Startup => 3,
+        _ => 10,
+    };
+    let p = Params {
+        watchers: cli.watchers,
+        rate: cli.rate,
+        duration_s: cli.duration,
+        size: cli.size,
+        keys: cli.keys.max(1),
+        connections: cli.connections.max(1),
+        streams_per_conn: cli.streams_per_conn.max(1),
+        http1: cli.http1,
+        etcd_mux: cli.etcd_watch_mode == EtcdWatchMode::Mux,
+        writers: cli.writers.max(1),
+        drain_timeout_s: cli.drain_timeout,
+        objects: cli.objects.unwrap_or(default_objects),
+        concurrency: cli.concurrency.max(1),
+        iterations: cli.iterations.unwrap_or(default_iterations).max(1),
+        page_size: cli.page_size.max(1),
+        namespace: cli.namespace.clone(),
+        etcd_prefix: cli.etcd_prefix.clone(),
+        settle_s: cli.settle,
+        list_page_size: cli.list_page_size,
+    };
+    let watchcache_bin = cli
+        .watchcache_bin
+        .clone()
+        .unwrap_or_else(default_watchcache_bin);
+    let needs_daemon = targets.contains(&Target::Proxy) && cli.scenario != Scenario::Startup;
+    let mut ctx = Ctx {
+        etcd_endpoint: etcd_endpoint.clone(),
+        keeper,
+        etcd_pid_override: cli.etcd_pid,
+        proxy_authority: cli.proxy.as_ref().map(|u| {
+            u.trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string()
+        }),
+        proxy_pid_override: cli.proxy_pid,
+        daemon: None,
+        watchcache_bin,
+        mp: MultiProgress::new(),
+        progress: !cli.no_progress,
+        p,
+    };
+    if needs_daemon && ctx.proxy_authority.is_none() {
+        // History large enough for every write of the run plus the setup.
+        let history = ((cli.rate * cli.duration) as usize + ctx.p.objects + 1000).max(10_000);
+        let cfg = daemon_config(
+            &etcd_endpoint,
+            &ctx.p.etcd_prefix,
+            history,
+            ctx.p.list_page_size,
+        );
+        let t = Instant::now();
+        let mut d = Daemon::spawn(&ctx.watchcache_bin, &cfg)?;
+        d.wait_ready(t, Duration::from_secs(120))
+            .await
+            .context("starting watchcache")?;
+        ctx.proxy_authority = Some(d.authority.clone());
+        ctx.daemon = Some(d);
+    }
+
+    let etcd_version = env::etcd_version(&etcd_endpoint).await;
+    eprintln!(
+        "watchcache-bench {:?}: etcd {} ({}){}",
+        cli.scenario,
+        etcd_endpoint,
+        etcd_version.as_deref().unwrap_or("version unknown"),
+        ctx.proxy_authority
+            .as_ref()
+            .map(|a| format!(", proxy http://{a}"))
+            .unwrap_or_default()
+    );
+
+    // Setup shared by both targets.
+    let loaded_rev = match cli.scenario {
+        Scenario::List | Scenario::Get | Scenario::Startup => scenarios::load_for(&ctx).await?,
+        _ => 0,
+    };
+
+    let mut results = serde_json::Map::new();
+    let mut hists: Vec<(String, Vec<[f64; 2]>)> = Vec::new();
+    for &t in &targets {
+        let variants: Vec<&str> = match (cli.scenario, t) {
+            (Scenario::List | Scenario::Get, Target::Proxy) => vec!["proxy", "proxy_consistent"],
+            _ => vec![t.name()],
+        };
+        for v in variants {
+            let r = match cli.scenario {
+                Scenario::Fanout => scenarios::fanout(&ctx, t).await,
+                Scenario::List => scenarios::list(&ctx, v, loaded_rev).await,
+                Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
+                Scenario::Startup => scenarios::startup(&ctx, t).await,
+                Scenario::Idle => scenarios::idle(&ctx, t).await,
+            };
+            let (value, _h) = r.with_context(|| format!("{:?} against {v}", cli.scenario))?;
+            if let Some(d) = value.get("latency_distribution").and_then(|d| d.as_array()) {
+                let pts: Vec<[f64; 2]> = d
+                    .iter()
+                    .filter_map(|p| Some([p.get(0)?.as_f64()?, p.get(1)?.as_f64()?]))
+                    .collect();
+                if !pts.is_empty() {
+                    hists.push((v.to_string(), pts));
+                }
+            }
+            results.insert(v.to_string(), value);
+        }
+    }
+    // Shut the daemon down before reporting.
+    ctx.daemon.take();
+
+    let results = Value::Object(results);
+    let (ratios, goals) = ratios_and_goals(cli.scenario, &results);
+    print_summary(cli.scenario, &results, &ratios, &goals);
+
+    let argv: Vec<String> = std::env::args().collect();
+    let report = json!({
+        "tool": "watchcache-bench",
+        "version": env!("CARGO_PKG_VERSION"),
+        "scenario": format!("{:?}", cli.scenario).to_lowercase(),
+        "command": argv.join(" "),
+        "started_at": started.to_rfc3339(),
+        "finished_at": chrono::Utc::now().to_rfc3339(),
+        "machine": procfs::machine_info(nofile),
+        "etcd_version": etcd_version,
+        "etcd_endpoint": etcd_endpoint,
+        "params": {
+            "targets": targets.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            "watchers": ctx.p.watchers,
+            "rate_per_s": ctx.p.rate,
+            "duration_s": ctx.p.duration_s,
+            "object_size": ctx.p.size,
+            "keys": ctx.p.keys,
+            "connections": ctx.p.connections,
+            "streams_per_conn": ctx.p.streams_per_conn,
+            "transport": if ctx.p.http1 { "http/1.1" } else { "h2c" },
+            "etcd_watch_mode": if ctx.p.etcd_mux { "mux" } else { "stream" },
+            "writers": ctx.p.writers,
+            "objects": ctx.p.objects,
+            "concurrency": ctx.p.concurrency,
+            "iterations": ctx.p.iterations,
+            "page_size": ctx.p.page_size,
+            "namespace": ctx.p.namespace,
+            "list_page_size": ctx.p.list_page_size,
+        },
+        "results": results,
+        "ratios": ratios,
+        "goals": goals,
+    });
+    if let Some(path) = &cli.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = &cli.plot {
+        if hists.is_empty() {
+            eprintln!("--plot: this scenario has no latency distribution to draw");
+        } else {
+            let title = match cli.scenario {
+                Scenario::Fanout => "F1 watch delivery latency",
+                Scenario::List => "L1 full list latency",
+                Scenario::Get => "G1 get latency",
+                _ => "latency",
+            };
+            report::plot_latency(path, title, &hists)?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn num(v: &Value, path: &[&str]) -> f64 {
+    let mut cur = v;
+    for p in path {
+        match cur.get(p) {
+            Some(n) => cur = n,
+            None => return f64::NAN,
+        }
+    }
+    cur.as_f64().unwrap_or(f64::NAN)
+}
+
+fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
+    let (Some(proxy), Some(etcd)) = (r.get("proxy"), r.get("etcd")) else {
+        let goals = match (s, r.get("proxy").or(r.get("etcd"))) {
+            (Scenario::Fanout, Some(x)) => json!({
+                "zero_lost_and_duplicated": num(x, &["lost"]) == 0.0 && num(x, &["duplicated"]) == 0.0,
+            }),
+            _ => json!({}),
+        };
+        return (json!({}), goals);
+    };
+    match s {
+        Scenario::Fanout => {
+            let p99p = num(proxy, &["latency_ms", "p99_ms"]);
+            let p99e = num(etcd, &["latency_ms", "p99_ms"]);
+            let cpup = num(proxy, &["processes", "etcd", "cpu_s"]);
+            let cpue = num(etcd, &["processes", "etcd", "cpu_s"]);
+            let clean = ["lost", "duplicated", "unexpected", "out_of_order"]
+                .iter()
+                .all(|k| num(proxy, &[k]) == 0.0 && num(etcd, &[k]) == 0.0);
+            (
+                json!({
+                    "p50_latency_proxy_over_etcd": ratio(num(proxy, &["latency_ms", "p50_ms"]), num(etcd, &["latency_ms", "p50_ms"])),
+                    "p99_latency_proxy_over_etcd": ratio(p99p, p99e),
+                    "max_latency_proxy_over_etcd": ratio(num(proxy, &["latency_ms", "max_ms"]), num(etcd, &["latency_ms", "max_ms"])),
+                    "deliveries_per_s_proxy_over_etcd": ratio(num(proxy, &["deliveries_per_s"]), num(etcd, &["deliveries_per_s"])),
+                    "etcd_cpu_proxy_target_over_etcd_target": ratio(cpup, cpue),
+                    "holder_cpu_proxy_over_etcd": ratio(num(proxy, &["processes", "proxy", "cpu_s"]), cpue),
+                }),
+                json!({
+                    "zero_lost_and_duplicated": clean,
+                    "proxy_p99_no_worse_than_etcd": p99p <= p99e,
+                    "etcd_cpu_at_most_a_tenth": cpup <= cpue / 10.0,
+                }),
+            )
+        }
+        Scenario::List => {
+            let full = |x: &Value| num(x, &["full_list_ms", "p50_ms"]);
+            let paged = |x: &Value| num(x, &["paged_list_ms", "p50_ms"]);
+            let cons = r.get("proxy_consistent");
+            (
+                json!({
+                    "full_list_p50_speedup_proxy_vs_etcd": ratio(full(etcd), full(proxy)),
+                    "paged_list_p50_speedup_proxy_vs_etcd": ratio(paged(etcd), paged(proxy)),
+                    "full_list_p50_speedup_proxy_consistent_vs_etcd": cons.map(|c| ratio(full(etcd), full(c))).unwrap_or(Value::Null),
+                    "paged_list_p50_speedup_proxy_consistent_vs_etcd": cons.map(|c| ratio(paged(etcd), paged(c))).unwrap_or(Value::Null),
+                }),
+                json!({ "full_list_at_least_10x_faster": full(etcd) >= 10.0 * full(proxy) }),
+            )
+        }
+        Scenario::Get => {
+            let tput = |x: &Value| num(x, &["gets_per_s"]);
+            let cons = r.get("proxy_consistent");
+            (
+                json!({
+                    "throughput_proxy_over_etcd": ratio(tput(proxy), tput(etcd)),
+                    "throughput_proxy_consistent_over_etcd": cons.map(|c| ratio(tput(c), tput(etcd))).unwrap_or(Value::Null),
+                    "p50_latency_proxy_over_etcd": ratio(num(proxy, &["latency_ms", "p50_ms"]), num(etcd, &["latency_ms", "p50_ms"])),
+                }),
+                json!({ "throughput_at_least_5x": tput(proxy) >= 5.0 * tput(etcd) }),
+            )
+        }
+        Scenario::Startup => (
+            json!({
+                "ready_s_proxy_over_etcd": ratio(num(proxy, &["ready_s_median"]), num(etcd, &["ready_s_median"])),
+            }),
+            json!({}),
+        ),
+        Scenario::Idle => {
+            let pp = num(proxy, &["rss_per_watcher_bytes"]);
+            (
+                json!({
+                    "rss_per_watcher_proxy_over_etcd": ratio(pp, num(etcd, &["rss_per_watcher_bytes"])),
+                }),
+                json!({ "under_10kb_per_idle_watcher": pp < 10_240.0 }),
+            )
+        }
+    }
+}
+
+fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
+    let Some(map) = r.as_object() else { return };
+    let s2 = |v: &Value, p: &[&str]| -> String {
+        let mut cur = v;
+        for k in p {
+            match cur.get(k) {
+                Some(n) => cur = n,
+                None => return "-".into(),
+            }
+        }
+        match cur {
+            Value::Number(n) => f(n.as_f64().unwrap_or(f64::NAN)),
+            Value::Null => "-".into(),
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        }
+    };
+    let kb_to_mb = |v: &Value, p: &[&str]| -> String {
+        let x = num(v, p);
+        if x.is_nan() {
+            "-".into()
+        } else {
+            f(x / 1024.0)
+        }
+    };
+    match s {
+        Scenario::Fanout => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["watchers_established"]),
+                        s2(v, &["writes"]),
+                        s2(v, &["deliveries"]),
+                        s2(v, &["deliveries_per_s"]),
+                        s2(v, &["latency_ms", "p50_ms"]),
+                        s2(v, &["latency_ms", "p90_ms"]),
+                        s2(v, &["latency_ms", "p99_ms"]),
+                        s2(v, &["latency_ms", "max_ms"]),
+                        s2(v, &["lost"]),
+                        s2(v, &["duplicated"]),
+                        s2(v, &["processes", "etcd", "cpu_s"]),
+                        kb_to_mb(v, &["processes", "etcd", "peak_rss_kb"]),
+                        s2(v, &["processes", "proxy", "cpu_s"]),
+                        kb_to_mb(v, &["processes", "proxy", "peak_rss_kb"]),
+                        s2(v, &["etcd_watchers"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                "F1 fan-out",
+                &[
+                    "target",
+                    "watchers",
+                    "writes",
+                    "deliveries",
+                    "deliv/s",
+                    "p50 ms",
+                    "p90 ms",
+                    "p99 ms",
+                    "max ms",
+                    "lost",
+                    "dup",
+                    "etcd cpu s",
+                    "etcd MB",
+                    "proxy cpu s",
+                    "proxy MB",
+                    "etcd watchers",
+                ],
+                &rows,
+            );
+        }
+        Scenario::List => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["items"]),
+                        kb_to_mb(v, &["full_list_bytes"]),
+                        s2(v, &["full_list_ms", "p50_ms"]),
+                        s2(v, &["full_list_ms", "p99_ms"]),
+                        s2(v, &["paged_list_ms", "p50_ms"]),
+                        s2(v, &["paged_list_ms", "p99_ms"]),
+                        s2(v, &["pages"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                "L1 list",
+                &[
+                    "target",
+                    "items",
+                    "full KiB",
+                    "full p50 ms",
+                    "full p99 ms",
+                    "paged p50 ms",
+                    "paged p99 ms",
+                    "pages",
+                ],
+                &rows,
+            );
+        }
+        Scenario::Get => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["concurrency"]),
+                        s2(v, &["gets"]),
+                        s2(v, &["errors"]),
+                        s2(v, &["gets_per_s"]),
+                        s2(v, &["latency_ms", "p50_ms"]),
+                        s2(v, &["latency_ms", "p99_ms"]),
+                        s2(v, &["latency_ms", "max_ms"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                "G1 get",
+                &[
+                    "target", "K", "gets", "errors", "gets/s", "p50 ms", "p99 ms", "max ms",
+                ],
+                &rows,
+            );
+        }
+        Scenario::Startup => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["objects"]),
+                        s2(v, &["ready_s_median"]),
+                        kb_to_mb(v, &["rss_kb"]),
+                        s2(v, &["rss_per_object_bytes"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                "S1 start-up",
+                &[
+                    "target",
+                    "objects",
+                    "ready s (median)",
+                    "RSS MB",
+                    "RSS B/object",
+                ],
+                &rows,
+            );
+        }
+        Scenario::Idle => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["watchers_established"]),
+                        s2(v, &["connections"]),
+                        kb_to_mb(v, &["holder", "rss_before_kb"]),
+                        kb_to_mb(v, &["holder", "rss_after_kb"]),
+                        s2(v, &["rss_per_watcher_bytes"]),
+                        s2(v, &["etcd", "rss_per_watcher_bytes"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                "M1 idle watchers",
+                &[
+                    "target",
+                    "watchers",
+                    "conns",
+                    "RSS before MB",
+                    "RSS after MB",
+                    "B/watcher",
+                    "etcd B/watcher",
+                ],
+                &rows,
+            );
+        }
+    }
+    if let Some(m) = ratios.as_object().filter(|m| !m.is_empty()) {
+        println!("\nratios");
+        for (k, v) in m {
+            println!("  {k:<52} {}", s2(v, &[]));
+        }
+    }
+    if let Some(m) = goals.as_object().filter(|m| !m.is_empty()) {
+        println!("\ngoals");
+        for (k, v) in m {
+            let ok = v.as_bool().unwrap_or(false);
+            println!("  {k:<52} {}", if ok { "met" } else { "MISSED" });
+        }
+    }
+    for (k, v) in map {
+        for key in ["first_error", "first_write_error"] {
+            if let Some(e) = v.get(key).and_then(|e| e.as_str()) {
+                println!("\n{k}: {key}: {e}");
+            }
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! Tests of `watchcache-bench` itself: the lost/duplicate checker (pure) and
+//! small real runs of every scenario (the bench starts its own etcd and
+//! watchcache), checking that the JSON report carries every figure.
+
+#[path = "../src/bench/check.rs"]
+#[allow(dead_code)]
+mod check;
+#[path = "../src/bench/wire.rs"]
+#[allow(dead_code)]
+mod wire;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use check::check_deliveries;
+
+// ------------------------------------------------------------ the checker
+
+/// A write log like the bench's: revisions of consecutive puts, starting
+/// after some setup revisions.
+fn write_log(n: i64) -> Vec<i64> {
+    (0..n).map(|i| 100 + i).collect()
+}
+
+#[test]
+fn checker_accepts_a_clean_run() {
+    let log = write_log(50);
+    let r = check_deliveries(&log, &log);
+    assert!(r.is_clean(), "{r:?}");
+    assert_eq!((r.expected, r.received), (50, 50));
+}
+
+#[test]
+fn checker_detects_an_injected_gap() {
+    let log = write_log(50);
+    let mut got = log.clone();
+    got.remove(17);
+    got.remove(30);
+    let r = check_deliveries(&log, &got);
+    assert_eq!(r.lost, 2, "{r:?}");
+    assert_eq!((r.duplicated, r.unexpected, r.out_of_order), (0, 0, 0));
+    assert!(!r.is_clean());
+    // A watcher that stopped early lost the tail.
+    let r = check_deliveries(&log, &log[..40]);
+    assert_eq!(r.lost, 10);
+}
+
+#[test]
+fn checker_detects_an_injected_duplicate() {
+    let log = write_log(50);
+    let mut got = log.clone();
+    got.insert(21, got[20]);
+    // A replay of an earlier event later in the stream is a duplicate and out of order.
+    got.push(log[3]);
+    let r = check_deliveries(&log, &got);
+    assert_eq!(r.duplicated, 2, "{r:?}");
+    assert_eq!(r.out_of_order, 1, "{r:?}");
+    assert_eq!((r.lost, r.unexpected), (0, 0));
+    assert!(!r.is_clean());
+}
+
+#[test]
+fn checker_detects_foreign_events_and_accepts_an_unsorted_log() {
+    let log = vec![7, 3, 5];
+    let r = check_deliveries(&log, &[3, 4, 5, 7]);
+    assert_eq!((r.lost, r.unexpected, r.expected), (0, 1, 3));
+}
+
+// ------------------------------------------------------------ real runs
+
+fn bench(args: &[&str], json: &Path) -> Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_watchcache-bench"))
+        .args(args)
+        .arg("--no-progress")
+        .arg("--json")
+        .arg(json)
+        .output()
+        .expect("run watchcache-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "watchcache-bench {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    let text = std::fs::read_to_string(json).expect("JSON report written");
+    serde_json::from_str(&text).expect("JSON report parses")
+}
+
+/// Asserts that `v` has every dotted path in `paths` (null allowed only if `allow_null`).
+fn has_fields(v: &Value, paths: &[&str], allow_null: bool, what: &str) {
+    for p in paths {
+        let mut cur = v;
+        for k in p.split('.') {
+            cur = cur
+                .get(k)
+                .unwrap_or_else(|| panic!("{what}: missing field {p} in {v:#}"));
+        }
+        assert!(allow_null || !cur.is_null(), "{what}: field {p} is null");
+    }
+}
+
+const TOP: &[&str] = &[
+    "tool",
+    "version",
+    "scenario",
+    "command",
+    "started_at",
+    "finished_at",
+    "machine.nproc",
+    "machine.mem_total_kb",
+    "machine.kernel",
+    "etcd_version",
+    "params.targets",
+    "results",
+    "ratios",
+    "goals",
+];
+
+const FANOUT: &[&str] = &[
+    "target",
+    "watchers",
+    "watchers_established",
+    "watchers_failed",
+    "connections",
+    "transport",
+    "rate_per_s",
+    "duration_s",
+    "object_size",
+    "writes",
+    "write_errors",
+    "write_phase_s",
+    "drain_s",
+    "drained",
+    "deliveries",
+    "expected_deliveries",
+    "deliveries_per_s",
+    "latency_ms.p50_ms",
+    "latency_ms.p90_ms",
+    "latency_ms.p99_ms",
+    "latency_ms.max_ms",
+    "lost",
+    "duplicated",
+    "unexpected",
+    "out_of_order",
+    "watchers_with_loss",
+    "watchers_with_duplicates",
+    "etcd_watchers",
+    "processes.etcd.cpu_s",
+    "processes.etcd.peak_rss_kb",
+    "processes.proxy.cpu_s",
+    "processes.proxy.peak_rss_kb",
+    "processes.bench.cpu_s",
+    "latency_distribution",
+];
+
+#[test]
+fn fanout_small_run_on_both_targets_is_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("f1.json");
+    let svg = dir.path().join("f1.svg");
+    let r = bench(
+        &[
+            "fanout",
+            "--compare",
+            "-w",
+            "20",
+            "-r",
+            "50",
+            "-d",
+            "1",
+            "--plot",
+            svg.to_str().unwrap(),
+        ],
+        &json,
+    );
+    has_fields(&r, TOP, false, "report");
+    assert_eq!(r["scenario"], "fanout");
+    for target in ["proxy", "etcd"] {
+        let t = &r["results"][target];
+        has_fields(t, FANOUT, false, target);
+        assert_eq!(t["watchers_established"], 20, "{target}: {t:#}");
+        assert_eq!(t["writes"], 50, "{target}");
+        assert_eq!(t["write_errors"], 0, "{target}");
+        for k in ["lost", "duplicated", "unexpected", "out_of_order"] {
+            assert_eq!(t[k], 0, "{target}: {k} on a clean run: {t:#}");
+        }
+        assert_eq!(t["deliveries"], 20 * 50, "{target}");
+        assert_eq!(
+            t["latency_ms"]["count"],
+            20 * 50,
+            "{target}: one latency per delivery"
+        );
+        assert!(t["latency_ms"]["p50_ms"].as_f64().unwrap() > 0.0);
+        assert!(!t["latency_distribution"].as_array().unwrap().is_empty());
+    }
+    // etcd holds the watchers only when they are on etcd.
+    assert!(r["results"]["etcd"]["etcd_watchers"].as_f64().unwrap() >= 20.0);
+    assert!(r["results"]["proxy"]["etcd_watchers"].as_f64().unwrap() < 20.0);
+    has_fields(
+        &r,
+        &[
+            "ratios.p99_latency_proxy_over_etcd",
+            "ratios.deliveries_per_s_proxy_over_etcd",
+            "ratios.etcd_cpu_proxy_target_over_etcd_target",
+            "goals.zero_lost_and_duplicated",
+            "goals.proxy_p99_no_worse_than_etcd",
+            "goals.etcd_cpu_at_most_a_tenth",
+        ],
+        true,
+        "fanout ratios",
+    );
+    assert_eq!(r["goals"]["zero_lost_and_duplicated"], true);
+    let plot = std::fs::read_to_string(&svg).expect("plot written");
+    assert!(plot.starts_with("<svg") && plot.contains("proxy") && plot.contains("etcd"));
+}
+
+#[test]
+fn fanout_over_http1_on_the_proxy() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("f1.json");
+    let r = bench(
+        &[
+            "fanout", "--target", "proxy", "--http1", "-w", "10", "-r", "40", "-d", "1",
+        ],
+        &json,
+    );
+    let t = &r["results"]["proxy"];
+    has_fields(t, FANOUT, false, "proxy http1");
+    assert_eq!(t["transport"], "http/1.1");
+    assert_eq!(t["connections"], 10);
+    assert_eq!(t["deliveries"], 10 * 40);
+    assert_eq!(
+        (t["lost"].as_u64(), t["duplicated"].as_u64()),
+        (Some(0), Some(0))
+    );
+}
+
+#[test]
+fn fanout_with_one_etcd_watch_stream_per_watcher() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("f1.json");
+    let r = bench(
+        &[
+            "fanout",
+            "--target",
+            "etcd",
+            "--etcd-watch-mode",
+            "stream",
+            "-w",
+            "10",
+            "-r",
+            "40",
+            "-d",
+            "1",
+        ],
+        &json,
+    );
+    assert_eq!(r["params"]["etcd_watch_mode"], "stream");
+    let t = &r["results"]["etcd"];
+    let mut fields: Vec<&str> = FANOUT.to_vec();
+    fields.retain(|f| !f.starts_with("processes.proxy"));
+    has_fields(t, &fields, false, "etcd stream mode");
+    assert_eq!(t["deliveries"], 10 * 40);
+    assert_eq!(
+        (t["lost"].as_u64(), t["duplicated"].as_u64()),
+        (Some(0), Some(0))
+    );
+    assert!(t["etcd_watch_streams"].as_f64().unwrap() >= 10.0, "{t:#}");
+}
+
+#[test]
+fn list_get_startup_idle_report_every_figure() {
+    let dir = tempfile::tempdir().unwrap();
+    let common = ["--compare", "-n", "600", "-s", "512", "--iterations", "2"];
+
+    let mut args = vec!["list"];
+    args.extend(common);
+    let r = bench(&args, &dir.path().join("l1.json"));
+    has_fields(&r, TOP, false, "list");
+    for t in ["proxy", "proxy_consistent", "etcd"] {
+        let v = &r["results"][t];
+        has_fields(
+            v,
+            &[
+                "items",
+                "full_list_bytes",
+                "full_list_ms.p50_ms",
+                "paged_list_ms.p50_ms",
+                "pages",
+                "page_size",
+            ],
+            false,
+            t,
+        );
+        assert_eq!(v["items"], 600, "{t}: {v:#}");
+        assert_eq!(v["pages"], 2, "{t}: 600 objects in pages of 500");
+    }
+    has_fields(
+        &r,
+        &[
+            "ratios.full_list_p50_speedup_proxy_vs_etcd",
+            "goals.full_list_at_least_10x_faster",
+        ],
+        false,
+        "list ratios",
+    );
+
+    let mut args = vec!["get", "-d", "1", "-k", "8"];
+    args.extend(common);
+    let r = bench(&args, &dir.path().join("g1.json"));
+    for t in ["proxy", "proxy_consistent", "etcd"] {
+        let v = &r["results"][t];
+        has_fields(
+            v,
+            &[
+                "gets",
+                "errors",
+                "gets_per_s",
+                "latency_ms.p50_ms",
+                "latency_ms.p99_ms",
+                "concurrency",
+            ],
+            false,
+            t,
+        );
+        assert_eq!(v["errors"], 0, "{t}: {v:#}");
+        assert!(v["gets"].as_u64().unwrap() > 0, "{t}");
+    }
+    has_fields(
+        &r,
+        &[
+            "ratios.throughput_proxy_over_etcd",
+            "goals.throughput_at_least_5x",
+        ],
+        false,
+        "get ratios",
+    );
+
+    let mut args = vec!["startup", "--settle", "0.2"];
+    args.extend(common);
+    let r = bench(&args, &dir.path().join("s1.json"));
+    has_fields(
+        &r["results"]["proxy"],
+        &[
+            "ready_s",
+            "ready_s_median",
+            "rss_kb",
+            "empty_rss_kb",
+            "rss_per_object_bytes",
+        ],
+        false,
+        "startup proxy",
+    );
+    has_fields(
+        &r["results"]["etcd"],
+        &["ready_s", "ready_s_median", "rss_kb"],
+        false,
+        "startup etcd",
+    );
+    assert_eq!(
+        r["results"]["proxy"]["ready_s"].as_array().unwrap().len(),
+        2
+    );
+    has_fields(
+        &r,
+        &["ratios.ready_s_proxy_over_etcd"],
+        false,
+        "startup ratios",
+    );
+
+    let r = bench(
+        &["idle", "--compare", "-w", "50", "--settle", "0.2"],
+        &dir.path().join("m1.json"),
+    );
+    for t in ["proxy", "etcd"] {
+        let v = &r["results"][t];
+        has_fields(
+            v,
+            &[
+                "watchers_established",
+                "rss_per_watcher_bytes",
+                "holder.rss_before_kb",
+                "holder.rss_after_kb",
+            ],
+            false,
+            t,
+        );
+        assert_eq!(v["watchers_established"], 50, "{t}: {v:#}");
+    }
+    has_fields(
+        &r,
+        &[
+            "ratios.rss_per_watcher_proxy_over_etcd",
+            "goals.under_10kb_per_idle_watcher",
+        ],
+        false,
+        "idle ratios",
+    );
+}
