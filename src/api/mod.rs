@@ -188,7 +188,12 @@ impl Server {
                     conns.spawn(async move {
                         let svc = service_fn(move |req| {
                             let state = Arc::clone(&state);
-                            async move { Ok::<_, Infallible>(handle(state, req).await) }
+                            // Boxed: hyper sizes each stream's task by this
+                            // future, and a watch's task lives as long as the
+                            // watch; boxed, it shrinks to the body pipe once
+                            // the response head is out.
+                            let fut = Box::pin(handle(state, req));
+                            async move { Ok::<_, Infallible>(fut.await) }
                         });
                         let conn = builder.serve_connection(TokioIo::new(stream), svc);
                         let mut conn = std::pin::pin!(conn);
