@@ -71,6 +71,25 @@ pub fn free_port() -> std::io::Result<u16> {
     Ok(l.local_addr()?.port())
 }
 
+/// Makes the child get SIGKILL when the thread that spawns it exits
+/// (Linux PDEATHSIG), so a helper process (etcd, a daemon under test) never
+/// outlives us, even if we are SIGKILLed.
+pub fn kill_with_parent(cmd: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cmd;
+}
+
 /// Two distinct free loopback ports (both held until both are known, so
 /// they cannot be the same port).
 fn free_port_pair() -> std::io::Result<(u16, u16)> {
@@ -161,19 +180,7 @@ impl EtcdServer {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
-        // etcd must not outlive us, even if we are SIGKILLed: ask the kernel
-        // to kill it when the thread that forked it exits.
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl is async-signal-safe; nothing else runs between fork and exec.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-        }
+        kill_with_parent(&mut cmd);
         let child = cmd.spawn()?;
         self.child = Some(child);
         Ok(())

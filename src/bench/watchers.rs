@@ -394,36 +394,8 @@ async fn etcd_watcher(
             permit.take();
             shared.established.fetch_add(1, Ordering::Relaxed);
         }
-        if resp.canceled() {
-            out.error = Some(format!(
-                "etcd watch canceled: {} (compact revision {})",
-                resp.cancel_reason(),
-                resp.compact_revision()
-            ));
+        if !record_etcd_response(&resp, &mut out, &mut lat_us, &shared, i) {
             break;
-        }
-        let events = resp.events();
-        if events.is_empty() {
-            continue;
-        }
-        let now = now_nanos();
-        let mut last = 0i64;
-        for ev in events {
-            if let Some(kv) = ev.kv() {
-                let rv = kv.mod_revision();
-                out.revs.push(rv);
-                last = last.max(rv);
-                if let Some(ts) = extract_write_ts(kv.value()) {
-                    lat_us.push(((now - ts).max(0) / 1000) as u64);
-                }
-            }
-        }
-        shared
-            .deliveries
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
-        shared.last_rev[i].fetch_max(last, Ordering::Relaxed);
-        if lat_us.len() >= FLUSH_EVERY {
-            shared.record(i, &mut lat_us);
         }
     }
     shared.record(i, &mut lat_us);
@@ -432,6 +404,50 @@ async fn etcd_watcher(
 
 /// Several watchers on one etcd gRPC watch stream (one connection), told
 /// apart by watch id; etcd answers creates in the order they were sent.
+/// Records one etcd watch response of watcher `i` (its revisions into `out`,
+/// latencies into `lat_us`, counts into `shared`); false when etcd canceled
+/// the watch (the reason is in `out.error`).
+fn record_etcd_response(
+    resp: &etcd_client::WatchResponse,
+    out: &mut Outcome,
+    lat_us: &mut Vec<u64>,
+    shared: &Shared,
+    i: usize,
+) -> bool {
+    if resp.canceled() {
+        out.error = Some(format!(
+            "etcd watch canceled: {} (compact revision {})",
+            resp.cancel_reason(),
+            resp.compact_revision()
+        ));
+        return false;
+    }
+    let events = resp.events();
+    if events.is_empty() {
+        return true;
+    }
+    let now = now_nanos();
+    let mut last = 0i64;
+    for ev in events {
+        if let Some(kv) = ev.kv() {
+            let rv = kv.mod_revision();
+            out.revs.push(rv);
+            last = last.max(rv);
+            if let Some(ts) = extract_write_ts(kv.value()) {
+                lat_us.push(((now - ts).max(0) / 1000) as u64);
+            }
+        }
+    }
+    shared
+        .deliveries
+        .fetch_add(events.len() as u64, Ordering::Relaxed);
+    shared.last_rev[i].fetch_max(last, Ordering::Relaxed);
+    if lat_us.len() >= FLUSH_EVERY {
+        shared.record(i, lat_us);
+    }
+    true
+}
+
 async fn etcd_mux_watchers(
     ids: Vec<usize>,
     client: Client,
@@ -513,37 +529,7 @@ async fn etcd_mux_watchers(
         };
         let i = ids[local];
         let o = &mut outs[local];
-        if resp.canceled() {
-            o.error = Some(format!(
-                "etcd watch canceled: {} (compact revision {})",
-                resp.cancel_reason(),
-                resp.compact_revision()
-            ));
-            continue;
-        }
-        let events = resp.events();
-        if events.is_empty() {
-            continue;
-        }
-        let now = now_nanos();
-        let mut last = 0i64;
-        for ev in events {
-            if let Some(kv) = ev.kv() {
-                let rv = kv.mod_revision();
-                o.revs.push(rv);
-                last = last.max(rv);
-                if let Some(ts) = extract_write_ts(kv.value()) {
-                    lat_us.push(((now - ts).max(0) / 1000) as u64);
-                }
-            }
-        }
-        shared
-            .deliveries
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
-        shared.last_rev[i].fetch_max(last, Ordering::Relaxed);
-        if lat_us.len() >= FLUSH_EVERY {
-            shared.record(i, &mut lat_us);
-        }
+        record_etcd_response(&resp, o, &mut lat_us, &shared, i);
     }
     shared.record(ids[0], &mut lat_us);
     sender_task.abort();
