@@ -174,6 +174,16 @@ pub(crate) enum ReadPlan {
     },
 }
 
+impl From<continue_token::ContinueToken> for ReadPlan {
+    fn from(t: continue_token::ContinueToken) -> ReadPlan {
+        ReadPlan::Continue {
+            rv: t.rv,
+            start_key: t.start_key,
+            counts: t.counts,
+        }
+    }
+}
+
 /// Applies the List table of DESIGN.md section 2, 400 cells included.
 pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan, CacherError> {
     let rv = req.resource_version;
@@ -202,11 +212,7 @@ pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan,
         // "Exact N" with a continue token: only the token's own RV is exact N.
         (Some(Exact), Some(n), Some(t)) => {
             if t.rv == n {
-                Ok(ReadPlan::Continue {
-                    rv: t.rv,
-                    start_key: t.start_key,
-                    counts: t.counts,
-                })
+                Ok(ReadPlan::from(t))
             } else {
                 Err(CacherError::BadRequest(format!(
                     "resourceVersion {n} does not match the continue token's {}",
@@ -217,11 +223,7 @@ pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan,
         (Some(Exact), Some(n), None) => Ok(ReadPlan::Exact(n)),
         (Some(NotOlderThan), Some(n), Some(t)) => {
             if t.rv >= n {
-                Ok(ReadPlan::Continue {
-                    rv: t.rv,
-                    start_key: t.start_key,
-                    counts: t.counts,
-                })
+                Ok(ReadPlan::from(t))
             } else {
                 Err(CacherError::BadRequest(format!(
                     "the continue token's resourceVersion {} is older than {n}",
@@ -231,11 +233,7 @@ pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan,
         }
         (Some(NotOlderThan), Some(0), None) => Ok(ReadPlan::Any),
         (Some(NotOlderThan), Some(n), None) => Ok(ReadPlan::NotOlderThan(n)),
-        (None, None | Some(0), Some(t)) => Ok(ReadPlan::Continue {
-            rv: t.rv,
-            start_key: t.start_key,
-            counts: t.counts,
-        }),
+        (None, None | Some(0), Some(t)) => Ok(ReadPlan::from(t)),
         (None, Some(_), Some(_)) => Err(CacherError::BadRequest(
             "specifying resource version is not allowed when using continue".into(),
         )),
