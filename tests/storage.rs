@@ -912,10 +912,24 @@ async fn stopped_etcd_fails_within_the_deadline() {
 /// a failing assertion never leaves a frozen etcd behind.
 struct Frozen(u32);
 impl Frozen {
+    /// Stops `pid` and waits until the kernel reports it stopped (state `T`
+    /// in /proc): SIGSTOP is delivered asynchronously, and on a loaded
+    /// machine etcd could otherwise still answer the next request.
     fn new(pid: u32) -> Frozen {
         // SAFETY: kill(2) on the pid of the etcd this test started.
         unsafe {
             libc::kill(pid as libc::pid_t, libc::SIGSTOP);
+        }
+        let stopped = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|st| st.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+                .unwrap_or(false)
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stopped() {
+            assert!(Instant::now() < deadline, "etcd {pid} did not stop");
+            std::thread::sleep(Duration::from_millis(5));
         }
         Frozen(pid)
     }
