@@ -102,6 +102,10 @@ pub struct ServerConfig {
     /// `[min, 2*min)` seconds, like kube-apiserver's `--min-request-timeout`.
     #[serde(default = "default_min_request_timeout_seconds")]
     pub min_request_timeout_seconds: u64,
+    /// Every this many seconds each resource's cache is compared with etcd
+    /// at one revision (and relisted on a mismatch); 0 turns it off.
+    #[serde(default = "default_consistency_check_interval_seconds")]
+    pub consistency_check_interval_seconds: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -169,6 +173,9 @@ fn default_bookmark_interval_ms() -> u64 {
 fn default_min_request_timeout_seconds() -> u64 {
     1800
 }
+fn default_consistency_check_interval_seconds() -> u64 {
+    300
+}
 fn default_history_capacity() -> usize {
     10_000
 }
@@ -196,6 +203,7 @@ impl Default for ServerConfig {
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),
             min_request_timeout_seconds: default_min_request_timeout_seconds(),
+            consistency_check_interval_seconds: default_consistency_check_interval_seconds(),
         }
     }
 }
@@ -349,6 +357,12 @@ impl Config {
             MAX_DURATION_MS / 1000,
         )
         .map_err(|m| ConfigError::invalid(file, "server.min_request_timeout_seconds", m))?;
+        validate_duration(
+            self.server.consistency_check_interval_seconds,
+            true,
+            MAX_DURATION_MS / 1000,
+        )
+        .map_err(|m| ConfigError::invalid(file, "server.consistency_check_interval_seconds", m))?;
         if self.server.max_watches == 0 {
             return Err(ConfigError::invalid(
                 file,

@@ -11,6 +11,7 @@
 //! (which watchers an event wakes), [`watcher`] (one stream), [`reflector`]
 //! (etcd -> cache), [`stats`] (counters exported to `/metrics`).
 
+pub mod consistency_checker;
 pub mod continue_token;
 mod delegator;
 pub mod history;
@@ -61,6 +62,8 @@ pub struct CacherOptions {
     pub idle_timeout: Duration,
     /// Largest page of objects put in one initial-events watch chunk.
     pub initial_events_chunk: usize,
+    /// Interval of the consistency check against etcd; zero: off.
+    pub consistency_check_interval: Duration,
 }
 
 impl Default for CacherOptions {
@@ -72,6 +75,7 @@ impl Default for CacherOptions {
             progress_interval: Duration::from_secs(5),
             idle_timeout: Duration::from_secs(10),
             initial_events_chunk: 500,
+            consistency_check_interval: Duration::ZERO,
         }
     }
 }
@@ -83,6 +87,9 @@ impl CacherOptions {
             consistent_read_timeout: Duration::from_millis(server.consistent_read_timeout_ms),
             bookmark_interval: Duration::from_millis(server.bookmark_interval_ms),
             list_page_size,
+            consistency_check_interval: Duration::from_secs(
+                server.consistency_check_interval_seconds,
+            ),
             ..CacherOptions::default()
         }
     }
@@ -179,6 +186,8 @@ pub struct Cacher {
     cache: Arc<WatchCache>,
     /// Readers ask the reflector for a watch progress notification.
     progress: Arc<Notify>,
+    /// The consistency checker asks the reflector to relist.
+    relist: Arc<Notify>,
     shutdown: CancellationToken,
 }
 
@@ -206,6 +215,7 @@ impl Cacher {
             resource.history_capacity,
         ));
         let progress = Arc::new(Notify::new());
+        let relist = Arc::new(Notify::new());
         let shutdown = CancellationToken::new();
         let reflector = Reflector::new(
             Arc::clone(&cache),
@@ -213,6 +223,7 @@ impl Cacher {
             storage.clone(),
             opts.clone(),
             Arc::clone(&progress),
+            Arc::clone(&relist),
             shutdown.clone(),
         );
         // The reflector's handle is watched: a panic there (a bug) must not
@@ -229,15 +240,20 @@ impl Cacher {
                 watched.fail();
             }
         });
-        Arc::new(Cacher {
+        let cacher = Arc::new(Cacher {
             resource,
             codec,
             storage,
             opts,
             cache,
             progress,
+            relist,
             shutdown,
-        })
+        });
+        if !cacher.opts.consistency_check_interval.is_zero() {
+            tokio::spawn(consistency_checker::run(Arc::downgrade(&cacher)));
+        }
+        cacher
     }
 
     pub fn resource(&self) -> &ResourceConfig {

@@ -34,6 +34,8 @@ enum StreamEnd {
     Error(String),
     /// Silent even after a progress request: restart after a backoff.
     Idle,
+    /// Asked to relist (the consistency checker found a difference).
+    Relist,
 }
 
 pub struct Reflector {
@@ -42,6 +44,7 @@ pub struct Reflector {
     storage: Storage,
     opts: CacherOptions,
     progress: Arc<Notify>,
+    relist: Arc<Notify>,
     shutdown: CancellationToken,
     /// Keys whose undecodable value was already logged (logged once per key).
     logged_bad: HashSet<String>,
@@ -54,6 +57,7 @@ impl Reflector {
         storage: Storage,
         opts: CacherOptions,
         progress: Arc<Notify>,
+        relist: Arc<Notify>,
         shutdown: CancellationToken,
     ) -> Reflector {
         Reflector {
@@ -62,6 +66,7 @@ impl Reflector {
             storage,
             opts,
             progress,
+            relist,
             shutdown,
             logged_bad: HashSet::new(),
         }
@@ -116,6 +121,10 @@ impl Reflector {
                     }
                     StreamEnd::Compacted(compacted) => {
                         info!(last_rv, compacted, "watch compacted; relisting");
+                        need_list = true;
+                    }
+                    StreamEnd::Relist => {
+                        info!(last_rv, "relisting on request");
                         need_list = true;
                     }
                     end @ (StreamEnd::Error(_) | StreamEnd::Idle) => {
@@ -216,6 +225,7 @@ impl Reflector {
             };
             tokio::select! {
                 _ = self.shutdown.cancelled() => return StreamEnd::Shutdown,
+                _ = self.relist.notified() => return StreamEnd::Relist,
                 _ = self.progress.notified() => {
                     if let Err(e) = watch.request_progress().await {
                         return StreamEnd::Error(format!("progress request: {e}"));

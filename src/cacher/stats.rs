@@ -50,6 +50,14 @@ impl WatchEnd {
     }
 }
 
+/// The `result` label of `watchcache_consistency_checks_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CheckResult {
+    Match,
+    Mismatch,
+    Error,
+}
+
 /// Counters (monotonic) and gauges of one cacher.
 #[derive(Debug)]
 pub struct CacherStats {
@@ -77,6 +85,10 @@ pub struct CacherStats {
     pub resource_version: AtomicI64,
     pub objects: AtomicI64,
     pub history_capacity: AtomicI64,
+    /// Consistency checks by result: match, mismatch, error.
+    pub consistency_checks: [AtomicU64; 3],
+    /// Unix time (seconds) of the last check that matched; 0: none yet.
+    pub last_consistent: AtomicI64,
     /// Histograms, labelled by resource.
     prom: ResourceMetrics,
 }
@@ -102,6 +114,8 @@ impl CacherStats {
             resource_version: AtomicI64::new(0),
             objects: AtomicI64::new(0),
             history_capacity: AtomicI64::new(history_capacity as i64),
+            consistency_checks: Default::default(),
+            last_consistent: AtomicI64::new(0),
             prom: crate::metrics::metrics().for_resource(resource),
         });
         collector().add(&stats);
@@ -181,6 +195,13 @@ impl CacherStats {
     pub(crate) fn event_delays(&self) -> prometheus::local::LocalHistogram {
         self.prom.watch_event_delay.local()
     }
+    pub(crate) fn consistency_checked(&self, result: CheckResult) {
+        Self::bump(&self.consistency_checks[result as usize]);
+    }
+    /// Consistency checks that found a mismatch so far.
+    pub fn consistency_mismatches(&self) -> u64 {
+        self.consistency_checks[CheckResult::Mismatch as usize].load(Ordering::Relaxed)
+    }
     pub(crate) fn published(&self, rv: i64, objects: usize) {
         self.resource_version.store(rv, Ordering::Relaxed);
         self.objects.store(objects as i64, Ordering::Relaxed);
@@ -209,6 +230,9 @@ impl CacherStats {
         for (i, r) in WatchEnd::ALL.iter().enumerate() {
             out.push((C_TERMINATED, r.label(), l(&self.terminated[i])));
         }
+        for (i, r) in ["match", "mismatch", "error"].into_iter().enumerate() {
+            out.push((C_CHECKS, r, l(&self.consistency_checks[i])));
+        }
         out
     }
 }
@@ -230,7 +254,8 @@ const C_RESTARTS: usize = 5;
 const C_CONSISTENT: usize = 6;
 const C_LIST: usize = 7;
 const C_TERMINATED: usize = 8;
-const COUNTERS: [(&str, &str, Option<&str>); 9] = [
+const C_CHECKS: usize = 9;
+const COUNTERS: [(&str, &str, Option<&str>); 10] = [
     (
         "watchcache_events_received_total",
         "Events received from etcd by the reflector.",
@@ -276,13 +301,19 @@ const COUNTERS: [(&str, &str, Option<&str>); 9] = [
         "Watchers ended, by reason (expired, timeout, shutdown, closed).",
         Some("reason"),
     ),
+    (
+        "watchcache_consistency_checks_total",
+        "Comparisons of the cache with etcd at one revision, by result (match, mismatch: the resource was relisted, error: no comparison could be made).",
+        Some("result"),
+    ),
 ];
 
 const G_WATCHERS: usize = 0;
 const G_RV: usize = 1;
 const G_OBJECTS: usize = 2;
 const G_CAPACITY: usize = 3;
-const GAUGES: [(&str, &str); 4] = [
+const G_LAST_MATCH: usize = 4;
+const GAUGES: [(&str, &str); 5] = [
     ("watchcache_watchers", "Open watchers."),
     (
         "watchcache_resource_version",
@@ -292,6 +323,10 @@ const GAUGES: [(&str, &str); 4] = [
     (
         "watchcache_history_capacity",
         "Capacity of the event history ring.",
+    ),
+    (
+        "watchcache_consistency_last_match_timestamp_seconds",
+        "Unix time of the last consistency check that found the cache equal to etcd (0: none yet).",
     ),
 ];
 
@@ -420,6 +455,8 @@ impl StatsCollector {
             st.gauges[G_CAPACITY]
                 .with_label_values(&[r])
                 .set(l(&s.history_capacity));
+            let last = st.gauges[G_LAST_MATCH].with_label_values(&[r]);
+            last.set(last.get().max(l(&s.last_consistent)));
         }
         st.counters
             .iter()

@@ -211,12 +211,12 @@ impl WatchCache {
         hist.set_start_rv_if_empty(rv);
         drop(hist);
         let snap = Arc::new(snap);
-        self.current.store(Arc::clone(&snap));
         {
             let mut recent = self.recent.lock();
             recent.clear();
-            recent.push_back(snap);
+            recent.push_back(Arc::clone(&snap));
         }
+        self.current.store(snap);
         self.rv_tx.send_replace(rv);
         self.ready.store(true, Ordering::Release);
         self.ready_tx.send_replace(true);
@@ -233,16 +233,19 @@ impl WatchCache {
             seen.insert(Arc::clone(&o.key));
             match cur.get(&o.key) {
                 Some(old) if old.mod_revision == o.mod_revision && old.wire == o.wire => {}
+                // After a compaction every change is newer than the cache;
+                // a repair (the consistency checker) may find an older one:
+                // it is sent at the cache's RV so the history stays ordered.
                 _ => changes.push(Change {
                     key: Arc::clone(&o.key),
-                    rv: o.mod_revision,
+                    rv: o.mod_revision.max(cur.rv),
                     new: Some(o),
                 }),
             }
         }
-        // Changed objects in revision order, each at its own revision (all
-        // newer than the cache's), then deletions at the list RV: RVs seen
-        // by watchers keep increasing and match the objects they carry.
+        // Changed objects in revision order, each at its own revision, then
+        // deletions at the list RV: RVs seen by watchers never decrease and
+        // match the objects they carry.
         changes.sort_by_key(|c| c.rv);
         for (k, _) in cur.iter() {
             if !seen.contains(k) {
@@ -313,7 +316,10 @@ impl WatchCache {
             .dispatch(&events, first_seq, &self.index_paths);
 
         let snap = Arc::new(snap);
-        self.current.store(Arc::clone(&snap));
+        // `recent` before `current`: a reader that sees the new RV in
+        // `current` must find its exact snapshot in `recent` (an Exact read
+        // or the consistency check at that RV would otherwise get the
+        // previous state).
         {
             let mut recent = self.recent.lock();
             if relist {
@@ -331,6 +337,7 @@ impl WatchCache {
                 recent.pop_front();
             }
         }
+        self.current.store(Arc::clone(&snap));
         self.rv_tx.send_replace(snap.rv);
         drop(_g);
 
@@ -339,6 +346,23 @@ impl WatchCache {
         self.stats.published(snap.rv, snap.len());
         if n > 0 {
             self.watchers.wake(woken, next_seq);
+        }
+    }
+
+    /// Test hook: puts `object` at `key` (or removes it) in the published
+    /// state WITHOUT an event or a new RV, i.e. makes the cache silently
+    /// disagree with etcd, as a bug would. Used by the consistency
+    /// checker's tests; never called by the daemon.
+    #[doc(hidden)]
+    pub fn inject_inconsistency(&self, key: &str, object: Option<Arc<Object>>) {
+        let _g = self.apply_lock.lock();
+        let mut snap = (*self.current.load_full()).clone();
+        snap.apply(&Arc::from(key), object, &self.index_paths);
+        let snap = Arc::new(snap);
+        self.current.store(Arc::clone(&snap));
+        let mut recent = self.recent.lock();
+        if let Some(last) = recent.back_mut() {
+            *last = snap;
         }
     }
 
