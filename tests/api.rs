@@ -1094,6 +1094,69 @@ async fn watch_streams_events() {
     );
 }
 
+/// The value of one sample of `/metrics`, e.g.
+/// `watchcache_http_requests_total{code="200",verb="watch"}` (0 when absent).
+async fn metric_value(ts: &TestServer, sample: &str) -> f64 {
+    let text = ts
+        .http
+        .get(ts.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Every spelling of a true `?watch=` is served as a watch and counted as
+/// one: the verb comes from the one RequestInfo both use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_param_spellings_are_served_and_counted_as_watches() {
+    const WATCHES: &str = r#"watchcache_http_requests_total{code="200",verb="watch"} "#;
+    const BAD_WATCHES: &str = r#"watchcache_http_requests_total{code="400",verb="watch"} "#;
+    let ts = TestServer::start("watchspell", |_| {}).await;
+    for (i, spelling) in ["True", "1", "true"].into_iter().enumerate() {
+        let before = metric_value(&ts, WATCHES).await;
+        let mut w = WatchStream::open(&ts, &format!("{PODS}?watch={spelling}")).await;
+        // Counted when the response head is out (the metrics registry is
+        // process-wide, so other tests can only add to it).
+        let after = metric_value(&ts, WATCHES).await;
+        assert!(
+            after >= before + 1.0,
+            "watch={spelling}: watch count {before} -> {after}"
+        );
+        // Served as a watch: a later create arrives as an event (after the
+        // ADDED events of the pods created before, as the watch has no RV).
+        let name = format!("spell-{i}");
+        let (c, _) = ts.post_json(PODS, &pod("ns1", &name)).await;
+        assert_eq!(c, 201);
+        loop {
+            let ev = w
+                .next_event(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("watch={spelling}: an event for {name}"));
+            assert_eq!(ev["type"], "ADDED", "watch={spelling}");
+            if ev["object"]["metadata"]["name"] == name.as_str() {
+                break;
+            }
+        }
+    }
+    // The false spellings are lists.
+    for spelling in ["False", "0", "false", ""] {
+        let (c, v) = ts.get_json(&format!("{PODS}?watch={spelling}")).await;
+        assert_eq!(c, 200, "watch={spelling}");
+        assert_eq!(v["kind"], "PodList", "watch={spelling}");
+    }
+    // Anything else is a 400, counted under the verb Kubernetes would give it.
+    let before = metric_value(&ts, BAD_WATCHES).await;
+    let (c, v) = ts.get_json(&format!("{PODS}?watch=yes")).await;
+    assert_status(c, &v, 400, "BadRequest");
+    assert!(metric_value(&ts, BAD_WATCHES).await >= before + 1.0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watch_from_too_old_rv_gets_410_error_event() {
     let ts = TestServer::start("watch410", |c| {

@@ -5,6 +5,7 @@
 use crate::cacher::CacherError;
 use crate::storage::StorageError;
 
+use super::request_info::RequestInfoError;
 use super::status::ApiStatus;
 
 /// The resource (plural, group) and object name a request is about.
@@ -74,6 +75,16 @@ pub fn storage_status(err: StorageError, what: &What) -> ApiStatus {
         StorageError::Timeout(m) => ApiStatus::timeout(format!("etcd request timed out: {m}"))
             .with_retry_after(RETRY_AFTER_SECS),
         StorageError::Internal(m) => ApiStatus::internal(m),
+    }
+}
+
+/// A request whose [`RequestInfo`](super::RequestInfo) cannot be resolved.
+pub fn request_info_status(err: &RequestInfoError) -> ApiStatus {
+    match err {
+        RequestInfoError::InvalidWatch { .. } => ApiStatus::bad_request(err.to_string()),
+        RequestInfoError::NoResource { path } => ApiStatus::not_found(format!(
+            "the server could not find the requested resource ({path})"
+        )),
     }
 }
 

@@ -30,6 +30,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::cacher::{Cacher, CacherOptions};
 use crate::config::{Config, ResourceConfig};
 use crate::storage::Storage;
+use params::Query;
 
 pub mod discovery;
 mod errors;
@@ -37,11 +38,13 @@ pub mod k8s;
 pub mod ops;
 pub mod params;
 mod reads;
+pub mod request_info;
 mod smp;
 pub mod status;
 pub mod table;
 mod writes;
 
+pub use request_info::{RequestInfo, RequestInfoError};
 pub use status::ApiStatus;
 
 /// How long [`Server::serve`] waits for connections to drain after shutdown.
@@ -260,14 +263,27 @@ async fn probe_etcd(state: Arc<State>) {
     }
 }
 
-/// Routes one request, logs it and records the HTTP metrics.
+/// Resolves the request's [`RequestInfo`] once, routes by it, logs the
+/// request and records the HTTP metrics under its verb.
 async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let method = req.method().clone();
+    let query = Query::parse(req.uri().query());
+    let info = RequestInfo::new(&method, req.uri().path(), &query);
+    let verb = match &info {
+        Ok(info) => info.metric_verb(),
+        Err(e) => e.metric_verb(),
+    };
     let path = req.uri().path().to_string();
-    let verb = request_verb(&method, &path, req.uri().query());
     let span = tracing::debug_span!("request", %method, %path, verb);
-    let resp = route(state, req).instrument(span.clone()).await;
+    let resp = match info {
+        Ok(info) => {
+            route(state, req, info, query)
+                .instrument(span.clone())
+                .await
+        }
+        Err(e) => status_response(&errors::request_info_status(&e)),
+    };
     let elapsed = start.elapsed();
     let code = resp.status().as_u16();
     let m = crate::metrics::metrics();
@@ -289,44 +305,15 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     resp
 }
 
-/// The Kubernetes verb of a request (`get`, `list`, `watch`, `create`,
-/// `update`, `patch`, `delete`), for metrics; non-resource paths (discovery,
-/// ops) count by their lowercased method.
-fn request_verb(method: &hyper::Method, path: &str, query: Option<&str>) -> &'static str {
-    use hyper::Method;
-    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest: &[&str] = match segs.as_slice() {
-        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] if !rest.is_empty() => rest,
-        _ => {
-            return match *method {
-                Method::GET | Method::HEAD => "get",
-                Method::POST => "post",
-                _ => "other",
-            };
-        }
-    };
-    let item = !matches!(rest, ["namespaces", _, _] | [_]);
-    match *method {
-        Method::GET | Method::HEAD if item => "get",
-        Method::GET | Method::HEAD => {
-            let watch = params::Query::parse(query)
-                .get("watch")
-                .is_some_and(|v| v == "1" || v == "true");
-            if watch { "watch" } else { "list" }
-        }
-        Method::POST => "create",
-        Method::PUT => "update",
-        Method::PATCH => "patch",
-        Method::DELETE => "delete",
-        _ => "other",
-    }
-}
-
-async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path();
-    match path {
-        "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, req),
-        _ => k8s::handle(state, req).await,
+async fn route(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    info: RequestInfo,
+    query: Query,
+) -> Response<Body> {
+    match info.path.as_str() {
+        "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, &req, &query),
+        _ => k8s::handle(state, req, info, query).await,
     }
 }
 

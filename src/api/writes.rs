@@ -12,7 +12,7 @@ use hyper::http::request::Parts;
 use serde_json::{Map, Value};
 
 use crate::cacher::GetRequest;
-use crate::config::is_dns_subdomain;
+use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
 use crate::object::{metadata_str, set_resource_version, strip_resource_version};
 use crate::storage::{Preconditions, StorageError, StoredObject, UpdateAction, WriteOptions};
 
@@ -143,14 +143,21 @@ pub(crate) fn meta_string(obj: &Value, field: &str) -> Result<Option<String>, Ap
     }
 }
 
-fn validate_name(name: &str) -> Result<(), ApiStatus> {
-    if is_dns_subdomain(name) {
-        Ok(())
-    } else {
-        Err(ApiStatus::invalid(format!(
-            "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (at most 253 characters)"
-        )))
+/// A `422 Invalid` for `field` when `errs` (a validation's findings) is not
+/// empty, worded as kube-apiserver's field errors.
+fn invalid_field(field: &str, value: &str, errs: Vec<String>) -> Result<(), ApiStatus> {
+    if errs.is_empty() {
+        return Ok(());
     }
+    let msgs: Vec<String> = errs
+        .iter()
+        .map(|e| format!("{field}: Invalid value: {value:?}: {e}"))
+        .collect();
+    Err(ApiStatus::invalid(msgs.join(", ")))
+}
+
+fn validate_name(name: &str) -> Result<(), ApiStatus> {
+    invalid_field("metadata.name", name, is_dns1123_subdomain(name))
 }
 
 /// The namespace in the body must match the path (filled when absent);
@@ -276,12 +283,8 @@ pub(crate) async fn create(
     let mut obj = parse_json(&body)?;
     check_type_meta(&mut obj, res)?;
     reconcile_namespace(&mut obj, target)?;
-    if let Some(ns) = &target.namespace
-        && !crate::config::is_dns_label(ns)
-    {
-        return Err(ApiStatus::invalid(format!(
-            "metadata.namespace: Invalid value: {ns:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (at most 63 characters)"
-        )));
+    if let Some(ns) = &target.namespace {
+        invalid_field("metadata.namespace", ns, is_dns1123_label(ns))?;
     }
     let name = meta_string(&obj, "name")?.filter(|n| !n.is_empty());
     let generate = meta_string(&obj, "generateName")?.filter(|n| !n.is_empty());
