@@ -502,6 +502,33 @@ async fn dry_run_writes_nothing() {
 // ---------------------------------------------------------------------------
 // bad input
 
+/// An object within the API's body limit but over etcd's request limit
+/// (1.5 MiB by default, and gRPC's receive limit above it) is the client's
+/// problem: 413, on create and on a GuaranteedUpdate (patch) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_over_etcds_request_limit_are_413() {
+    let ts = TestServer::start("etcdlimit", |c| c.server.max_body_bytes = 8 << 20).await;
+    let (c, _) = ts.post_json(PODS, &pod("ns1", "small")).await;
+    assert_eq!(c, 201);
+    let before = ts.etcd_dump().await;
+    // Over --max-request-bytes, and over the gRPC server's message limit.
+    for size in [1_700_000, 3_000_000] {
+        let mut big = pod("ns1", &format!("big-{size}"));
+        big["spec"]["blob"] = json!("x".repeat(size));
+        let (c, v) = ts.post_json(PODS, &big).await;
+        assert_status(c, &v, 413, "RequestEntityTooLarge");
+        let (c, v) = ts
+            .patch_json(
+                &format!("{PODS}/small"),
+                "application/merge-patch+json",
+                &json!({"spec": {"blob": "x".repeat(size)}}),
+            )
+            .await;
+        assert_status(c, &v, 413, "RequestEntityTooLarge");
+    }
+    assert_eq!(ts.etcd_dump().await, before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_leave_etcd_untouched() {
     let ts = TestServer::start("bad", |c| c.server.max_body_bytes = 4096).await;

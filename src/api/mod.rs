@@ -10,7 +10,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,6 +23,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
@@ -73,8 +74,9 @@ pub struct State {
     pub config: Config,
     pub storage: Storage,
     pub resources: Vec<Resource>,
-    /// Open watch streams (limited by `server.max_watches`).
-    pub watches: AtomicUsize,
+    /// One permit per open watch stream, `server.max_watches` in all; each
+    /// stream holds its owned permit until it ends.
+    pub watch_slots: Arc<Semaphore>,
     /// Cancelled when the server shuts down; open watch streams end.
     pub shutdown: CancellationToken,
     /// Result of the latest etcd probe (see [`probe_etcd`]); part of `/readyz`.
@@ -82,6 +84,15 @@ pub struct State {
 }
 
 impl State {
+    /// Watch streams open now.
+    pub fn open_watches(&self) -> usize {
+        self.config
+            .server
+            .max_watches
+            .min(Semaphore::MAX_PERMITS)
+            .saturating_sub(self.watch_slots.available_permits())
+    }
+
     /// The resource served at `group`/`version`/`plural`.
     pub fn resource(&self, group: &str, version: &str, plural: &str) -> Option<&Resource> {
         self.resources.iter().find(|r| {
@@ -100,6 +111,7 @@ impl Server {
     /// tokio runtime.
     pub fn new(config: Config, storage: Storage) -> Server {
         let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
+        let max_watches = config.server.max_watches.min(Semaphore::MAX_PERMITS);
         let resources = config
             .resources
             .iter()
@@ -118,7 +130,7 @@ impl Server {
                 config,
                 storage,
                 resources,
-                watches: AtomicUsize::new(0),
+                watch_slots: Arc::new(Semaphore::new(max_watches)),
                 shutdown: CancellationToken::new(),
                 etcd_reachable: AtomicBool::new(false),
             }),

@@ -77,7 +77,7 @@ fn metrics(state: &State) -> Response<Body> {
     // Gauges that are cheapest to read at scrape time.
     let m = crate::metrics::metrics();
     m.api_open_watches
-        .set(state.watches.load(std::sync::atomic::Ordering::Relaxed) as i64);
+        .set(i64::try_from(state.open_watches()).unwrap_or(i64::MAX));
     response(
         200,
         "text/plain; version=0.0.4; charset=utf-8",

@@ -16,7 +16,7 @@ use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
 use crate::object::{metadata_str, set_resource_version, strip_resource_version};
 use crate::storage::{Preconditions, StorageError, StoredObject, UpdateAction, WriteOptions};
 
-use super::errors::{What, storage_status};
+use super::errors::{UpdateError, What, storage_status, update_status};
 use super::k8s::{Target, json_value};
 use super::params::{Query, media_type, parse_resource_version};
 use super::{ApiStatus, Body, Resource, State, json_response};
@@ -380,8 +380,9 @@ fn carry_system_fields(obj: &mut Value, current: &Value) -> Result<(), ApiStatus
     Ok(())
 }
 
-/// Runs `f` inside a GuaranteedUpdate; request errors raised by `f` come
-/// back as themselves, storage errors are mapped.
+/// Runs `f` inside a GuaranteedUpdate, starting from the cached object.
+/// `f` answers with the request's own errors or the store's (a conflict);
+/// either way, on a stale suggestion the store retries on fresh state.
 async fn guaranteed_update<F>(
     state: &State,
     target: &Target<'_>,
@@ -391,34 +392,16 @@ async fn guaranteed_update<F>(
     mut f: F,
 ) -> Result<StoredObject, ApiStatus>
 where
-    F: FnMut(&StoredObject) -> Result<Bytes, ApiStatus> + Send,
+    F: FnMut(&StoredObject) -> Result<Bytes, UpdateError> + Send,
 {
     let suggestion = suggestion(target, key).await;
-    let mut request_error: Option<ApiStatus> = None;
-    let result = state
+    state
         .storage
         .guaranteed_update(key, preconditions, suggestion, opts, |cur| {
-            request_error = None;
-            match f(cur) {
-                Ok(v) => Ok(UpdateAction::Update(v)),
-                Err(ApiStatus {
-                    code: 409, message, ..
-                }) => Err(StorageError::conflict(key, message)),
-                Err(s) => {
-                    let msg = s.message.clone();
-                    request_error = Some(s);
-                    Err(StorageError::InvalidObject(msg))
-                }
-            }
+            f(cur).map(UpdateAction::Update)
         })
-        .await;
-    match result {
-        Ok(stored) => Ok(stored),
-        Err(StorageError::InvalidObject(m)) if request_error.is_some() => {
-            Err(request_error.unwrap_or_else(|| ApiStatus::internal(m)))
-        }
-        Err(e) => Err(storage_status(e, &target.what())),
-    }
+        .await
+        .map_err(|e| update_status(e, &target.what()))
 }
 
 fn parse_stored(cur: &StoredObject) -> Result<Value, ApiStatus> {
@@ -495,7 +478,7 @@ pub(crate) async fn update(
             guaranteed_update(state, target, &key, &preconditions, &opts, |cur| {
                 let mut new = obj.clone();
                 carry_system_fields(&mut new, &parse_stored(cur)?)?;
-                to_bytes(&new)
+                Ok(to_bytes(&new)?)
             })
             .await?
         }
@@ -564,9 +547,7 @@ pub(crate) async fn patch(
             })?,
         }
         if !doc.is_object() {
-            return Err(ApiStatus::invalid(
-                "the patched object is not a JSON object",
-            ));
+            return Err(ApiStatus::invalid("the patched object is not a JSON object").into());
         }
         check_type_meta(&mut doc, res).map_err(|s| ApiStatus::invalid(s.message))?;
         match meta_string(&doc, "name")? {
@@ -575,26 +556,27 @@ pub(crate) async fn patch(
                 return Err(ApiStatus::bad_request(format!(
                     "the name of the object ({}) does not match the name on the URL ({name})",
                     other.unwrap_or_default()
-                )));
+                ))
+                .into());
             }
         }
         reconcile_namespace(&mut doc, target)?;
         if let Some(rv) = meta_string(&doc, "resourceVersion")?.filter(|s| !s.is_empty())
             && rv != cur.mod_revision.to_string()
         {
-            return Err(ApiStatus::conflict(MODIFIED));
+            return Err(StorageError::modified(&key).into());
         }
         let old_uid = metadata_str(&current, "uid");
         let new_uid = meta_string(&doc, "uid")?;
         if new_uid.as_deref().filter(|u| !u.is_empty()) != old_uid.filter(|u| !u.is_empty())
             && new_uid.is_some()
         {
-            return Err(ApiStatus::invalid(
-                "metadata.uid: Invalid value: field is immutable",
-            ));
+            return Err(
+                ApiStatus::invalid("metadata.uid: Invalid value: field is immutable").into(),
+            );
         }
         carry_system_fields(&mut doc, &current)?;
-        to_bytes(&doc)
+        Ok(to_bytes(&doc)?)
     })
     .await?;
     Ok(stored_response(200, res, &stored))
