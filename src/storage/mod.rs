@@ -762,16 +762,21 @@ impl Storage {
     /// believed. On a lost CAS the txn's else-branch read is the fresh state,
     /// so a retry costs one round trip. Retries are bounded by
     /// `max_update_retries`, then `Conflict`.
-    pub async fn guaranteed_update<F>(
+    ///
+    /// The update fn's error type `E` is the caller's own (the REST API
+    /// returns its `Status` answers through it untouched); the store's errors
+    /// become an `E` by `From<StorageError>`.
+    pub async fn guaranteed_update<F, E>(
         &self,
         key: &str,
         preconditions: &Preconditions,
         suggestion: Option<StoredObject>,
         opts: &WriteOptions,
         mut update: F,
-    ) -> Result<StoredObject, StorageError>
+    ) -> Result<StoredObject, E>
     where
-        F: FnMut(&StoredObject) -> Result<UpdateAction, StorageError> + Send,
+        F: FnMut(&StoredObject) -> Result<UpdateAction, E> + Send,
+        E: From<StorageError> + Send,
     {
         let span = debug_span!("storage.guaranteed_update", key, dry_run = opts.dry_run);
         async {
@@ -784,7 +789,7 @@ impl Storage {
             loop {
                 if let Err(e) = preconditions.check(key, &state) {
                     if is_current {
-                        return Err(e);
+                        return Err(e.into());
                     }
                     debug!("precondition failed on suggestion, re-reading");
                     state = self.read_existing(key).await?;
@@ -873,12 +878,13 @@ impl Storage {
                     return Err(StorageError::conflict(
                         key,
                         format!("gave up after {conflicts} conflicting concurrent updates"),
-                    ));
+                    )
+                    .into());
                 }
                 debug!(conflicts, "CAS lost, retrying on the fresh state");
                 state = match txn_else_kv(&resp) {
                     Some(kv) => StoredObject::from_kv(kv, self.transformer.as_ref())?,
-                    None => return Err(StorageError::not_found(key)),
+                    None => return Err(StorageError::not_found(key).into()),
                 };
                 is_current = true;
             }
