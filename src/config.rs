@@ -78,6 +78,32 @@ pub struct EtcdConfig {
     /// Page size of the reflector's initial list.
     #[serde(default = "default_list_page_size")]
     pub list_page_size: i64,
+    /// TLS / mutual TLS for `https://` endpoints (`[etcd.tls]`).
+    #[serde(default)]
+    pub tls: Option<EtcdTlsConfig>,
+    /// kube-apiserver's `EncryptionConfiguration` file (YAML or JSON):
+    /// encryption at rest, as `--encryption-provider-config`.
+    #[serde(default)]
+    pub encryption_provider_config: Option<PathBuf>,
+}
+
+/// `[etcd.tls]`: the files of etcd's client `TransportConfig`, named like
+/// kube-apiserver's `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTlsConfig {
+    /// PEM bundle of the CA(s) that sign etcd's serving certificate.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for etcd's `--client-cert-auth`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Name to verify etcd's certificate against, instead of the endpoint host.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -183,6 +209,8 @@ impl Default for EtcdConfig {
             max_update_retries: default_max_update_retries(),
             lease_reuse_seconds: default_lease_reuse_seconds(),
             list_page_size: default_list_page_size(),
+            tls: None,
+            encryption_provider_config: None,
         }
     }
 }
@@ -291,6 +319,7 @@ impl Config {
             validate_endpoint(ep)
                 .map_err(|m| ConfigError::invalid(file, format!("etcd.endpoints[{i}]"), m))?;
         }
+        self.validate_tls(file)?;
         if !self.etcd.prefix.starts_with('/') {
             return Err(ConfigError::invalid(
                 file,
@@ -431,6 +460,37 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// `https://` and `http://` endpoints do not mix; TLS settings need
+    /// `https://` endpoints and vice versa (the files are checked at start-up).
+    fn validate_tls(&self, file: &str) -> Result<(), ConfigError> {
+        let https: Vec<bool> = self
+            .etcd
+            .endpoints
+            .iter()
+            .map(|e| e.starts_with("https://"))
+            .collect();
+        if let Some(i) = https.iter().position(|h| *h != https[0]) {
+            return Err(ConfigError::invalid(
+                file,
+                format!("etcd.endpoints[{i}]"),
+                "mixes http:// and https:// endpoints",
+            ));
+        }
+        match (&self.etcd.tls, https[0]) {
+            (Some(tls), false) if *tls != EtcdTlsConfig::default() => Err(ConfigError::invalid(
+                file,
+                "etcd.tls",
+                "TLS files are set but the endpoints are http://; use https:// endpoints",
+            )),
+            (None, true) => Err(ConfigError::invalid(
+                file,
+                "etcd.tls.ca_file",
+                "https:// endpoints need [etcd.tls] ca_file (--etcd-cafile)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, String> {
