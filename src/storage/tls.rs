@@ -71,6 +71,11 @@ pub enum TlsError {
     },
 }
 
+/// How long the start-up probe waits for etcd to speak first.
+const PROBE_QUIET: Duration = Duration::from_millis(500);
+/// HTTP/2 client connection preface plus an empty SETTINGS frame.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+
 /// Config field names, as in `[etcd.tls]`.
 const CA_FIELD: &str = "etcd.tls.ca_file";
 const CERT_FIELD: &str = "etcd.tls.cert_file";
@@ -331,15 +336,21 @@ impl EtcdTls {
                     Ok(None) => return Ok(false),
                     Err(e) => return Err(e),
                 };
-                // Client preface + an empty SETTINGS frame; etcd answers
-                // with its SETTINGS, or with an alert if it refuses us.
-                tls.write_all(
-                    b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00",
-                )
-                .await?;
-                tls.flush().await?;
+                // etcd's HTTP/2 server speaks first (SETTINGS), and a
+                // refused client certificate arrives as an alert right
+                // after the handshake: read before writing, so our bytes
+                // cannot race the alert into a connection reset.
                 let mut buf = [0u8; 1];
-                let n = tls.read(&mut buf).await?;
+                let first = tokio::time::timeout(PROBE_QUIET, tls.read(&mut buf)).await;
+                let n = match first {
+                    Ok(r) => r?,
+                    Err(_) => {
+                        // A server that waits for the client preface.
+                        let _ = tls.write_all(H2_PREFACE).await;
+                        let _ = tls.flush().await;
+                        tls.read(&mut buf).await?
+                    }
+                };
                 if n == 0 {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
@@ -467,7 +478,6 @@ impl Connector {
             match self.tls.handshake(t).await {
                 Ok(Some(stream)) => {
                     self.current.store(idx, Ordering::Relaxed);
-                    self.tls.handshake_ok();
                     return Ok(TokioIo::new(Observed {
                         inner: stream,
                         tls: Arc::clone(&self.tls),
@@ -510,7 +520,11 @@ impl AsyncRead for Observed {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         if !self.read_ok {
             match &r {
-                Poll::Ready(Ok(())) => self.read_ok = true,
+                // The first bytes from etcd: it accepted us too.
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => {
+                    self.read_ok = true;
+                    self.tls.handshake_ok();
+                }
                 Poll::Ready(Err(e)) if rustls_error(e).is_some() => {
                     let reason = e.to_string();
                     self.tls.handshake_failed(&self.endpoint, reason);
