@@ -600,6 +600,83 @@ mod tests {
         assert!(cfg.resources.iter().any(|r| !r.group.is_empty()));
     }
 
+    /// config/kubernetes.toml follows kube-apiserver's key layout:
+    /// `DefaultStorageFactory.ResourcePrefix` (the lowercased resource, no
+    /// group) plus the compiled-in overrides, and group-prefixed keys for
+    /// apiextensions/apiregistration.
+    #[test]
+    fn kubernetes_config_has_kube_apiserver_key_layout() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/kubernetes.toml");
+        let cfg = Config::load(&path).unwrap();
+        let special = [
+            ("", "replicationcontrollers", "controllers"),
+            ("", "endpoints", "services/endpoints"),
+            ("", "services", "services/specs"),
+            ("", "nodes", "minions"),
+            ("networking.k8s.io", "ingresses", "ingress"),
+        ];
+        for r in &cfg.resources {
+            let want = match special
+                .iter()
+                .find(|(g, p, _)| *g == r.group && *p == r.plural)
+            {
+                Some((_, _, s)) => format!("/registry/{s}/"),
+                None if ["apiextensions.k8s.io", "apiregistration.k8s.io"]
+                    .contains(&r.group.as_str()) =>
+                {
+                    format!("/registry/{}/{}/", r.group, r.plural)
+                }
+                None => format!("/registry/{}/", r.plural),
+            };
+            assert_eq!(
+                r.key_prefix(&cfg.etcd.prefix),
+                want,
+                "{}.{}",
+                r.plural,
+                r.group
+            );
+        }
+        for plural in [
+            "pods",
+            "secrets",
+            "deployments",
+            "leases",
+            "customresourcedefinitions",
+        ] {
+            assert!(cfg.resources.iter().any(|r| r.plural == plural), "{plural}");
+        }
+        let tls = cfg.etcd.tls.unwrap();
+        assert_eq!(
+            tls.ca_file.unwrap(),
+            PathBuf::from("/etc/kubernetes/pki/etcd/ca.crt")
+        );
+    }
+
+    #[test]
+    fn tls_needs_https_and_vice_versa() {
+        error_naming(
+            &GOOD.replace("[etcd]", "[etcd.tls]\nca_file = \"/ca.crt\"\n[etcd]"),
+            "etcd.tls",
+        );
+        error_naming(
+            &GOOD.replace("http://127.0.0.1:2379", "https://127.0.0.1:2379"),
+            "etcd.tls.ca_file",
+        );
+        let both = GOOD.replace(
+            "\"http://127.0.0.1:2379\"",
+            "\"https://127.0.0.1:2379\", \"http://127.0.0.1:2380\"",
+        );
+        error_naming(&both, "etcd.endpoints[1]");
+        let ok = GOOD
+            .replace("http://127.0.0.1:2379", "https://127.0.0.1:2379")
+            .replace(
+                "[[resources]]",
+                "[etcd.tls]\nca_file = \"/ca.crt\"\n\n[[resources]]",
+            );
+        Config::parse(&ok, "test.toml").unwrap();
+        error_naming(&ok.replace("ca_file", "cafile"), "cafile");
+    }
+
     #[test]
     fn key_prefix_core_and_group() {
         let cfg = Config::example();
