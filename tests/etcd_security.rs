@@ -200,6 +200,52 @@ async fn daemon_serves_through_mtls_and_survives_rotation() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
+
+    // Now etcd refuses our (rotated) client certificate: reported after the
+    // TLS 1.3 handshake, still shown as a failed handshake.
+    let good_cert = std::fs::read(pki.path("client.crt")).unwrap();
+    let good_key = std::fs::read(pki.path("client.key")).unwrap();
+    std::fs::copy(pki.path("other-client.key"), pki.path("client.key")).unwrap();
+    std::fs::copy(pki.path("other-client.crt"), pki.path("client.crt")).unwrap();
+    etcd.restart().await.expect("restart etcd");
+    let refused = eventually(Duration::from_secs(30), || {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            match http.get(&url).send().await {
+                Ok(r) if r.status() == 503 => {
+                    let body = r.text().await.unwrap_or_default();
+                    body.contains("TLS handshake") && body.contains("alert")
+                }
+                _ => false,
+            }
+        }
+    })
+    .await;
+    assert!(refused, "readyz names the refusal; log:\n{}", d.log());
+    std::fs::write(pki.path("client.key"), good_key).unwrap();
+    std::fs::write(pki.path("client.crt"), good_cert).unwrap();
+    assert!(
+        eventually(Duration::from_secs(30), || ready(&d)).await,
+        "ready again with the right client certificate; log:\n{}",
+        d.log()
+    );
+}
+
+#[test]
+fn help_lists_the_kube_apiserver_flags() {
+    let out = Command::new(env!("CARGO_BIN_EXE_watchcache"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--etcd-cafile",
+        "--etcd-certfile",
+        "--etcd-keyfile",
+        "--encryption-provider-config",
+    ] {
+        assert!(help.contains(flag), "{flag}: {help}");
+    }
 }
 
 #[tokio::test]
@@ -251,6 +297,41 @@ async fn startup_refuses_wrong_ca_or_missing_client_cert() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("etcd.tls.cert_file"), "{err}");
     assert!(err.contains("other-client.crt"), "{err}");
+
+    // A server name etcd's certificate is not valid for.
+    let text = config(
+        &etcd.endpoint(),
+        &prefix,
+        "",
+        &format!(
+            "{}server_name = \"wrong.example\"\n",
+            tls_section(&pki, "ca.crt", Some(("client.crt", "client.key")))
+        ),
+    );
+    let (code, err) = run_expecting_exit(&text, &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("etcd.tls.server_name") && err.contains("wrong.example"),
+        "{err}"
+    );
+
+    // The right files (and a server name the certificate has) start fine.
+    let text = config(
+        &etcd.endpoint(),
+        &prefix,
+        "",
+        &format!(
+            "{}server_name = \"localhost\"\n",
+            tls_section(&pki, "ca.crt", Some(("client.crt", "client.key")))
+        ),
+    );
+    let d = Daemon::start(&text, &[]).await;
+    let ok = eventually(Duration::from_secs(30), || {
+        let url = d.url("/readyz");
+        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+    assert!(ok, "log:\n{}", d.log());
 }
 
 #[tokio::test]
