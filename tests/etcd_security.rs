@@ -620,3 +620,225 @@ fn malformed_encryption_config_stops_startup() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("/nonexistent/enc.yaml"), "{err}");
 }
+
+// ---- a kubeadm-like cluster --------------------------------------------------
+
+/// kubeadm's file layout under a temp dir standing in for /etc/kubernetes.
+fn kubeadm_tree(pki: &Pki) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let etc = root.path().join("pki");
+    std::fs::create_dir_all(etc.join("etcd")).unwrap();
+    for (from, to) in [
+        ("ca.crt", "etcd/ca.crt"),
+        ("client.crt", "apiserver-etcd-client.crt"),
+        ("client.key", "apiserver-etcd-client.key"),
+    ] {
+        std::fs::copy(pki.path(from), etc.join(to)).unwrap();
+    }
+    root
+}
+
+fn kubectl(kubeconfig: &std::path::Path, home: &std::path::Path) -> Command {
+    let bin = watchcache::etcd_server::find_kubectl_binary()
+        .or_else(|| Some("/usr/local/bin/kubectl".into()))
+        .filter(|p| p.is_file())
+        .expect("kubectl (tools/ or PATH)");
+    let mut c = Command::new(bin);
+    c.env_clear()
+        .env("HOME", home)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--request-timeout=20s");
+    c
+}
+
+fn run_kubectl(kubeconfig: &std::path::Path, home: &std::path::Path, args: &[&str]) -> String {
+    let out = kubectl(kubeconfig, home).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// config/kubernetes.toml as shipped, pointed at a TLS etcd with client-cert
+/// auth through kubeadm's paths: objects written at kube-apiserver's keys
+/// (JSON storage encoding, a Secret encrypted by a Python-made aesgcm value,
+/// a custom resource) are served to kubectl.
+#[tokio::test]
+async fn kubeadm_layout_through_kubectl() {
+    let pki = Pki::generate();
+    let etcd = tls_etcd(&pki).await;
+    let root = kubeadm_tree(&pki);
+    let pki_dir = root.path().join("pki").display().to_string();
+
+    let v = vectors()
+        .into_iter()
+        .find(|v| v.provider == "aesgcm" && v.key_name == "key1" && v.etcd_key.ends_with("/db"))
+        .unwrap();
+    let enc = root.path().join("encryption-config.yaml");
+    std::fs::write(
+        &enc,
+        format!(
+            "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n  - resources: [secrets]\n    providers:\n      - aesgcm:\n          keys:\n            - name: key1\n              secret: {}\n      - identity: {{}}\n",
+            v.secret
+        ),
+    )
+    .unwrap();
+
+    // Write as kube-apiserver would, through the same mTLS etcd.
+    let s = Storage::connect(&EtcdConfig {
+        tls: Some(EtcdTlsConfig {
+            ca_file: Some(pki.path("ca.crt")),
+            cert_file: Some(pki.path("client.crt")),
+            key_file: Some(pki.path("client.key")),
+            server_name: None,
+        }),
+        ..common::etcd_config(&etcd.endpoint(), "/registry")
+    })
+    .await
+    .unwrap();
+    let put = |key: &'static str, value: Vec<u8>| {
+        let s = s.clone();
+        async move {
+            s.create(key, value.into(), &WriteOptions::default())
+                .await
+                .unwrap_or_else(|e| panic!("{key}: {e}"));
+        }
+    };
+    let obj = |kind: &str, api: &str, name: &str, extra: Value| {
+        let mut o = json!({"kind": kind, "apiVersion": api, "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"), "creationTimestamp": "2026-01-01T00:00:00Z"}});
+        if let (Some(o), Some(e)) = (o.as_object_mut(), extra.as_object()) {
+            for (k, v) in e {
+                o.insert(k.clone(), v.clone());
+            }
+        }
+        serde_json::to_vec(&o).unwrap()
+    };
+    put("/registry/secrets/default/db", b64(&v.stored_b64)).await;
+    put(
+        "/registry/pods/default/p1",
+        obj("Pod", "v1", "p1", json!({"spec": {"nodeName": "n1", "containers": [{"name": "c", "image": "nginx"}]}, "status": {"phase": "Running"}})),
+    )
+    .await;
+    put(
+        "/registry/services/specs/default/s1",
+        obj("Service", "v1", "s1", json!({"spec": {"type": "ClusterIP", "clusterIP": "10.0.0.10", "ports": [{"port": 80}]}})),
+    )
+    .await;
+    put(
+        "/registry/deployments/default/d1",
+        obj(
+            "Deployment",
+            "apps/v1",
+            "d1",
+            json!({"spec": {"replicas": 1}}),
+        ),
+    )
+    .await;
+    put(
+        "/registry/example.com/widgets/default/w1",
+        obj(
+            "Widget",
+            "example.com/v1",
+            "w1",
+            json!({"spec": {"size": 3}}),
+        ),
+    )
+    .await;
+
+    let shipped = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/kubernetes.toml"),
+    )
+    .unwrap();
+    let text = shipped
+        .replace("https://127.0.0.1:2379", &etcd.endpoint())
+        .replace("/etc/kubernetes/pki", &pki_dir)
+        + "\n[[resources]]\ngroup = \"example.com\"\nversion = \"v1\"\nkind = \"Widget\"\nplural = \"widgets\"\nnamespaced = true\n";
+    let d = Daemon::start(
+        &text,
+        &["--encryption-provider-config", &enc.display().to_string()],
+    )
+    .await;
+    let ready = eventually(Duration::from_secs(60), || {
+        let url = d.url("/readyz");
+        async move { matches!(reqwest::get(&url).await, Ok(r) if r.status() == 200) }
+    })
+    .await;
+    assert!(ready, "log:\n{}", d.log());
+
+    let home = tempfile::tempdir().unwrap();
+    let kubeconfig = home.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: wc\n  cluster:\n    server: {}\ncontexts:\n- name: wc\n  context:\n    cluster: wc\n    user: wc\ncurrent-context: wc\nusers:\n- name: wc\n  user: {{}}\n",
+            d.url("")
+        ),
+    )
+    .unwrap();
+    let k = |args: &[&str]| run_kubectl(&kubeconfig, home.path(), args);
+
+    let pods = k(&["get", "pods", "-A"]);
+    assert!(pods.contains("p1") && pods.contains("default"), "{pods}");
+    let secret = k(&["get", "secret", "db", "-n", "default", "-o", "yaml"]);
+    assert!(secret.contains("password: aHVudGVyMg=="), "{secret}");
+    let svc = k(&["get", "services", "-n", "default", "-o", "name"]);
+    assert!(svc.contains("service/s1"), "{svc}");
+    let dep = k(&["get", "deployments.apps", "-A", "-o", "name"]);
+    assert!(dep.contains("deployment.apps/d1"), "{dep}");
+    let w = k(&["get", "widgets", "-n", "default", "-o", "name"]);
+    assert!(w.contains("w1"), "{w}");
+
+    // resourceVersion is etcd's mod revision.
+    let rv = k(&[
+        "get",
+        "pod",
+        "p1",
+        "-n",
+        "default",
+        "-o",
+        "jsonpath={.metadata.resourceVersion}",
+    ]);
+    let stored = s.get("/registry/pods/default/p1", 0).await.unwrap();
+    assert_eq!(rv.trim(), stored.mod_revision.to_string());
+
+    // A watch sees a pod written afterwards.
+    let mut watch = kubectl(&kubeconfig, home.path())
+        .args(["get", "pods", "-A", "-w", "-o", "name"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = watch.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    // The initial list first, then the new pod.
+    let first = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("initial list line");
+    assert!(first.contains("p1"), "{first}");
+    put(
+        "/registry/pods/default/p2",
+        obj("Pod", "v1", "p2", json!({"spec": {"nodeName": "n2"}})),
+    )
+    .await;
+    let seen = (0..10).any(|_| {
+        rx.recv_timeout(Duration::from_secs(10))
+            .is_ok_and(|l| l.contains("p2"))
+    });
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(seen, "kubectl -w saw the new pod; log:\n{}", d.log());
+}
