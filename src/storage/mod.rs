@@ -270,6 +270,13 @@ impl Storage {
         tls: Option<Arc<tls::EtcdTls>>,
     ) -> Result<Storage, StorageError> {
         let request_timeout = cfg.request_timeout();
+        // Every endpoint's handshake-error series exists from the start (at
+        // 0), so dashboards and alerts see "no errors" rather than "no data".
+        for ep in &cfg.endpoints {
+            crate::metrics::metrics()
+                .etcd_tls_handshake_errors
+                .with_label_values(&[ep.as_str()]);
+        }
         // No client-wide request timeout (`with_timeout`): it would also cut
         // the Reflector's long-lived watch streams on this client. Unary calls
         // get their deadline from `call`/`read` instead.
