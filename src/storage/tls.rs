@@ -16,7 +16,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
@@ -91,8 +91,10 @@ pub struct EtcdTls {
 }
 
 struct Loaded {
-    /// (modified, length) of ca, cert, key: a change means reload.
-    stamps: [Option<(SystemTime, u64)>; 3],
+    /// Contents of ca, cert, key when loaded: a change means reload. The
+    /// bytes, not mtimes: a rotation within one timestamp tick still counts,
+    /// and reading three small files per new connection costs nothing.
+    stamps: [Option<Vec<u8>>; 3],
     config: Arc<ClientConfig>,
 }
 
@@ -106,9 +108,8 @@ fn path_str(p: &Path) -> String {
     p.display().to_string()
 }
 
-fn stamp(p: Option<&PathBuf>) -> Option<(SystemTime, u64)> {
-    let m = std::fs::metadata(p?).ok()?;
-    Some((m.modified().ok()?, m.len()))
+fn stamp(p: Option<&PathBuf>) -> Option<Vec<u8>> {
+    std::fs::read(p?).ok()
 }
 
 fn read(field: &'static str, p: &Path) -> Result<Vec<u8>, TlsError> {
@@ -239,7 +240,7 @@ impl EtcdTls {
         }))
     }
 
-    fn stamps(cfg: &EtcdTlsConfig) -> [Option<(SystemTime, u64)>; 3] {
+    fn stamps(cfg: &EtcdTlsConfig) -> [Option<Vec<u8>>; 3] {
         [
             stamp(cfg.ca_file.as_ref()),
             stamp(cfg.cert_file.as_ref()),
@@ -590,6 +591,54 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains(CA_FIELD), "{e}");
+    }
+
+    /// (cert PEM, key PEM) of a fresh self-signed certificate.
+    fn self_signed() -> (String, String) {
+        let c = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+        (c.cert.pem(), c.signing_key.serialize_pem())
+    }
+
+    #[test]
+    fn files_are_reloaded_on_change_and_a_broken_rotation_keeps_the_old_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ca, _) = self_signed();
+        let (cert, key) = self_signed();
+        std::fs::write(dir.path().join("ca.crt"), &ca).unwrap();
+        std::fs::write(dir.path().join("c.crt"), &cert).unwrap();
+        std::fs::write(dir.path().join("c.key"), &key).unwrap();
+        let cfg = EtcdTlsConfig {
+            ca_file: Some(dir.path().join("ca.crt")),
+            cert_file: Some(dir.path().join("c.crt")),
+            key_file: Some(dir.path().join("c.key")),
+            server_name: None,
+        };
+        let tls = EtcdTls::load(&cfg).unwrap();
+        let first = tls.client_config();
+        assert!(
+            Arc::ptr_eq(&first, &tls.client_config()),
+            "unchanged files: same config"
+        );
+
+        // Half-way through a rotation: new certificate, old key.
+        let (cert2, key2) = self_signed();
+        std::fs::write(dir.path().join("c.crt"), &cert2).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &tls.client_config()),
+            "mismatched pair: keep the old"
+        );
+        assert!(
+            EtcdTls::load(&cfg)
+                .unwrap_err()
+                .to_string()
+                .contains("does not match")
+        );
+
+        // Rotation complete.
+        std::fs::write(dir.path().join("c.key"), &key2).unwrap();
+        let second = tls.client_config();
+        assert!(!Arc::ptr_eq(&first, &second), "new files: new config");
+        assert!(Arc::ptr_eq(&second, &tls.client_config()));
     }
 
     #[test]
