@@ -92,21 +92,18 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         cfg.etcd.endpoints = eps.clone();
         overridden = true;
     }
-    for (flag, field) in [
-        (&cli.etcd_cafile, 0),
-        (&cli.etcd_certfile, 1),
-        (&cli.etcd_keyfile, 2),
-    ] {
-        if let Some(path) = flag {
-            let tls = cfg.etcd.tls.get_or_insert_with(Default::default);
-            let slot = match field {
-                0 => &mut tls.ca_file,
-                1 => &mut tls.cert_file,
-                _ => &mut tls.key_file,
-            };
-            *slot = Some(path.clone());
-            overridden = true;
+    if cli.etcd_cafile.is_some() || cli.etcd_certfile.is_some() || cli.etcd_keyfile.is_some() {
+        let tls = cfg.etcd.tls.get_or_insert_with(Default::default);
+        if let Some(p) = &cli.etcd_cafile {
+            tls.ca_file = Some(p.clone());
         }
+        if let Some(p) = &cli.etcd_certfile {
+            tls.cert_file = Some(p.clone());
+        }
+        if let Some(p) = &cli.etcd_keyfile {
+            tls.key_file = Some(p.clone());
+        }
+        overridden = true;
     }
     if let Some(path) = &cli.encryption_provider_config {
         cfg.etcd.encryption_provider_config = Some(path.clone());
