@@ -44,6 +44,13 @@ pub struct Metrics {
     pub http_request_duration: HistogramVec,
     pub undecodable_values: IntCounterVec,
     pub api_open_watches: prometheus::IntGauge,
+    /// Open client connections (limited by `server.max_connections`).
+    pub api_open_connections: IntGauge,
+    /// Connections closed at accept because `server.max_connections` were open.
+    pub api_connections_refused: IntCounter,
+    /// Connections the server closed on a client that held them without use:
+    /// `first_request_timeout`, `idle_timeout`, `stalled_watch`.
+    pub api_connections_closed: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -105,7 +112,7 @@ impl Metrics {
             terminated_watchers: counter(
                 &r,
                 "watchcache_terminated_watchers_total",
-                "Watchers ended by the server, by reason (expired, timeout, shutdown, closed).",
+                "Watchers ended, by reason (expired, timeout, shutdown, closed, unresponsive).",
                 &["resource", "reason"],
             ),
             resource_version: gauge(
@@ -196,6 +203,32 @@ impl Metrics {
                     .expect("metric registered once");
                 g
             },
+            api_open_connections: {
+                let g = IntGauge::new(
+                    "watchcache_api_open_connections",
+                    "Open client connections of the REST API (limited by server.max_connections).",
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
+            api_connections_refused: {
+                let c = IntCounter::new(
+                    "watchcache_api_connections_refused_total",
+                    "Connections closed at accept because server.max_connections were open.",
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(c.clone()))
+                    .expect("metric registered once");
+                c
+            },
+            api_connections_closed: counter(
+                &r,
+                "watchcache_api_connections_closed_total",
+                "Connections closed by the server, by reason (first_request_timeout, idle_timeout, stalled_watch).",
+                &["reason"],
+            ),
             registry: r,
         }
     }
@@ -212,6 +245,9 @@ pub struct ResourceMetrics {
     pub terminated_timeout: IntCounter,
     pub terminated_shutdown: IntCounter,
     pub terminated_closed: IntCounter,
+    /// Watchers cut off because their client did not read
+    /// (`server.watch_max_buffered_bytes`).
+    pub terminated_unresponsive: IntCounter,
     pub resource_version: IntGauge,
     pub history_capacity: IntGauge,
     pub objects: IntGauge,
@@ -248,6 +284,7 @@ impl Metrics {
             terminated_timeout: term("timeout"),
             terminated_shutdown: term("shutdown"),
             terminated_closed: term("closed"),
+            terminated_unresponsive: term("unresponsive"),
             resource_version: self.resource_version.with_label_values(r),
             history_capacity: self.history_capacity.with_label_values(r),
             objects: self.objects.with_label_values(r),

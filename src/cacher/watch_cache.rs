@@ -125,7 +125,8 @@ impl CacherStats {
         self.prom.watchers.dec();
     }
     /// A watcher ended: `expired` (fell out of the history), `timeout`,
-    /// `shutdown`, or `closed` (the client went away).
+    /// `shutdown`, `closed` (the client went away) or `unresponsive` (its
+    /// client did not read).
     pub(crate) fn watcher_ended(&self, reason: WatchEnd) {
         match reason {
             WatchEnd::Expired => {
@@ -135,6 +136,7 @@ impl CacherStats {
             WatchEnd::Timeout => self.prom.terminated_timeout.inc(),
             WatchEnd::Shutdown => self.prom.terminated_shutdown.inc(),
             WatchEnd::Closed => self.prom.terminated_closed.inc(),
+            WatchEnd::Unresponsive => self.prom.terminated_unresponsive.inc(),
         }
     }
     /// `n` events handed to one watcher's stream.
@@ -161,6 +163,8 @@ pub(crate) enum WatchEnd {
     Timeout,
     Shutdown,
     Closed,
+    /// Cut off by the API: its client did not read what it was sent.
+    Unresponsive,
 }
 
 /// A watch route: the sequence numbers of retained events whose old or new
