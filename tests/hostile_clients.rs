@@ -322,6 +322,8 @@ async fn a_watch_whose_client_stops_reading_ends_at_timeout_seconds() {
     let watchers = format!(r#"watchcache_watchers{{resource="{PLURAL}"}}"#);
     let timeouts =
         format!(r#"watchcache_terminated_watchers_total{{reason="timeout",resource="{PLURAL}"}}"#);
+    const STALLED: &str = r#"watchcache_api_connections_closed_total{reason="stalled_watch"}"#;
+    let stalled_before = metric(&ts, STALLED).await;
     // The initial events alone are far more than the connection buffers.
     write_widgets(&ts, PLURAL).await;
     let mut s = stalled_watch(
@@ -336,7 +338,13 @@ async fn a_watch_whose_client_stops_reading_ends_at_timeout_seconds() {
     })
     .await;
     assert!(freed, "the stalled watcher was ended and freed");
-    // And the connection is let go: the client reads to its end.
+    // Its end cannot be written to a socket nobody reads: the connection
+    // is closed (HTTP/1.1), and the client reads to its end.
+    let closed = common::eventually(BOUND, || async {
+        metric(&ts, STALLED).await > stalled_before
+    })
+    .await;
+    assert!(closed, "the stalled connection was closed");
     let got = read_until_closed(&mut s, BOUND)
         .await
         .expect("the stalled watch's connection was closed");
