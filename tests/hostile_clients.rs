@@ -210,6 +210,32 @@ async fn idle_connections_are_closed_but_busy_ones_are_not() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_http2_connections_are_closed() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let ts = TestServer::start("idleh2", |c| c.server.idle_timeout_ms = 300).await;
+    let tcp = TcpStream::connect(ts.addr).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .expect("h2 handshake");
+    let conn = tokio::spawn(conn);
+    let req = hyper::Request::get(ts.url("/healthz"))
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.expect("h2 request");
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(&body[..], b"ok");
+    // The client keeps the connection; the server ends it once idle (GOAWAY).
+    let ended = tokio::time::timeout(BOUND, conn).await;
+    assert!(
+        ended.is_ok(),
+        "the server closed the idle HTTP/2 connection"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_are_refused_and_counted() {
     // The harness's own pooled connection goes idle and is closed quickly;
     // the two watch connections below stay busy and hold the cap.
