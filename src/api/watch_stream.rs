@@ -11,7 +11,7 @@
 //!   off (`reason="unresponsive"`): its unread bytes are dropped and the
 //!   stream ends, so it resumes from the last resourceVersion it received,
 //!   like Kubernetes' terminated blocked watchers. Initial events and the
-//!   replay up to the first moment the client has caught up are exempt:
+//!   replay (until the connection has once taken all of them) are exempt:
 //!   the pump waits for such a client instead (a burst it downloads at
 //!   network speed is not a backlog);
 //! - a stream whose end the client does not take within a grace period has
@@ -89,6 +89,9 @@ struct PipeInner {
     queue: VecDeque<Bytes>,
     bytes: usize,
     ended: bool,
+    /// How often the body found the pipe empty: the connection had taken
+    /// everything and had room for more (hyper polls a body only then).
+    found_empty: u64,
 }
 
 impl Pipe {
@@ -96,17 +99,22 @@ impl Pipe {
         self.inner.lock().bytes
     }
 
-    /// Queues `chunk`; returns the bytes that were unread before it.
-    fn push(&self, chunk: Bytes) -> usize {
+    /// Queues `chunk`; returns the bytes that were unread before it and
+    /// the `found_empty` count at that moment.
+    fn push(&self, chunk: Bytes) -> (usize, u64) {
         let before = {
             let mut inner = self.inner.lock();
-            let before = inner.bytes;
+            let before = (inner.bytes, inner.found_empty);
             inner.bytes += chunk.len();
             inner.queue.push_back(chunk);
             before
         };
         self.reader.wake();
         before
+    }
+
+    fn found_empty(&self) -> u64 {
+        self.inner.lock().found_empty
     }
 
     /// Ends the stream after what is queued, or at once with `drop_unread`.
@@ -141,6 +149,7 @@ impl futures::Stream for PipeReader {
         if inner.ended {
             return Poll::Ready(None);
         }
+        inner.found_empty += 1;
         // Registered under the lock the pump pushes under: no lost wake-up.
         pipe.reader.register(cx.waker());
         Poll::Pending
@@ -187,15 +196,16 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
         http1_connection,
     } = params;
     let mut backstop = backstop.map(|at| Box::pin(tokio::time::sleep_until(at)));
-    // Until the client has once taken everything (initial events, replay),
-    // the pump waits for it instead of cutting it off.
+    // Until the connection has taken everything sent so far once after the
+    // initial events and the replay (the first chunk), the pump waits for
+    // the client instead of cutting it off: such a burst is downloaded at
+    // network speed, it is not a backlog the client failed to read.
     let mut catching_up = true;
+    let mut pushed = false;
+    // `found_empty` when the last chunk was queued while catching up.
+    let mut mark = 0u64;
     let end = loop {
-        let unread = pipe.unread();
-        if catching_up && unread == 0 && !watcher.sending_initial_events() {
-            catching_up = false;
-        }
-        if catching_up && unread >= cap {
+        if catching_up && pipe.unread() >= cap {
             tokio::select! {
                 _ = pipe.room.notified() => continue,
                 _ = pipe.reader_gone.cancelled() => break End::Gone,
@@ -203,6 +213,7 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
                 _ = sleep_opt(&mut backstop) => break End::Deadline,
             }
         }
+        let initial = watcher.sending_initial_events();
         let item = tokio::select! {
             biased;
             _ = pipe.reader_gone.cancelled() => break End::Gone,
@@ -217,8 +228,14 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
                     Some(t) => t.convert(&chunk),
                     None => chunk,
                 };
-                let before = pipe.push(chunk);
-                if !catching_up && before >= cap {
+                if catching_up && pushed && !initial && pipe.found_empty() > mark {
+                    catching_up = false;
+                }
+                let (before, found_empty) = pipe.push(chunk);
+                pushed = true;
+                if catching_up {
+                    mark = found_empty;
+                } else if before >= cap {
                     watcher.end_unresponsive();
                     break End::Unresponsive;
                 }
