@@ -427,3 +427,118 @@ async fn a_watch_that_leaves_too_much_unread_is_cut_off_and_can_resume() {
         assert_ne!(ev["type"], "ERROR", "resumable from {last_rv}: {ev}");
     }
 }
+
+/// Opens a watch on a socket with a small receive buffer and reads it
+/// steadily but slower than the server produces (a client on a slow link),
+/// until `until` appears in the stream; returns everything read.
+async fn slow_reader(
+    ts: &TestServer,
+    path: &str,
+    until: String,
+) -> tokio::task::JoinHandle<String> {
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let mut s = sock.connect(ts.addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
+    s.write_all(req.as_bytes()).await.unwrap();
+    tokio::spawn(async move {
+        let mut all = Vec::new();
+        let mut buf = vec![0u8; 8192];
+        let deadline = tokio::time::Instant::now() + BOUND;
+        while !String::from_utf8_lossy(&all).contains(&until) {
+            assert!(tokio::time::Instant::now() < deadline, "{until} arrived");
+            match tokio::time::timeout(BOUND, s.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => all.extend_from_slice(&buf[..n]),
+                other => panic!(
+                    "the stream ended before {until} ({other:?}) after {} bytes",
+                    all.len()
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        String::from_utf8_lossy(&all).into_owned()
+    })
+}
+
+/// Puts a ~2 KB widget straight into etcd; returns the revision.
+async fn put_widget(
+    ts: &TestServer,
+    etcd: &mut etcd_client::Client,
+    plural: &str,
+    name: &str,
+) -> i64 {
+    let key = format!(
+        "{}/example.com/{plural}/ns1/{name}",
+        ts.prefix.trim_end_matches('/')
+    );
+    let value = json!({
+        "apiVersion": "example.com/v1",
+        "kind": "Widget",
+        "metadata": {"name": name, "namespace": "ns1"},
+        "spec": {"blob": "x".repeat(2_000)},
+    });
+    common::etcd_put(etcd, key, value.to_string()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_events_and_replays_larger_than_the_cap_are_not_cut_off() {
+    const PLURAL: &str = "burstwidgets";
+    let ts = server_with_own_resource("burst", PLURAL, |c| {
+        c.server.watch_max_buffered_bytes = 16 * 1024;
+        for r in &mut c.resources {
+            r.history_capacity = 5_000;
+        }
+    })
+    .await;
+    let mut etcd = ts.etcd.clone();
+    let watchers = format!(r#"watchcache_watchers{{resource="{PLURAL}"}}"#);
+    let cut = format!(
+        r#"watchcache_terminated_watchers_total{{reason="unresponsive",resource="{PLURAL}"}}"#
+    );
+    let base = format!("/apis/example.com/v1/namespaces/ns1/{PLURAL}");
+    // About 2.4 MB of state in several initial-event pages, 150 times the cap.
+    let start_rv = ts.etcd_revision().await;
+    for i in 0..1200 {
+        put_widget(&ts, &mut etcd, PLURAL, &format!("o{i:04}")).await;
+    }
+    let gauge_is = |n: f64| {
+        let (ts, watchers) = (&ts, &watchers);
+        async move {
+            let ok = common::eventually(BOUND, || async { metric(ts, watchers).await == n }).await;
+            assert!(ok, "{watchers} reached {n}");
+        }
+    };
+    // Initial events (no resourceVersion), then a live event, read by a
+    // client on a slow link.
+    let reader = slow_reader(
+        &ts,
+        &format!("{base}?watch=1"),
+        "\"name\":\"live-0\"".into(),
+    )
+    .await;
+    gauge_is(1.0).await;
+    put_widget(&ts, &mut etcd, PLURAL, "live-0").await;
+    let text = reader.await.unwrap();
+    assert_eq!(text.matches("\"type\":\"ADDED\"").count(), 1201);
+    gauge_is(0.0).await;
+    // A replay of the history from before the objects, with live events
+    // arriving while the client still downloads it.
+    let reader = slow_reader(
+        &ts,
+        &format!("{base}?watch=1&resourceVersion={start_rv}"),
+        "\"name\":\"live-20\"".into(),
+    )
+    .await;
+    gauge_is(1.0).await;
+    for i in 1..=20 {
+        put_widget(&ts, &mut etcd, PLURAL, &format!("live-{i}")).await;
+    }
+    let text = reader.await.unwrap();
+    assert_eq!(text.matches("\"type\":\"ADDED\"").count(), 1221);
+    assert!(!text.contains("\"type\":\"ERROR\""));
+    assert_eq!(
+        metric(&ts, &cut).await,
+        0.0,
+        "no reading client was cut off"
+    );
+}
