@@ -18,9 +18,8 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -33,6 +32,7 @@ use crate::config::{Config, ResourceConfig};
 use crate::storage::Storage;
 use params::Query;
 
+mod connection;
 pub mod discovery;
 mod errors;
 pub mod k8s;
@@ -43,6 +43,7 @@ pub mod request_info;
 mod smp;
 pub mod status;
 pub mod table;
+mod watch_stream;
 mod writes;
 
 pub use request_info::{RequestInfo, RequestInfoError};
@@ -176,6 +177,14 @@ impl Server {
             .keep_alive_timeout(Duration::from_secs(20));
         let builder = Arc::new(builder);
 
+        let limits = connection::ConnectionLimits::from_config(&state.config.server);
+        let conn_slots = Arc::new(Semaphore::new(
+            state
+                .config
+                .server
+                .max_connections
+                .min(Semaphore::MAX_PERMITS),
+        ));
         let (close_tx, close_rx) = tokio::sync::watch::channel(false);
         let mut conns = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -196,34 +205,24 @@ impl Server {
                             continue;
                         }
                     };
+                    let Ok(permit) = Arc::clone(&conn_slots).try_acquire_owned() else {
+                        // At the cap: close at once, so the connections
+                        // already open (and /readyz) keep working.
+                        crate::metrics::metrics().api_connections_refused.inc();
+                        debug!(%peer, "connection refused: server.max_connections open");
+                        drop(stream);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    let state = Arc::clone(&state);
-                    let builder = Arc::clone(&builder);
-                    let mut close_rx = close_rx.clone();
-                    conns.spawn(async move {
-                        let svc = service_fn(move |req| {
-                            let state = Arc::clone(&state);
-                            // Boxed: hyper sizes each stream's task by this
-                            // future, and a watch's task lives as long as the
-                            // watch; boxed, it shrinks to the body pipe once
-                            // the response head is out.
-                            let fut = Box::pin(handle(state, req));
-                            async move { Ok::<_, Infallible>(fut.await) }
-                        });
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        let mut conn = std::pin::pin!(conn);
-                        tokio::select! {
-                            res = conn.as_mut() => {
-                                if let Err(e) = res {
-                                    debug!(%peer, error = %e, "connection ended with an error");
-                                }
-                            }
-                            _ = close_rx.changed() => {
-                                conn.as_mut().graceful_shutdown();
-                                let _ = conn.await;
-                            }
-                        }
-                    });
+                    conns.spawn(connection::serve(
+                        stream,
+                        peer,
+                        Arc::clone(&builder),
+                        Arc::clone(&state),
+                        limits,
+                        close_rx.clone(),
+                        permit,
+                    ));
                 }
             }
         }
