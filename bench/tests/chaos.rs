@@ -3,29 +3,19 @@
 //! violation while having checked events, writes and faults. (That the checker
 //! can fail is shown by its unit tests in src/chaos/checker.rs.)
 
-use std::process::Command;
+mod common;
 
 use serde_json::Value;
+
+use common::bench_with_output;
 
 #[test]
 fn a_short_chaos_run_finds_no_violation() {
     let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("chaos.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_watchcache-bench"))
-        .args(["chaos", "--duration", "20s", "--seed", "7", "--json"])
-        .arg(&json)
-        .output()
-        .expect("run watchcache-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "chaos failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
+    let (report, stdout): (Value, String) = bench_with_output(
+        &["chaos", "--duration", "20s", "--seed", "7"],
+        &dir.path().join("chaos.json"),
     );
-    let report: Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON report written"))
-            .expect("JSON report parses");
     assert_eq!(report["scenario"], "chaos");
     let r = &report["results"];
     assert_eq!(r["violations"], 0, "{r:#}");

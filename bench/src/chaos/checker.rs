@@ -233,7 +233,9 @@ struct Expected {
     rev: i64,
     name: String,
     kind: Kind,
-    value: Option<Value>,
+    /// The object the event carries: the new one, or for DELETED the last
+    /// one in the selection (Kubernetes sends the deleted object).
+    value: Value,
 }
 
 /// The events a watcher of `sel` sees for `history`: a change that makes an
@@ -243,7 +245,11 @@ fn selection_events(history: &History, sel: &Selection) -> Vec<Expected> {
     let mut state = history.base.clone();
     let mut out = Vec::new();
     for c in &history.changes {
-        let old = state.get(&c.name).is_some_and(|(_, v)| sel.matches(v));
+        let prev = state
+            .get(&c.name)
+            .map(|(_, v)| v)
+            .filter(|v| sel.matches(v));
+        let old = prev.is_some();
         let new = c.value.as_ref().is_some_and(|v| sel.matches(v));
         let kind = match (old, new) {
             (false, true) => Some(Kind::Added),
@@ -251,12 +257,16 @@ fn selection_events(history: &History, sel: &Selection) -> Vec<Expected> {
             (true, false) => Some(Kind::Deleted),
             (false, false) => None,
         };
-        if let Some(kind) = kind {
+        let value = match kind {
+            Some(Kind::Deleted) => prev.cloned(),
+            _ => c.value.clone(),
+        };
+        if let (Some(kind), Some(value)) = (kind, value) {
             out.push(Expected {
                 rev: c.rev,
                 name: c.name.clone(),
                 kind,
-                value: c.value.clone(),
+                value,
             });
         }
         match &c.value {
@@ -475,7 +485,7 @@ impl<'a> WatcherCheck<'a> {
         }
         let exact = found.is_some_and(|i| {
             let e = &self.expected[i];
-            e.kind == kind && (kind == Kind::Deleted || e.value.as_ref() == Some(object))
+            e.kind == kind && &e.value == object
         });
         if exact {
             if let Some(i) = found {
@@ -532,7 +542,11 @@ impl<'a> WatcherCheck<'a> {
                 Kind::Added | Kind::Modified => s
                     .get(name)
                     .is_some_and(|(m, v)| *m == rv && v == object && self.sel.matches(v)),
-                Kind::Deleted => !s.get(name).is_some_and(|(_, v)| self.sel.matches(v)),
+                // Gone at b, and carrying the object the watcher had.
+                Kind::Deleted => {
+                    !s.get(name).is_some_and(|(_, v)| self.sel.matches(v))
+                        && self.view.get(name).is_some_and(|(_, v)| v == object)
+                }
             }
         })
     }
@@ -872,6 +886,15 @@ mod tests {
     fn a_wrong_object_or_type_is_reported() {
         let mut obs = clean_all();
         obs[4] = ev(Kind::Modified, "a", 4, obj("a", "b", 99));
+        let r = run(obs, Selection::All);
+        assert!(
+            kinds(&r).contains(&ViolationKind::WrongEvent),
+            "{:?}",
+            r.violations
+        );
+        // A DELETED carries the object as it was.
+        let mut obs = clean_all();
+        obs[6] = ev(Kind::Deleted, "b", 6, obj("b", "b", 99));
         let r = run(obs, Selection::All);
         assert!(
             kinds(&r).contains(&ViolationKind::WrongEvent),
