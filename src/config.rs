@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
+
 /// Default request body limit (Kubernetes uses 3 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
@@ -78,6 +80,32 @@ pub struct EtcdConfig {
     /// Page size of the reflector's initial list.
     #[serde(default = "default_list_page_size")]
     pub list_page_size: i64,
+    /// TLS / mutual TLS for `https://` endpoints (`[etcd.tls]`).
+    #[serde(default)]
+    pub tls: Option<EtcdTlsConfig>,
+    /// kube-apiserver's `EncryptionConfiguration` file (YAML or JSON):
+    /// encryption at rest, as `--encryption-provider-config`.
+    #[serde(default)]
+    pub encryption_provider_config: Option<PathBuf>,
+}
+
+/// `[etcd.tls]`: the files of etcd's client `TransportConfig`, named like
+/// kube-apiserver's `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTlsConfig {
+    /// PEM bundle of the CA(s) that sign etcd's serving certificate.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for etcd's `--client-cert-auth`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Name to verify etcd's certificate against, instead of the endpoint host.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -102,6 +130,10 @@ pub struct ServerConfig {
     /// `[min, 2*min)` seconds, like kube-apiserver's `--min-request-timeout`.
     #[serde(default = "default_min_request_timeout_seconds")]
     pub min_request_timeout_seconds: u64,
+    /// Every this many seconds each resource's cache is compared with etcd
+    /// at one revision (and relisted on a mismatch); 0 turns it off.
+    #[serde(default = "default_consistency_check_interval_seconds")]
+    pub consistency_check_interval_seconds: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -169,6 +201,9 @@ fn default_bookmark_interval_ms() -> u64 {
 fn default_min_request_timeout_seconds() -> u64 {
     1800
 }
+fn default_consistency_check_interval_seconds() -> u64 {
+    300
+}
 fn default_history_capacity() -> usize {
     10_000
 }
@@ -183,6 +218,8 @@ impl Default for EtcdConfig {
             max_update_retries: default_max_update_retries(),
             lease_reuse_seconds: default_lease_reuse_seconds(),
             list_page_size: default_list_page_size(),
+            tls: None,
+            encryption_provider_config: None,
         }
     }
 }
@@ -196,6 +233,7 @@ impl Default for ServerConfig {
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),
             min_request_timeout_seconds: default_min_request_timeout_seconds(),
+            consistency_check_interval_seconds: default_consistency_check_interval_seconds(),
         }
     }
 }
@@ -291,6 +329,7 @@ impl Config {
             validate_endpoint(ep)
                 .map_err(|m| ConfigError::invalid(file, format!("etcd.endpoints[{i}]"), m))?;
         }
+        self.validate_tls(file)?;
         if !self.etcd.prefix.starts_with('/') {
             return Err(ConfigError::invalid(
                 file,
@@ -349,6 +388,12 @@ impl Config {
             MAX_DURATION_MS / 1000,
         )
         .map_err(|m| ConfigError::invalid(file, "server.min_request_timeout_seconds", m))?;
+        validate_duration(
+            self.server.consistency_check_interval_seconds,
+            true,
+            MAX_DURATION_MS / 1000,
+        )
+        .map_err(|m| ConfigError::invalid(file, "server.consistency_check_interval_seconds", m))?;
         if self.server.max_watches == 0 {
             return Err(ConfigError::invalid(
                 file,
@@ -366,18 +411,20 @@ impl Config {
         let mut seen = HashSet::new();
         for (i, r) in self.resources.iter().enumerate() {
             let at = |f: &str| format!("resources[{i}].{f}");
-            if r.version.is_empty() || !is_dns_label(&r.version) {
+            if let Some(why) = is_dns1123_label(&r.version).first() {
                 return Err(ConfigError::invalid(
                     file,
                     at("version"),
-                    format!("invalid version {:?}", r.version),
+                    format!("invalid version {:?}: {why}", r.version),
                 ));
             }
-            if !r.group.is_empty() && !is_dns_subdomain(&r.group) {
+            if !r.group.is_empty()
+                && let Some(why) = is_dns1123_subdomain(&r.group).first()
+            {
                 return Err(ConfigError::invalid(
                     file,
                     at("group"),
-                    format!("invalid group {:?}", r.group),
+                    format!("invalid group {:?}: {why}", r.group),
                 ));
             }
             if r.kind.is_empty() || !r.kind.chars().all(|c| c.is_ascii_alphanumeric()) {
@@ -387,14 +434,11 @@ impl Config {
                     format!("invalid kind {:?}", r.kind),
                 ));
             }
-            if !is_dns_label(&r.plural) {
+            if let Some(why) = is_dns1123_label(&r.plural).first() {
                 return Err(ConfigError::invalid(
                     file,
                     at("plural"),
-                    format!(
-                        "invalid plural {:?}: lowercase letters, digits and '-'",
-                        r.plural
-                    ),
+                    format!("invalid plural {:?}: {why}", r.plural),
                 ));
             }
             if !seen.insert((r.group.clone(), r.plural.clone())) {
@@ -431,6 +475,37 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// `https://` and `http://` endpoints do not mix; TLS settings need
+    /// `https://` endpoints and vice versa (the files are checked at start-up).
+    fn validate_tls(&self, file: &str) -> Result<(), ConfigError> {
+        let https: Vec<bool> = self
+            .etcd
+            .endpoints
+            .iter()
+            .map(|e| e.starts_with("https://"))
+            .collect();
+        if let Some(i) = https.iter().position(|h| *h != https[0]) {
+            return Err(ConfigError::invalid(
+                file,
+                format!("etcd.endpoints[{i}]"),
+                "mixes http:// and https:// endpoints",
+            ));
+        }
+        match (&self.etcd.tls, https[0]) {
+            (Some(tls), false) if *tls != EtcdTlsConfig::default() => Err(ConfigError::invalid(
+                file,
+                "etcd.tls",
+                "TLS files are set but the endpoints are http://; use https:// endpoints",
+            )),
+            (None, true) => Err(ConfigError::invalid(
+                file,
+                "etcd.tls.ca_file",
+                "https:// endpoints need [etcd.tls] ca_file (--etcd-cafile)",
+            )),
+            _ => Ok(()),
+        }
     }
 
     pub fn listen_addr(&self) -> Result<SocketAddr, String> {
@@ -514,21 +589,6 @@ pub fn validate_field_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// RFC 1123 label: lowercase alphanumerics and '-', starting and ending alphanumeric, max 63.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// RFC 1123 subdomain: dot-separated labels, max 253.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -538,6 +598,83 @@ mod tests {
         let cfg = Config::example();
         assert!(cfg.resources.iter().any(|r| r.plural == "pods"));
         assert!(cfg.resources.iter().any(|r| !r.group.is_empty()));
+    }
+
+    /// config/kubernetes.toml follows kube-apiserver's key layout:
+    /// `DefaultStorageFactory.ResourcePrefix` (the lowercased resource, no
+    /// group) plus the compiled-in overrides, and group-prefixed keys for
+    /// apiextensions/apiregistration.
+    #[test]
+    fn kubernetes_config_has_kube_apiserver_key_layout() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/kubernetes.toml");
+        let cfg = Config::load(&path).unwrap();
+        let special = [
+            ("", "replicationcontrollers", "controllers"),
+            ("", "endpoints", "services/endpoints"),
+            ("", "services", "services/specs"),
+            ("", "nodes", "minions"),
+            ("networking.k8s.io", "ingresses", "ingress"),
+        ];
+        for r in &cfg.resources {
+            let want = match special
+                .iter()
+                .find(|(g, p, _)| *g == r.group && *p == r.plural)
+            {
+                Some((_, _, s)) => format!("/registry/{s}/"),
+                None if ["apiextensions.k8s.io", "apiregistration.k8s.io"]
+                    .contains(&r.group.as_str()) =>
+                {
+                    format!("/registry/{}/{}/", r.group, r.plural)
+                }
+                None => format!("/registry/{}/", r.plural),
+            };
+            assert_eq!(
+                r.key_prefix(&cfg.etcd.prefix),
+                want,
+                "{}.{}",
+                r.plural,
+                r.group
+            );
+        }
+        for plural in [
+            "pods",
+            "secrets",
+            "deployments",
+            "leases",
+            "customresourcedefinitions",
+        ] {
+            assert!(cfg.resources.iter().any(|r| r.plural == plural), "{plural}");
+        }
+        let tls = cfg.etcd.tls.unwrap();
+        assert_eq!(
+            tls.ca_file.unwrap(),
+            PathBuf::from("/etc/kubernetes/pki/etcd/ca.crt")
+        );
+    }
+
+    #[test]
+    fn tls_needs_https_and_vice_versa() {
+        error_naming(
+            &GOOD.replace("[etcd]", "[etcd.tls]\nca_file = \"/ca.crt\"\n[etcd]"),
+            "etcd.tls",
+        );
+        error_naming(
+            &GOOD.replace("http://127.0.0.1:2379", "https://127.0.0.1:2379"),
+            "etcd.tls.ca_file",
+        );
+        let both = GOOD.replace(
+            "\"http://127.0.0.1:2379\"",
+            "\"https://127.0.0.1:2379\", \"http://127.0.0.1:2380\"",
+        );
+        error_naming(&both, "etcd.endpoints[1]");
+        let ok = GOOD
+            .replace("http://127.0.0.1:2379", "https://127.0.0.1:2379")
+            .replace(
+                "[[resources]]",
+                "[etcd.tls]\nca_file = \"/ca.crt\"\n\n[[resources]]",
+            );
+        Config::parse(&ok, "test.toml").unwrap();
+        error_naming(&ok.replace("ca_file", "cafile"), "cafile");
     }
 
     #[test]
@@ -551,15 +688,6 @@ mod tests {
         assert_eq!(dep.key_prefix("/registry/"), "/registry/apps/deployments/");
         assert_eq!(dep.api_version(), "apps/v1");
         assert_eq!(dep.base_path(), "/apis/apps/v1");
-    }
-
-    #[test]
-    fn dns_rules() {
-        assert!(is_dns_label("pods"));
-        assert!(!is_dns_label("Pods"));
-        assert!(!is_dns_label("-a"));
-        assert!(is_dns_subdomain("apps.example.com"));
-        assert!(!is_dns_subdomain("apps..com"));
     }
 
     const GOOD: &str = r#"

@@ -5,6 +5,7 @@
 //! come back only through the reflector's watch. See `docs/ARCHITECTURE.md`.
 
 pub mod api;
+pub mod backoff;
 pub mod cacher;
 pub mod config;
 pub mod etcd_server;

@@ -9,16 +9,21 @@
 //! hang. Reads are retried with backoff within that deadline (they are
 //! idempotent); writes are not (a lost answer may hide an applied write).
 
+pub mod encryption;
 mod error;
 mod lease;
 mod preconditions;
 mod revision_batcher;
+pub mod tls;
 mod transformer;
+mod watch;
 
+pub use encryption::{EncryptionConfigError, EncryptionTransformer, TransformError};
 pub use error::StorageError;
 pub use lease::{DEFAULT_MAX_ATTACHED_OBJECTS, LeaseManager};
 pub use preconditions::Preconditions;
 pub use transformer::{IdentityTransformer, Transformer};
+pub use watch::{Watch, WatchEvent, WatchItem};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +38,7 @@ use etcd_client::{
 use tokio::time::Instant;
 use tracing::{Instrument, debug, debug_span, warn};
 
+use crate::backoff::Backoff;
 use crate::config::EtcdConfig;
 
 /// HTTP/2 keepalive: detect a dead etcd connection under a long watch. Idle
@@ -75,16 +81,7 @@ impl StoredObject {
         let version = kv.version();
         let lease = kv.lease();
         let (key, value) = kv.into_key_value();
-        let key = match String::from_utf8(key) {
-            Ok(k) => k,
-            Err(e) => {
-                let key = String::from_utf8_lossy(e.as_bytes()).into_owned();
-                return Err(Unreadable {
-                    error: StorageError::InvalidObject(format!("non-UTF-8 key {key:?}")),
-                    key,
-                });
-            }
-        };
+        let key = utf8_key(key)?;
         let value = match transformer.from_storage(&key, Bytes::from(value)) {
             Ok(v) => v,
             Err(error) => return Err(Unreadable { key, error }),
@@ -98,6 +95,17 @@ impl StoredObject {
             lease,
         })
     }
+}
+
+/// An etcd key as a string; a non-UTF-8 key is [`Unreadable`] (lossily named).
+pub(crate) fn utf8_key(key: Vec<u8>) -> Result<String, Unreadable> {
+    String::from_utf8(key).map_err(|e| {
+        let key = String::from_utf8_lossy(e.as_bytes()).into_owned();
+        Unreadable {
+            error: StorageError::InvalidObject(format!("non-UTF-8 key {key:?}")),
+            key,
+        }
+    })
 }
 
 /// A listed key whose key or value cannot be read: a non-UTF-8 key, or a
@@ -190,6 +198,8 @@ pub struct Storage {
     leases: Arc<LeaseManager>,
     conflict_retries: Arc<AtomicU64>,
     revisions: Arc<revision_batcher::RevisionBatcher>,
+    /// TLS material of `https://` endpoints (reloaded on change).
+    tls: Option<Arc<tls::EtcdTls>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -249,7 +259,29 @@ impl Storage {
     /// without `WithBlock`): the daemon can start while etcd is still coming
     /// up, and each call then fails within its deadline until etcd answers.
     pub async fn connect(cfg: &EtcdConfig) -> Result<Storage, StorageError> {
+        let tls = match &cfg.tls {
+            Some(t) if cfg.endpoints.iter().any(|e| e.starts_with("https://")) => {
+                Some(tls::EtcdTls::load(t).map_err(|e| StorageError::Internal(e.to_string()))?)
+            }
+            _ => None,
+        };
+        Self::connect_with_tls(cfg, tls).await
+    }
+
+    /// Like [`Storage::connect`] with TLS material already loaded (and
+    /// checked) by the caller, e.g. the daemon's start-up.
+    pub async fn connect_with_tls(
+        cfg: &EtcdConfig,
+        tls: Option<Arc<tls::EtcdTls>>,
+    ) -> Result<Storage, StorageError> {
         let request_timeout = cfg.request_timeout();
+        // Every endpoint's handshake-error series exists from the start (at
+        // 0), so dashboards and alerts see "no errors" rather than "no data".
+        for ep in &cfg.endpoints {
+            crate::metrics::metrics()
+                .etcd_tls_handshake_errors
+                .with_label_values(&[ep.as_str()]);
+        }
         // No client-wide request timeout (`with_timeout`): it would also cut
         // the Reflector's long-lived watch streams on this client. Unary calls
         // get their deadline from `call`/`read` instead.
@@ -257,12 +289,32 @@ impl Storage {
             .with_connect_timeout(cfg.dial_timeout())
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
             .with_tcp_keepalive(TCP_KEEPALIVE);
-        let client = match tokio::time::timeout(
-            cfg.dial_timeout(),
-            Client::connect(&cfg.endpoints, Some(opts)),
-        )
-        .await
-        {
+        let connecting = async {
+            match &tls {
+                // Our connector does TLS (see `tls`); tonic sees plain
+                // HTTP/2 over it, so the endpoint URI is http://.
+                Some(t) => {
+                    let connector = tls::Connector::new(Arc::clone(t), &cfg.endpoints);
+                    let first = cfg
+                        .endpoints
+                        .first()
+                        .map(|e| e.replacen("https://", "http://", 1))
+                        .unwrap_or_default();
+                    let endpoint = tonic::transport::Endpoint::from_shared(first)
+                        .map_err(|e| etcd_client::Error::InvalidArgs(e.to_string()))?
+                        .connect_timeout(cfg.dial_timeout())
+                        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                        .keep_alive_while_idle(false);
+                    let channel = endpoint.connect_with_connector_lazy(tower::service_fn(
+                        move |_: hyper::Uri| connector.clone().connect(),
+                    ));
+                    Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts)).await
+                }
+                None => Client::connect(&cfg.endpoints, Some(opts)).await,
+            }
+        };
+        let client = match tokio::time::timeout(cfg.dial_timeout(), connecting).await {
             Err(_) => {
                 return Err(StorageError::Timeout(format!(
                     "connecting to {:?} took longer than {:?}",
@@ -290,7 +342,14 @@ impl Storage {
             leases: Arc::new(leases),
             conflict_retries: Arc::new(AtomicU64::new(0)),
             revisions: Arc::default(),
+            tls,
         })
+    }
+
+    /// The latest failed TLS handshake with etcd, if the latest one failed
+    /// (shown by `/readyz`).
+    pub fn tls_error(&self) -> Option<String> {
+        self.tls.as_ref().and_then(|t| t.last_error())
     }
 
     pub fn with_transformer(mut self, t: Arc<dyn Transformer>) -> Storage {
@@ -362,7 +421,7 @@ impl Storage {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + self.request_timeout;
-        let mut backoff = READ_BACKOFF_START;
+        let mut backoff = Backoff::new(READ_BACKOFF_START, READ_BACKOFF_MAX);
         loop {
             let started = Instant::now();
             let left = deadline.saturating_duration_since(started);
@@ -375,10 +434,11 @@ impl Storage {
             };
             observe(op, started);
             match r {
-                Err(StorageError::Unavailable(msg)) if Instant::now() + backoff < deadline => {
+                Err(StorageError::Unavailable(msg))
+                    if Instant::now() + backoff.peek() < deadline =>
+                {
                     debug!(op, error = %msg, "transient etcd error, retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(READ_BACKOFF_MAX);
+                    tokio::time::sleep(backoff.step()).await;
                 }
                 Err(StorageError::Compacted { requested, .. }) => {
                     let compacted = self.compacted_revision(requested).await;
@@ -756,16 +816,21 @@ impl Storage {
     /// believed. On a lost CAS the txn's else-branch read is the fresh state,
     /// so a retry costs one round trip. Retries are bounded by
     /// `max_update_retries`, then `Conflict`.
-    pub async fn guaranteed_update<F>(
+    ///
+    /// The update fn's error type `E` is the caller's own (the REST API
+    /// returns its `Status` answers through it untouched); the store's errors
+    /// become an `E` by `From<StorageError>`.
+    pub async fn guaranteed_update<F, E>(
         &self,
         key: &str,
         preconditions: &Preconditions,
         suggestion: Option<StoredObject>,
         opts: &WriteOptions,
         mut update: F,
-    ) -> Result<StoredObject, StorageError>
+    ) -> Result<StoredObject, E>
     where
-        F: FnMut(&StoredObject) -> Result<UpdateAction, StorageError> + Send,
+        F: FnMut(&StoredObject) -> Result<UpdateAction, E> + Send,
+        E: From<StorageError> + Send,
     {
         let span = debug_span!("storage.guaranteed_update", key, dry_run = opts.dry_run);
         async {
@@ -778,7 +843,7 @@ impl Storage {
             loop {
                 if let Err(e) = preconditions.check(key, &state) {
                     if is_current {
-                        return Err(e);
+                        return Err(e.into());
                     }
                     debug!("precondition failed on suggestion, re-reading");
                     state = self.read_existing(key).await?;
@@ -867,12 +932,13 @@ impl Storage {
                     return Err(StorageError::conflict(
                         key,
                         format!("gave up after {conflicts} conflicting concurrent updates"),
-                    ));
+                    )
+                    .into());
                 }
                 debug!(conflicts, "CAS lost, retrying on the fresh state");
                 state = match txn_else_kv(&resp) {
                     Some(kv) => StoredObject::from_kv(kv, self.transformer.as_ref())?,
-                    None => return Err(StorageError::not_found(key)),
+                    None => return Err(StorageError::not_found(key).into()),
                 };
                 is_current = true;
             }
