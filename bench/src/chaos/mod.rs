@@ -340,6 +340,13 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
     if daemon.is_some() {
         kinds.push(Fault::DaemonKill);
     }
+    if kinds.is_empty() {
+        eprintln!(
+            "chaos: no fault can be injected (a running etcd needs --etcd-pid; a running daemon allows no daemon or cut faults)"
+        );
+    } else {
+        eprintln!("chaos: faults available: {kinds:?}");
+    }
     let deadline = started + p.duration;
     let mut faults: Vec<FaultRecord> = Vec::new();
     let mut compactions: Vec<Compaction> = Vec::new();
