@@ -44,6 +44,11 @@ pub struct Metrics {
     pub http_request_duration: HistogramVec,
     pub undecodable_values: IntCounterVec,
     pub api_open_watches: prometheus::IntGauge,
+    /// Requests by authentication result: `success`, `failure` (401) or
+    /// `anonymous` (no credentials, anonymous access on).
+    pub authentication_attempts: IntCounterVec,
+    /// Authorization decisions: `allowed` or `denied`.
+    pub authorization_decisions: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -196,6 +201,18 @@ impl Metrics {
                     .expect("metric registered once");
                 g
             },
+            authentication_attempts: counter(
+                &r,
+                "watchcache_authentication_attempts_total",
+                "Requests by authentication result (success, failure, anonymous).",
+                &["result"],
+            ),
+            authorization_decisions: counter(
+                &r,
+                "watchcache_authorization_decisions_total",
+                "Authorization decisions (allowed, denied).",
+                &["decision"],
+            ),
             registry: r,
         }
     }

@@ -37,11 +37,14 @@ pub mod k8s;
 pub mod ops;
 pub mod params;
 mod reads;
+mod reviews;
+pub mod secure;
 mod smp;
 pub mod status;
 pub mod table;
 mod writes;
 
+pub use secure::{Security, SecurityError};
 pub use status::ApiStatus;
 
 /// How long [`Server::serve`] waits for connections to drain after shutdown.
@@ -57,6 +60,8 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 pub enum ApiError {
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Security(#[from] SecurityError),
 }
 
 /// One served resource: its config and its cacher.
@@ -76,6 +81,8 @@ pub struct State {
     pub shutdown: CancellationToken,
     /// Result of the latest etcd probe (see [`probe_etcd`]); part of `/readyz`.
     pub etcd_reachable: AtomicBool,
+    /// TLS, authentication and authorization as configured.
+    pub security: Security,
 }
 
 impl State {
@@ -93,9 +100,11 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts one [`Cacher`] per configured resource. Must be called inside a
-    /// tokio runtime.
-    pub fn new(config: Config, storage: Storage) -> Server {
+    /// Reads the security files the config names (TLS certificates, client
+    /// CA, token file, RBAC policy) and starts one [`Cacher`] per configured
+    /// resource. Must be called inside a tokio runtime.
+    pub fn new(config: Config, storage: Storage) -> Result<Server, ApiError> {
+        let security = Security::from_config(&config.server)?;
         let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
         let resources = config
             .resources
@@ -118,10 +127,11 @@ impl Server {
                 watches: AtomicUsize::new(0),
                 shutdown: CancellationToken::new(),
                 etcd_reachable: AtomicBool::new(false),
+                security,
             }),
         };
         tokio::spawn(probe_etcd(Arc::clone(&server.state)));
-        server
+        Ok(server)
     }
 
     /// The shared state (config, storage, cachers).
@@ -164,9 +174,28 @@ impl Server {
         let (close_tx, close_rx) = tokio::sync::watch::channel(false);
         let mut conns = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        let tls = state.security.tls.clone();
         if let Ok(addr) = listener.local_addr() {
-            info!(%addr, "serving the REST API");
+            match &tls {
+                Some(_) => info!(%addr, "serving the REST API over TLS"),
+                None if addr.ip().is_loopback() => info!(%addr, "serving the REST API"),
+                None => warn!(
+                    %addr,
+                    "serving the REST API over plain HTTP on a non-loopback address: anyone who can reach it can read and write through it; set --tls-cert-file and --tls-private-key-file"
+                ),
+            }
         }
+        if let Some(t) = &tls {
+            tokio::spawn(crate::server_tls::watch_files(
+                Arc::clone(&t.cert),
+                state.shutdown.clone(),
+            ));
+        }
+        let acceptor = tls
+            .as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(Arc::clone(&t.config)));
+        let handshake_timeout =
+            Duration::from_millis(state.config.server.header_read_timeout_ms.max(1));
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -184,30 +213,27 @@ impl Server {
                     let _ = stream.set_nodelay(true);
                     let state = Arc::clone(&state);
                     let builder = Arc::clone(&builder);
-                    let mut close_rx = close_rx.clone();
+                    let close_rx = close_rx.clone();
+                    let acceptor = acceptor.clone();
                     conns.spawn(async move {
-                        let svc = service_fn(move |req| {
-                            let state = Arc::clone(&state);
-                            // Boxed: hyper sizes each stream's task by this
-                            // future, and a watch's task lives as long as the
-                            // watch; boxed, it shrinks to the body pipe once
-                            // the response head is out.
-                            let fut = Box::pin(handle(state, req));
-                            async move { Ok::<_, Infallible>(fut.await) }
-                        });
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc);
-                        let mut conn = std::pin::pin!(conn);
-                        tokio::select! {
-                            res = conn.as_mut() => {
-                                if let Err(e) = res {
-                                    debug!(%peer, error = %e, "connection ended with an error");
-                                }
-                            }
-                            _ = close_rx.changed() => {
-                                conn.as_mut().graceful_shutdown();
-                                let _ = conn.await;
-                            }
-                        }
+                        let Some(acceptor) = acceptor else {
+                            let conn = secure::Connection::default();
+                            serve_connection(&builder, TokioIo::new(stream), state, conn, close_rx, peer).await;
+                            return;
+                        };
+                        let Some(tls) = tls_handshake(&acceptor, stream, handshake_timeout, peer).await else {
+                            return;
+                        };
+                        // The client certificate is verified once per
+                        // connection; every request on it reuses the result.
+                        let identity = state
+                            .security
+                            .authenticator
+                            .authenticate_connection(tls.get_ref().1.peer_certificates());
+                        let conn = secure::Connection {
+                            identity: Arc::new(identity),
+                        };
+                        serve_connection(&builder, TokioIo::new(tls), state, conn, close_rx, peer).await;
                     });
                 }
             }
@@ -232,6 +258,90 @@ impl Server {
             conns.abort_all();
         }
         Ok(())
+    }
+}
+
+/// Serves one connection (plain or TLS) until it ends or the server closes.
+async fn serve_connection<I>(
+    builder: &auto::Builder<TokioExecutor>,
+    io: I,
+    state: Arc<State>,
+    conn_info: secure::Connection,
+    mut close_rx: tokio::sync::watch::Receiver<bool>,
+    peer: std::net::SocketAddr,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let svc = service_fn(move |mut req: Request<Incoming>| {
+        let state = Arc::clone(&state);
+        req.extensions_mut().insert(conn_info.clone());
+        // Boxed: hyper sizes each stream's task by this future, and a
+        // watch's task lives as long as the watch; boxed, it shrinks to the
+        // body pipe once the response head is out.
+        let fut = Box::pin(handle(state, req));
+        async move { Ok::<_, Infallible>(fut.await) }
+    });
+    let conn = builder.serve_connection(io, svc);
+    let mut conn = std::pin::pin!(conn);
+    tokio::select! {
+        res = conn.as_mut() => {
+            if let Err(e) = res {
+                debug!(%peer, error = %e, "connection ended with an error");
+            }
+        }
+        _ = close_rx.changed() => {
+            conn.as_mut().graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
+/// What Go's TLS server answers a plain-HTTP request on a TLS port (and so
+/// kube-apiserver): readable by curl and kubectl instead of a reset.
+const PLAIN_HTTP_ON_TLS: &[u8] =
+    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+
+/// The TLS handshake of one connection, bounded by `timeout`. A client that
+/// speaks plain HTTP gets [`PLAIN_HTTP_ON_TLS`]; failures end the
+/// connection (logged at debug: scanners and health checkers are noisy).
+async fn tls_handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    mut stream: tokio::net::TcpStream,
+    timeout: Duration,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return None,
+    }
+    // 0x16: a TLS handshake record.
+    if first[0] != 0x16 {
+        debug!(%peer, "plain HTTP (or garbage) on the TLS port");
+        if first[0].is_ascii_uppercase() {
+            let _ = stream.write_all(PLAIN_HTTP_ON_TLS).await;
+            let _ = stream.shutdown().await;
+            // Drain what the client sent so closing does not reset the
+            // connection before it reads the answer.
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+            })
+            .await;
+        }
+        return None;
+    }
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            debug!(%peer, "TLS handshake timed out");
+            None
+        }
     }
 }
 
@@ -261,13 +371,20 @@ async fn probe_etcd(state: Arc<State>) {
 }
 
 /// Routes one request, logs it and records the HTTP metrics.
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let verb = request_verb(&method, &path, req.uri().query());
     let span = tracing::debug_span!("request", %method, %path, verb);
-    let resp = route(state, req).instrument(span.clone()).await;
+    let resp = match secure::admit(&state, &mut req) {
+        Ok(admitted) => {
+            let resp = route(state, req).instrument(span.clone()).await;
+            secure::finish(&admitted, resp.status().as_u16());
+            resp
+        }
+        Err(denied) => status_response(&denied),
+    };
     let elapsed = start.elapsed();
     let code = resp.status().as_u16();
     let m = crate::metrics::metrics();
@@ -326,6 +443,11 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path();
     match path {
         "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, req),
+        reviews::SSAR_PATH | reviews::SSR_PATH => match reviews::handle(&state, req).await {
+            Some(Ok(resp)) => resp,
+            Some(Err(status)) => status_response(&status),
+            None => status_response(&ApiStatus::not_found("not found")),
+        },
         _ => k8s::handle(state, req).await,
     }
 }

@@ -53,7 +53,7 @@ impl TestServer {
         let mut cfg = test_config(endpoint, prefix);
         tweak(&mut cfg);
         let storage = Storage::connect(&cfg.etcd).await.expect("connect storage");
-        let server = Server::new(cfg, storage);
+        let server = Server::new(cfg, storage).expect("server config loads");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
