@@ -2,6 +2,10 @@
 //! (authorization.k8s.io/v1, `kubectl auth can-i`) asks the authorizer about
 //! the caller; `SelfSubjectReview` (authentication.k8s.io/v1, `kubectl auth
 //! whoami`) returns the caller's user. Neither is stored.
+//!
+//! kubectl sends these as Kubernetes protobuf (`application/vnd.kubernetes.protobuf`)
+//! and accepts JSON back; [`proto`] decodes the few messages involved with
+//! prost.
 
 use std::sync::Arc;
 
@@ -35,7 +39,7 @@ pub const REVIEW_RESOURCES: [(&str, &str, &str, &str); 2] = [
     ),
 ];
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ResourceAttributes {
     #[serde(default)]
@@ -54,7 +58,7 @@ struct ResourceAttributes {
     name: String,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 struct NonResourceAttributes {
     #[serde(default)]
     path: String,
@@ -62,13 +66,106 @@ struct NonResourceAttributes {
     verb: String,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct SsarSpec {
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     resource_attributes: Option<ResourceAttributes>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     non_resource_attributes: Option<NonResourceAttributes>,
+}
+
+/// The Kubernetes protobuf messages of a `SelfSubjectAccessReview` request
+/// (k8s.io/api/authorization/v1 and apimachinery's `runtime.Unknown`
+/// envelope), only the fields the review reads.
+mod proto {
+    /// Every Kubernetes protobuf body starts with these four bytes.
+    pub const MAGIC: &[u8] = b"k8s\0";
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Unknown {
+        #[prost(bytes = "vec", optional, tag = "2")]
+        pub raw: Option<Vec<u8>>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SelfSubjectAccessReview {
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<Spec>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Spec {
+        #[prost(message, optional, tag = "1")]
+        pub resource_attributes: Option<ResourceAttributes>,
+        #[prost(message, optional, tag = "2")]
+        pub non_resource_attributes: Option<NonResourceAttributes>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct ResourceAttributes {
+        #[prost(string, optional, tag = "1")]
+        pub namespace: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub verb: Option<String>,
+        #[prost(string, optional, tag = "3")]
+        pub group: Option<String>,
+        #[prost(string, optional, tag = "4")]
+        pub version: Option<String>,
+        #[prost(string, optional, tag = "5")]
+        pub resource: Option<String>,
+        #[prost(string, optional, tag = "6")]
+        pub subresource: Option<String>,
+        #[prost(string, optional, tag = "7")]
+        pub name: Option<String>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct NonResourceAttributes {
+        #[prost(string, optional, tag = "1")]
+        pub path: Option<String>,
+        #[prost(string, optional, tag = "2")]
+        pub verb: Option<String>,
+    }
+}
+
+/// The spec of a protobuf `SelfSubjectAccessReview` body.
+fn spec_from_protobuf(body: &[u8]) -> Result<SsarSpec, String> {
+    use prost::Message;
+    let envelope = body
+        .strip_prefix(proto::MAGIC)
+        .ok_or("not a Kubernetes protobuf body (no k8s magic)")?;
+    let unknown = proto::Unknown::decode(envelope).map_err(|e| e.to_string())?;
+    let review = proto::SelfSubjectAccessReview::decode(unknown.raw.unwrap_or_default().as_slice())
+        .map_err(|e| e.to_string())?;
+    let spec = review.spec.unwrap_or_default();
+    Ok(SsarSpec {
+        resource_attributes: spec.resource_attributes.map(|r| ResourceAttributes {
+            namespace: r.namespace.unwrap_or_default(),
+            verb: r.verb.unwrap_or_default(),
+            group: r.group.unwrap_or_default(),
+            version: r.version.unwrap_or_default(),
+            resource: r.resource.unwrap_or_default(),
+            subresource: r.subresource.unwrap_or_default(),
+            name: r.name.unwrap_or_default(),
+        }),
+        non_resource_attributes: spec.non_resource_attributes.map(|n| NonResourceAttributes {
+            path: n.path.unwrap_or_default(),
+            verb: n.verb.unwrap_or_default(),
+        }),
+    })
+}
+
+/// The SSAR spec of a JSON or protobuf body.
+fn parse_spec(content_type: &str, body: &[u8]) -> Result<SsarSpec, ApiStatus> {
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        return spec_from_protobuf(body)
+            .map_err(|e| ApiStatus::bad_request(format!("invalid protobuf body: {e}")));
+    }
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiStatus::bad_request(format!("invalid JSON body: {e}")))?;
+    serde_json::from_value(v.get("spec").cloned().unwrap_or(Value::Null))
+        .map_err(|e| ApiStatus::bad_request(format!("invalid spec: {e}")))
 }
 
 /// Serves the two review paths; None when `req` is for another path.
@@ -98,12 +195,15 @@ async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<B
         .get::<UserInfo>()
         .cloned()
         .unwrap_or_else(UserInfo::anonymous);
-    let (_, body) = read_body(state, req).await?;
-    let v: Value = serde_json::from_slice(&body)
-        .map_err(|e| ApiStatus::bad_request(format!("invalid JSON body: {e}")))?;
+    let (parts, body) = read_body(state, req).await?;
     if ssar {
-        let spec: SsarSpec = serde_json::from_value(v.get("spec").cloned().unwrap_or(Value::Null))
-            .map_err(|e| ApiStatus::bad_request(format!("invalid spec: {e}")))?;
+        let content_type = parts
+            .headers
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json");
+        let spec = parse_spec(content_type, &body)?;
+        let spec_json = serde_json::to_value(&spec).unwrap_or(Value::Null);
         let attrs = match (spec.resource_attributes, spec.non_resource_attributes) {
             (Some(r), None) => Attributes {
                 verb: r.verb,
@@ -134,7 +234,7 @@ async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<B
                 "kind": "SelfSubjectAccessReview",
                 "apiVersion": "authorization.k8s.io/v1",
                 "metadata": {"creationTimestamp": null},
-                "spec": v.get("spec").cloned().unwrap_or(json!({})),
+                "spec": spec_json,
                 "status": status,
             }),
         ))
@@ -152,5 +252,44 @@ async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<B
                 "status": {"userInfo": info},
             }),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+
+    #[test]
+    fn protobuf_review_decodes() {
+        let review = proto::SelfSubjectAccessReview {
+            spec: Some(proto::Spec {
+                resource_attributes: Some(proto::ResourceAttributes {
+                    namespace: Some("team-a".into()),
+                    verb: Some("list".into()),
+                    resource: Some("pods".into()),
+                    ..Default::default()
+                }),
+                non_resource_attributes: None,
+            }),
+        };
+        let envelope = proto::Unknown {
+            raw: Some(review.encode_to_vec()),
+        };
+        let mut body = proto::MAGIC.to_vec();
+        body.extend(envelope.encode_to_vec());
+        let spec = parse_spec("application/vnd.kubernetes.protobuf", &body).unwrap();
+        let r = spec.resource_attributes.unwrap();
+        assert_eq!(
+            (r.namespace.as_str(), r.verb.as_str(), r.resource.as_str()),
+            ("team-a", "list", "pods")
+        );
+        assert!(parse_spec("application/vnd.kubernetes.protobuf", b"junk").is_err());
+        let spec = parse_spec(
+            "application/json",
+            br#"{"spec":{"nonResourceAttributes":{"path":"/metrics","verb":"get"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(spec.non_resource_attributes.unwrap().path, "/metrics");
     }
 }
