@@ -8,6 +8,8 @@ RUN apt-get update \
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# A workspace member: cargo reads its manifest even to build the daemon alone.
+COPY bench ./bench
 COPY config ./config
 RUN cargo build --release --locked --bin watchcache
 

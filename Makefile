@@ -1,4 +1,6 @@
 # The two quick-start commands (README): `make run` and `make test`.
+# The cargo workspace: the daemon (root package `watchcache`) and the load
+# generator (bench/, package `watchcache-bench`); lint and test cover both.
 .PHONY: run test setup lint build
 
 setup:
@@ -10,8 +12,9 @@ run: setup
 
 lint: setup
 	cargo fmt --all -- --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets -- -D warnings
 
-# The whole suite: formatting, lints, unit and integration tests against a real etcd.
+# The whole suite: formatting, lints, unit and integration tests against a
+# real etcd, of every crate of the workspace, in one cargo invocation.
 test: lint
-	cargo test --all-targets
+	cargo test --workspace --all-targets

@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
+
 /// Default request body limit (Kubernetes uses 3 MiB).
 pub const DEFAULT_MAX_BODY_BYTES: usize = 3 * 1024 * 1024;
 
@@ -109,6 +111,10 @@ pub struct ServerConfig {
     pub authentication: AuthenticationConfig,
     #[serde(default)]
     pub authorization: AuthorizationConfig,
+    /// Every this many seconds each resource's cache is compared with etcd
+    /// at one revision (and relisted on a mismatch); 0 turns it off.
+    #[serde(default = "default_consistency_check_interval_seconds")]
+    pub consistency_check_interval_seconds: u64,
 }
 
 /// `[server.tls]` (kube-apiserver's `--tls-cert-file`,
@@ -250,6 +256,9 @@ fn default_min_request_timeout_seconds() -> u64 {
 fn default_tls_min_version() -> String {
     "VersionTLS12".into()
 }
+fn default_consistency_check_interval_seconds() -> u64 {
+    300
+}
 fn default_history_capacity() -> usize {
     10_000
 }
@@ -280,6 +289,7 @@ impl Default for ServerConfig {
             tls: None,
             authentication: AuthenticationConfig::default(),
             authorization: AuthorizationConfig::default(),
+            consistency_check_interval_seconds: default_consistency_check_interval_seconds(),
         }
     }
 }
@@ -433,6 +443,12 @@ impl Config {
             MAX_DURATION_MS / 1000,
         )
         .map_err(|m| ConfigError::invalid(file, "server.min_request_timeout_seconds", m))?;
+        validate_duration(
+            self.server.consistency_check_interval_seconds,
+            true,
+            MAX_DURATION_MS / 1000,
+        )
+        .map_err(|m| ConfigError::invalid(file, "server.consistency_check_interval_seconds", m))?;
         if self.server.max_watches == 0 {
             return Err(ConfigError::invalid(
                 file,
@@ -451,18 +467,20 @@ impl Config {
         let mut seen = HashSet::new();
         for (i, r) in self.resources.iter().enumerate() {
             let at = |f: &str| format!("resources[{i}].{f}");
-            if r.version.is_empty() || !is_dns_label(&r.version) {
+            if let Some(why) = is_dns1123_label(&r.version).first() {
                 return Err(ConfigError::invalid(
                     file,
                     at("version"),
-                    format!("invalid version {:?}", r.version),
+                    format!("invalid version {:?}: {why}", r.version),
                 ));
             }
-            if !r.group.is_empty() && !is_dns_subdomain(&r.group) {
+            if !r.group.is_empty()
+                && let Some(why) = is_dns1123_subdomain(&r.group).first()
+            {
                 return Err(ConfigError::invalid(
                     file,
                     at("group"),
-                    format!("invalid group {:?}", r.group),
+                    format!("invalid group {:?}: {why}", r.group),
                 ));
             }
             if r.kind.is_empty() || !r.kind.chars().all(|c| c.is_ascii_alphanumeric()) {
@@ -472,14 +490,11 @@ impl Config {
                     format!("invalid kind {:?}", r.kind),
                 ));
             }
-            if !is_dns_label(&r.plural) {
+            if let Some(why) = is_dns1123_label(&r.plural).first() {
                 return Err(ConfigError::invalid(
                     file,
                     at("plural"),
-                    format!(
-                        "invalid plural {:?}: lowercase letters, digits and '-'",
-                        r.plural
-                    ),
+                    format!("invalid plural {:?}: {why}", r.plural),
                 ));
             }
             if !seen.insert((r.group.clone(), r.plural.clone())) {
@@ -634,21 +649,6 @@ pub fn validate_field_path(path: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// RFC 1123 label: lowercase alphanumerics and '-', starting and ending alphanumeric, max 63.
-pub fn is_dns_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
-}
-
-/// RFC 1123 subdomain: dot-separated labels, max 253.
-pub fn is_dns_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -671,15 +671,6 @@ mod tests {
         assert_eq!(dep.key_prefix("/registry/"), "/registry/apps/deployments/");
         assert_eq!(dep.api_version(), "apps/v1");
         assert_eq!(dep.base_path(), "/apis/apps/v1");
-    }
-
-    #[test]
-    fn dns_rules() {
-        assert!(is_dns_label("pods"));
-        assert!(!is_dns_label("Pods"));
-        assert!(!is_dns_label("-a"));
-        assert!(is_dns_subdomain("apps.example.com"));
-        assert!(!is_dns_subdomain("apps..com"));
     }
 
     const GOOD: &str = r#"

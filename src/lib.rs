@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod auth;
+pub mod backoff;
 pub mod cacher;
 pub mod config;
 pub mod etcd_server;

@@ -36,6 +36,11 @@ struct Cli {
     /// data dir (removed on exit) and serve the example resources (or --config).
     #[arg(long)]
     dev: bool,
+    /// How often each resource's cache is compared with etcd at one revision
+    /// (relisted on a mismatch), e.g. `5m`, `30s`; `0` turns it off.
+    /// Overrides `server.consistency_check_interval_seconds`.
+    #[arg(long, value_name = "DURATION", value_parser = parse_interval)]
+    consistency_check_interval: Option<std::time::Duration>,
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -67,6 +72,14 @@ struct Cli {
     /// documents); repeatable. Replaces `[server.authorization] policy_files`.
     #[arg(long, value_name = "FILE")]
     rbac_policy_file: Vec<PathBuf>,
+}
+
+/// A duration like `5m`, `90s`, `1h30m`, or `0`.
+fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
+    if s.trim() == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 5m, 30s, 0)"))
 }
 
 fn init_tracing(format: LogFormat) {
@@ -106,6 +119,10 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         overridden = true;
     }
     overridden |= apply_security_flags(cli, &mut cfg, &file)?;
+    if let Some(d) = cli.consistency_check_interval {
+        cfg.server.consistency_check_interval_seconds = d.as_secs();
+        overridden = true;
+    }
     if overridden {
         cfg.validate(&format!("{file} (with command-line overrides)"))?;
     }

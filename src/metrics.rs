@@ -8,8 +8,7 @@
 use std::sync::OnceLock;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
 };
 
 /// Buckets from 50 µs to 10 s: watch delivery and cache reads are sub-ms,
@@ -26,23 +25,12 @@ const INIT_BUCKETS: &[f64] = &[
 
 pub struct Metrics {
     registry: Registry,
-    pub events_received: IntCounterVec,
-    pub events_dispatched: IntCounterVec,
-    pub watchers: IntGaugeVec,
-    pub terminated_watchers: IntCounterVec,
-    pub resource_version: IntGaugeVec,
-    pub history_capacity: IntGaugeVec,
-    pub objects: IntGaugeVec,
-    pub initializations: IntCounterVec,
     pub initialization_duration: HistogramVec,
     pub read_wait: HistogramVec,
-    pub consistent_read: IntCounterVec,
-    pub list: IntCounterVec,
     pub watch_event_delay: HistogramVec,
     pub etcd_request_duration: HistogramVec,
     pub http_requests: IntCounterVec,
     pub http_request_duration: HistogramVec,
-    pub undecodable_values: IntCounterVec,
     pub api_open_watches: prometheus::IntGauge,
     /// Requests by authentication result: `success`, `failure` (401) or
     /// `anonymous` (no credentials, anonymous access on).
@@ -56,13 +44,6 @@ fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterV
     r.register(Box::new(c.clone()))
         .expect("metric registered once");
     c
-}
-
-fn gauge(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
-    let g = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric definition");
-    r.register(Box::new(g.clone()))
-        .expect("metric registered once");
-    g
 }
 
 fn histogram(
@@ -94,44 +75,6 @@ impl Metrics {
         }
         let res = &["resource"];
         Metrics {
-            events_received: counter(
-                &r,
-                "watchcache_events_received_total",
-                "Events received from etcd by the reflector.",
-                res,
-            ),
-            events_dispatched: counter(
-                &r,
-                "watchcache_events_dispatched_total",
-                "Events written to watchers (one per watcher and event).",
-                res,
-            ),
-            watchers: gauge(&r, "watchcache_watchers", "Open watchers.", res),
-            terminated_watchers: counter(
-                &r,
-                "watchcache_terminated_watchers_total",
-                "Watchers ended by the server, by reason (expired, timeout, shutdown, closed).",
-                &["resource", "reason"],
-            ),
-            resource_version: gauge(
-                &r,
-                "watchcache_resource_version",
-                "Current resourceVersion (etcd revision) of the cache.",
-                res,
-            ),
-            history_capacity: gauge(
-                &r,
-                "watchcache_history_capacity",
-                "Capacity of the event history ring.",
-                res,
-            ),
-            objects: gauge(&r, "watchcache_objects", "Objects in the cache.", res),
-            initializations: counter(
-                &r,
-                "watchcache_initializations_total",
-                "Initial lists and relists of the cache.",
-                res,
-            ),
             initialization_duration: histogram(
                 &r,
                 "watchcache_initialization_duration_seconds",
@@ -145,18 +88,6 @@ impl Metrics {
                 "Time a read waited for the cache to reach the wanted resourceVersion.",
                 res,
                 LATENCY_BUCKETS,
-            ),
-            consistent_read: counter(
-                &r,
-                "watchcache_consistent_read_total",
-                "Consistent reads, served from the cache or by falling back to etcd.",
-                &["resource", "outcome"],
-            ),
-            list: counter(
-                &r,
-                "watchcache_list_total",
-                "List requests by the source that answered them.",
-                &["resource", "source"],
             ),
             watch_event_delay: histogram(
                 &r,
@@ -185,12 +116,6 @@ impl Metrics {
                 &["verb"],
                 LATENCY_BUCKETS,
             ),
-            undecodable_values: counter(
-                &r,
-                "watchcache_undecodable_values_total",
-                "etcd values skipped because they are not JSON objects or their key does not fit.",
-                res,
-            ),
             api_open_watches: {
                 let g = prometheus::IntGauge::new(
                     "watchcache_api_open_watches",
@@ -218,29 +143,14 @@ impl Metrics {
     }
 }
 
-/// One resource's metrics with the `resource` label bound once, so hot
-/// paths (per event, per watcher) touch a plain atomic, not a label lookup.
+/// One resource's histograms with the `resource` label bound once, so hot
+/// paths touch a plain handle, not a label lookup. (Counters and gauges of a
+/// resource are its cacher's `CacherStats`, exported at scrape time.)
 #[derive(Clone)]
 pub struct ResourceMetrics {
-    pub events_received: IntCounter,
-    pub events_dispatched: IntCounter,
-    pub watchers: IntGauge,
-    pub terminated_expired: IntCounter,
-    pub terminated_timeout: IntCounter,
-    pub terminated_shutdown: IntCounter,
-    pub terminated_closed: IntCounter,
-    pub resource_version: IntGauge,
-    pub history_capacity: IntGauge,
-    pub objects: IntGauge,
-    pub initializations: IntCounter,
     pub initialization_duration: Histogram,
     pub read_wait: Histogram,
-    pub consistent_read_cache: IntCounter,
-    pub consistent_read_fallback: IntCounter,
-    pub list_cache: IntCounter,
-    pub list_etcd: IntCounter,
     pub watch_event_delay: Histogram,
-    pub undecodable_values: IntCounter,
 }
 
 impl std::fmt::Debug for ResourceMetrics {
@@ -253,32 +163,18 @@ impl Metrics {
     /// The handles of one resource (e.g. `pods`).
     pub fn for_resource(&self, resource: &str) -> ResourceMetrics {
         let r = &[resource];
-        let term = |reason: &str| {
-            self.terminated_watchers
-                .with_label_values(&[resource, reason])
-        };
         ResourceMetrics {
-            events_received: self.events_received.with_label_values(r),
-            events_dispatched: self.events_dispatched.with_label_values(r),
-            watchers: self.watchers.with_label_values(r),
-            terminated_expired: term("expired"),
-            terminated_timeout: term("timeout"),
-            terminated_shutdown: term("shutdown"),
-            terminated_closed: term("closed"),
-            resource_version: self.resource_version.with_label_values(r),
-            history_capacity: self.history_capacity.with_label_values(r),
-            objects: self.objects.with_label_values(r),
-            initializations: self.initializations.with_label_values(r),
             initialization_duration: self.initialization_duration.with_label_values(r),
             read_wait: self.read_wait.with_label_values(r),
-            consistent_read_cache: self.consistent_read.with_label_values(&[resource, "cache"]),
-            consistent_read_fallback: self
-                .consistent_read
-                .with_label_values(&[resource, "fallback"]),
-            list_cache: self.list.with_label_values(&[resource, "cache"]),
-            list_etcd: self.list.with_label_values(&[resource, "etcd"]),
             watch_event_delay: self.watch_event_delay.with_label_values(r),
-            undecodable_values: self.undecodable_values.with_label_values(r),
+        }
+    }
+
+    /// Adds a collector read at scrape time (e.g. the cachers' stats).
+    /// A second registration of the same metric names is refused and logged.
+    pub fn register_collector(&self, c: Box<dyn prometheus::core::Collector>) {
+        if let Err(e) = self.registry.register(c) {
+            tracing::error!(error = %e, "metrics collector not registered");
         }
     }
 }
@@ -306,17 +202,13 @@ mod tests {
     #[test]
     fn all_metrics_register_and_render() {
         let m = metrics();
-        m.events_received.with_label_values(&["pods"]).inc();
-        m.consistent_read
-            .with_label_values(&["pods", "cache"])
-            .inc();
+        m.http_requests.with_label_values(&["get", "200"]).inc();
         m.watch_event_delay
             .with_label_values(&["pods"])
             .observe(0.001);
         let text = gather();
         for name in [
-            "watchcache_events_received_total",
-            "watchcache_consistent_read_total",
+            "watchcache_http_requests_total",
             "watchcache_watch_event_delay_seconds_bucket",
         ] {
             assert!(text.contains(name), "{name} rendered");

@@ -502,6 +502,33 @@ async fn dry_run_writes_nothing() {
 // ---------------------------------------------------------------------------
 // bad input
 
+/// An object within the API's body limit but over etcd's request limit
+/// (1.5 MiB by default, and gRPC's receive limit above it) is the client's
+/// problem: 413, on create and on a GuaranteedUpdate (patch) alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_over_etcds_request_limit_are_413() {
+    let ts = TestServer::start("etcdlimit", |c| c.server.max_body_bytes = 8 << 20).await;
+    let (c, _) = ts.post_json(PODS, &pod("ns1", "small")).await;
+    assert_eq!(c, 201);
+    let before = ts.etcd_dump().await;
+    // Over --max-request-bytes, and over the gRPC server's message limit.
+    for size in [1_700_000, 3_000_000] {
+        let mut big = pod("ns1", &format!("big-{size}"));
+        big["spec"]["blob"] = json!("x".repeat(size));
+        let (c, v) = ts.post_json(PODS, &big).await;
+        assert_status(c, &v, 413, "RequestEntityTooLarge");
+        let (c, v) = ts
+            .patch_json(
+                &format!("{PODS}/small"),
+                "application/merge-patch+json",
+                &json!({"spec": {"blob": "x".repeat(size)}}),
+            )
+            .await;
+        assert_status(c, &v, 413, "RequestEntityTooLarge");
+    }
+    assert_eq!(ts.etcd_dump().await, before);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_leave_etcd_untouched() {
     let ts = TestServer::start("bad", |c| c.server.max_body_bytes = 4096).await;
@@ -1092,6 +1119,69 @@ async fn watch_streams_events() {
         ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
         "true"
     );
+}
+
+/// The value of one sample of `/metrics`, e.g.
+/// `watchcache_http_requests_total{code="200",verb="watch"}` (0 when absent).
+async fn metric_value(ts: &TestServer, sample: &str) -> f64 {
+    let text = ts
+        .http
+        .get(ts.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Every spelling of a true `?watch=` is served as a watch and counted as
+/// one: the verb comes from the one RequestInfo both use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_param_spellings_are_served_and_counted_as_watches() {
+    const WATCHES: &str = r#"watchcache_http_requests_total{code="200",verb="watch"} "#;
+    const BAD_WATCHES: &str = r#"watchcache_http_requests_total{code="400",verb="watch"} "#;
+    let ts = TestServer::start("watchspell", |_| {}).await;
+    for (i, spelling) in ["True", "1", "true"].into_iter().enumerate() {
+        let before = metric_value(&ts, WATCHES).await;
+        let mut w = WatchStream::open(&ts, &format!("{PODS}?watch={spelling}")).await;
+        // Counted when the response head is out (the metrics registry is
+        // process-wide, so other tests can only add to it).
+        let after = metric_value(&ts, WATCHES).await;
+        assert!(
+            after >= before + 1.0,
+            "watch={spelling}: watch count {before} -> {after}"
+        );
+        // Served as a watch: a later create arrives as an event (after the
+        // ADDED events of the pods created before, as the watch has no RV).
+        let name = format!("spell-{i}");
+        let (c, _) = ts.post_json(PODS, &pod("ns1", &name)).await;
+        assert_eq!(c, 201);
+        loop {
+            let ev = w
+                .next_event(Duration::from_secs(10))
+                .await
+                .unwrap_or_else(|| panic!("watch={spelling}: an event for {name}"));
+            assert_eq!(ev["type"], "ADDED", "watch={spelling}");
+            if ev["object"]["metadata"]["name"] == name.as_str() {
+                break;
+            }
+        }
+    }
+    // The false spellings are lists.
+    for spelling in ["False", "0", "false", ""] {
+        let (c, v) = ts.get_json(&format!("{PODS}?watch={spelling}")).await;
+        assert_eq!(c, 200, "watch={spelling}");
+        assert_eq!(v["kind"], "PodList", "watch={spelling}");
+    }
+    // Anything else is a 400, counted under the verb Kubernetes would give it.
+    let before = metric_value(&ts, BAD_WATCHES).await;
+    let (c, v) = ts.get_json(&format!("{PODS}?watch=yes")).await;
+    assert_status(c, &v, 400, "BadRequest");
+    assert!(metric_value(&ts, BAD_WATCHES).await >= before + 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1396,8 +1396,18 @@ async fn cacher_records_prometheus_metrics() {
     };
     let (_, cacher) = common::start_cacher(common::etcd(), &prefix, res, opts()).await;
     let m = watchcache::metrics::metrics().for_resource("metricpods");
-    assert_eq!(m.history_capacity.get(), 2);
-    assert_eq!(m.initializations.get(), 1);
+    // The figures as `/metrics` renders them.
+    let scrape = |name: &str, labels: &str| -> f64 {
+        let text = watchcache::metrics::gather();
+        let series = format!("{name}{{{labels}}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series} not in\n{text}"))
+    };
+    const R: &str = "resource=\"metricpods\"";
+    assert_eq!(scrape("watchcache_history_capacity", R), 2.0);
+    assert_eq!(scrape("watchcache_initializations_total", R), 1.0);
 
     let key = |n: &str| format!("{prefix}/metricpods/ns1/{n}");
     let put = |n: &str| (key(n), pod("ns1", n, "web", "n1").to_string());
@@ -1412,7 +1422,7 @@ async fn cacher_records_prometheus_metrics() {
         })
         .await
         .expect("watch");
-    assert_eq!(m.watchers.get(), 3);
+    assert_eq!(scrape("watchcache_watchers", R), 3.0);
     let (k, v) = put("a");
     let rev = etcd
         .put(k, v, None)
@@ -1423,14 +1433,20 @@ async fn cacher_records_prometheus_metrics() {
         .revision();
     let evs = read_n(&mut reader, 1).await.expect("event");
     assert_eq!(evs.len(), 1);
-    assert_eq!(m.events_received.get(), 1);
-    assert_eq!(m.resource_version.get(), rev);
-    assert_eq!(m.objects.get(), 1);
-    assert!(m.events_dispatched.get() >= 1);
+    assert_eq!(scrape("watchcache_events_received_total", R), 1.0);
+    assert_eq!(scrape("watchcache_resource_version", R), rev as f64);
+    assert_eq!(scrape("watchcache_objects", R), 1.0);
+    assert!(scrape("watchcache_events_dispatched_total", R) >= 1.0);
     assert!(m.watch_event_delay.get_sample_count() >= 1);
 
     drop(closed);
-    assert_eq!(m.terminated_closed.get(), 1);
+    assert_eq!(
+        scrape(
+            "watchcache_terminated_watchers_total",
+            "reason=\"closed\",resource=\"metricpods\""
+        ),
+        1.0
+    );
     while let Some(c) = tokio::time::timeout(WAIT, timed.next())
         .await
         .expect("ends")
@@ -1438,7 +1454,13 @@ async fn cacher_records_prometheus_metrics() {
         assert!(matches!(c, WatchChunk::Data(_)));
     }
     drop(timed);
-    assert_eq!(m.terminated_timeout.get(), 1);
+    assert_eq!(
+        scrape(
+            "watchcache_terminated_watchers_total",
+            "reason=\"timeout\",resource=\"metricpods\""
+        ),
+        1.0
+    );
 
     // The reader falls behind a 2-event history: 410, counted as expired.
     for n in ["b", "c", "d", "e"] {
@@ -1462,7 +1484,13 @@ async fn cacher_records_prometheus_metrics() {
     let r = read_n(&mut reader, 10).await;
     assert!(matches!(r, Err(CacherError::Expired(_))), "{r:?}");
     drop(reader);
-    assert_eq!(m.terminated_expired.get(), 1);
-    assert_eq!(m.watchers.get(), 0);
+    assert_eq!(
+        scrape(
+            "watchcache_terminated_watchers_total",
+            "reason=\"expired\",resource=\"metricpods\""
+        ),
+        1.0
+    );
+    assert_eq!(scrape("watchcache_watchers", R), 0.0);
     cacher.shutdown();
 }

@@ -768,3 +768,166 @@ async fn silent_watch_is_detected_and_restarted() {
     wait_rv(&cacher, rev).await;
     assert_cache_equals_etcd(&cacher, &endpoint, &key_prefix, rev).await;
 }
+
+/// The consistency checker compares cache and etcd at one revision while
+/// writers (through the store and straight to etcd) keep changing both: it
+/// never reports a difference that is not there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistency_checker_stays_quiet_through_churn() {
+    use watchcache::cacher::consistency_checker::CheckOutcome;
+    let prefix = common::unique_prefix("cc-churn");
+    let endpoint = common::etcd().to_string();
+    let (storage, cacher) =
+        common::start_cacher(&endpoint, &prefix, common::pods_resource(10_000), opts()).await;
+    let key_prefix = cacher.codec().key_prefix().to_string();
+    const OPS: usize = 300;
+    let done = Arc::new(AtomicUsize::new(0));
+    let writers = vec![
+        tokio::spawn(storage_writer(
+            storage.clone(),
+            key_prefix.clone(),
+            0,
+            OPS,
+            Arc::clone(&done),
+        )),
+        tokio::spawn(etcd_writer(
+            endpoint.clone(),
+            key_prefix.clone(),
+            1,
+            OPS,
+            Arc::clone(&done),
+        )),
+    ];
+    let mut matches = 0;
+    let mut max_objects = 0;
+    while done.load(Ordering::Relaxed) < 2 * OPS {
+        match cacher.check_consistency().await {
+            Ok(CheckOutcome::Match { objects, .. }) => {
+                matches += 1;
+                max_objects = max_objects.max(objects);
+            }
+            Ok(mismatch) => panic!("a difference under plain churn: {mismatch:?}"),
+            // A check that could not be made is not a finding.
+            Err(e) => eprintln!("check not made: {e}"),
+        }
+    }
+    for w in writers {
+        w.await.expect("writer");
+    }
+    let last = cacher.check_and_heal().await.expect("final check");
+    assert!(matches!(last, CheckOutcome::Match { .. }), "{last:?}");
+    assert!(matches >= 1, "checks ran during the churn");
+    assert!(max_objects > 0, "the checks compared real objects");
+    assert_eq!(cacher.stats().consistency_mismatches(), 0);
+    cacher.shutdown();
+}
+
+/// A cache corrupted behind the reflector's back (test hook): the periodic
+/// checker names the differing keys, relists, and watchers receive the
+/// difference as events, after which cache and etcd agree again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistency_checker_finds_and_heals_a_corrupted_cache() {
+    use watchcache::cacher::consistency_checker::CheckOutcome;
+    let prefix = common::unique_prefix("cc-heal");
+    let endpoint = common::etcd().to_string();
+    let (_storage, cacher) = common::start_cacher(
+        &endpoint,
+        &prefix,
+        common::pods_resource(1_000),
+        CacherOptions {
+            consistency_check_interval: Duration::from_millis(300),
+            ..opts()
+        },
+    )
+    .await;
+    let codec = cacher.codec().clone();
+    let mut etcd = etcd_client::Client::connect([endpoint.as_str()], None)
+        .await
+        .expect("connect");
+    let mut rev = 0;
+    for name in ["a", "b", "c"] {
+        rev = common::etcd_put(
+            &mut etcd,
+            codec.key(Some("ns"), name),
+            pod_value("ns", name, "web", "n1", 1),
+        )
+        .await;
+    }
+    common::wait_cacher_rv(&cacher, rev, WAIT).await;
+    assert!(matches!(
+        cacher.check_consistency().await,
+        Ok(CheckOutcome::Match { objects: 3, .. })
+    ));
+    let collected = spawn_collector(
+        cacher
+            .watch(WatchRequest {
+                resource_version: Some(rev),
+                ..WatchRequest::default()
+            })
+            .await
+            .expect("watch"),
+    );
+
+    // a vanishes, b changes, a phantom d appears: no event, no new RV.
+    let cache = cacher.watch_cache();
+    let bogus = |name: &str, mod_rev: i64| {
+        let key = codec.key(Some("ns"), name);
+        let v = pod_value("ns", name, "bogus", "n9", 99);
+        Some(Arc::new(
+            codec
+                .decode(&key, v.as_bytes(), mod_rev, mod_rev)
+                .expect("decode"),
+        ))
+    };
+    cache.inject_inconsistency(&codec.key(Some("ns"), "a"), None);
+    cache.inject_inconsistency(&codec.key(Some("ns"), "b"), bogus("b", rev - 1));
+    cache.inject_inconsistency(&codec.key(Some("ns"), "d"), bogus("d", rev));
+
+    // The periodic checker finds it and heals it.
+    let healed = common::eventually(WAIT, || {
+        let c = Arc::clone(&cacher);
+        async move {
+            c.stats().consistency_mismatches() >= 1
+                && matches!(
+                    c.check_consistency().await,
+                    Ok(CheckOutcome::Match { objects: 3, .. })
+                )
+        }
+    })
+    .await;
+    assert!(healed, "mismatch found and healed");
+    let list = cacher
+        .list(&ListRequest::default())
+        .await
+        .expect("list after healing");
+    let names: Vec<&str> = list.items.iter().map(|o| &*o.name).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    assert!(
+        list.items
+            .iter()
+            .all(|o| o.labels.get("app").map(String::as_str) == Some("web"))
+    );
+    // The watcher saw the repair as events.
+    let events = common::eventually(WAIT, || {
+        let c = Arc::clone(&collected);
+        async move { c.lock().events.len() >= 3 }
+    })
+    .await;
+    assert!(events, "repair events delivered");
+    let mut seen: Vec<(String, String, String)> = collected
+        .lock()
+        .events
+        .iter()
+        .map(|e| (e.ty.clone(), e.name.clone(), e.app.clone()))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            ("ADDED".to_string(), "a".to_string(), "web".to_string()),
+            ("DELETED".to_string(), "d".to_string(), "bogus".to_string()),
+            ("MODIFIED".to_string(), "b".to_string(), "web".to_string()),
+        ]
+    );
+    cacher.shutdown();
+}

@@ -130,3 +130,16 @@ async fn dev_mode_serves_healthz_and_cleans_up() {
         "dev etcd data dir {data_dir} removed on exit"
     );
 }
+
+#[test]
+fn a_bad_consistency_check_interval_stops_startup_naming_the_flag() {
+    let out = watchcache()
+        .args(["--dev", "--consistency-check-interval", "often"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--consistency-check-interval"), "{err}");
+    let help = watchcache().arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--consistency-check-interval"));
+}

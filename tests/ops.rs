@@ -106,6 +106,10 @@ async fn metrics_pass_promtool() {
         "watchcache_etcd_request_duration_seconds",
         "watchcache_http_requests_total",
         "watchcache_http_request_duration_seconds",
+        "watchcache_relists_total",
+        "watchcache_reflector_watch_restarts_total",
+        "watchcache_consistency_checks_total",
+        "watchcache_consistency_last_match_timestamp_seconds",
         "process_cpu_seconds_total",
         "process_resident_memory_bytes",
         "process_open_fds",
@@ -132,6 +136,22 @@ async fn metrics_pass_promtool() {
     assert!(
         out.status.success(),
         "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The alert rules in config/ load and fire as their promtool unit tests say.
+#[test]
+fn alert_rules_pass_their_promtool_tests() {
+    let out = Command::new(tool("prometheus/usr/bin/promtool"))
+        .args(["test", "rules", "config/alerts_test.yml"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "promtool test rules: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );

@@ -152,7 +152,10 @@ async fn concurrent_guaranteed_updates_lose_nothing() {
                     &WriteOptions::default(),
                     |cur| {
                         calls.fetch_add(1, Ordering::Relaxed);
-                        Ok(UpdateAction::Update(with_counter(cur, counter(cur) + 1)))
+                        Ok::<_, StorageError>(UpdateAction::Update(with_counter(
+                            cur,
+                            counter(cur) + 1,
+                        )))
                     },
                 )
                 .await
@@ -196,7 +199,7 @@ async fn guaranteed_update_with_stale_suggestion_lands_on_current_value() {
             &w,
             |cur| {
                 seen.push(counter(cur));
-                Ok(UpdateAction::Update(with_counter(cur, counter(cur) + 1)))
+                Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, counter(cur) + 1)))
             },
         )
         .await
@@ -222,7 +225,7 @@ async fn guaranteed_update_with_stale_suggestion_lands_on_current_value() {
         .unwrap();
     let r = s
         .guaranteed_update(&key, &Preconditions::none(), Some(stale2), &w, |_| {
-            Ok(UpdateAction::Unchanged)
+            Ok::<_, StorageError>(UpdateAction::Unchanged)
         })
         .await
         .unwrap();
@@ -245,7 +248,7 @@ async fn guaranteed_update_noop_does_not_bump_revision() {
 
     let same = s
         .guaranteed_update(&key, &Preconditions::none(), None, &w, |cur| {
-            Ok(UpdateAction::Update(cur.value.clone()))
+            Ok::<_, StorageError>(UpdateAction::Update(cur.value.clone()))
         })
         .await
         .unwrap();
@@ -255,7 +258,7 @@ async fn guaranteed_update_noop_does_not_bump_revision() {
             &Preconditions::none(),
             Some(created.clone()),
             &w,
-            |_| Ok(UpdateAction::Unchanged),
+            |_| Ok::<_, StorageError>(UpdateAction::Unchanged),
         )
         .await
         .unwrap();
@@ -274,7 +277,7 @@ async fn guaranteed_update_noop_does_not_bump_revision() {
             &Preconditions::none(),
             None,
             &w,
-            |_| panic!("called on a missing key"),
+            |_| -> Result<UpdateAction, StorageError> { panic!("called on a missing key") },
         )
         .await
         .unwrap_err();
@@ -289,7 +292,7 @@ async fn guaranteed_update_checks_preconditions() {
     let created = s.create(&key, obj("a", "u1", 1), &w).await.unwrap();
     let err = s
         .guaranteed_update(&key, &Preconditions::uid("other"), None, &w, |cur| {
-            Ok(UpdateAction::Update(with_counter(cur, 2)))
+            Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, 2)))
         })
         .await
         .unwrap_err();
@@ -297,7 +300,7 @@ async fn guaranteed_update_checks_preconditions() {
     assert_eq!(s.get(&key, 0).await.unwrap(), created);
     let ok = s
         .guaranteed_update(&key, &Preconditions::uid("u1"), None, &w, |cur| {
-            Ok(UpdateAction::Update(with_counter(cur, 2)))
+            Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, 2)))
         })
         .await
         .unwrap();
@@ -723,14 +726,14 @@ async fn dry_run_changes_nothing() {
     // GuaranteedUpdate: would-be object, nothing written.
     let g = s
         .guaranteed_update(&key, &Preconditions::none(), None, &dry, |cur| {
-            Ok(UpdateAction::Update(with_counter(cur, 3)))
+            Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, 3)))
         })
         .await
         .unwrap();
     assert_eq!(counter(&g), 3);
     let err = s
         .guaranteed_update(&key, &Preconditions::uid("nope"), None, &dry, |cur| {
-            Ok(UpdateAction::Update(with_counter(cur, 3)))
+            Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, 3)))
         })
         .await
         .unwrap_err();
@@ -809,7 +812,7 @@ async fn transformer_applies_on_every_write_and_read() {
     // Preconditions see the plain JSON.
     let g = s
         .guaranteed_update(&key, &Preconditions::uid("u1"), Some(c), &w, |cur| {
-            Ok(UpdateAction::Update(with_counter(cur, 2)))
+            Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, 2)))
         })
         .await
         .unwrap();
@@ -864,7 +867,7 @@ async fn stopped_etcd_fails_within_the_deadline() {
             &Preconditions::none(),
             Some(a.clone()),
             &w,
-            |cur| Ok(UpdateAction::Update(with_counter(cur, 5))),
+            |cur| Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, 5))),
         )
         .await
         .map(|_| ());
@@ -982,7 +985,7 @@ async fn frozen_etcd_times_out_instead_of_hanging() {
     let t = Instant::now();
     let err = s
         .guaranteed_update(&a.key, &Preconditions::none(), None, &w, |cur| {
-            Ok(UpdateAction::Update(with_counter(cur, 3)))
+            Ok::<_, StorageError>(UpdateAction::Update(with_counter(cur, 3)))
         })
         .await
         .unwrap_err();

@@ -5,6 +5,7 @@
 use crate::cacher::CacherError;
 use crate::storage::StorageError;
 
+use super::request_info::RequestInfoError;
 use super::status::ApiStatus;
 
 /// The resource (plural, group) and object name a request is about.
@@ -55,11 +56,10 @@ pub fn storage_status(err: StorageError, what: &What) -> ApiStatus {
             what.describe()
         ))),
         StorageError::InvalidObject(m) => {
-            if m.contains("too large") {
-                ApiStatus::too_large(format!("{}: {m}", what.describe()))
-            } else {
-                ApiStatus::internal(format!("{}: invalid stored object: {m}", what.describe()))
-            }
+            ApiStatus::internal(format!("{}: invalid stored object: {m}", what.describe()))
+        }
+        StorageError::RequestTooLarge(m) => {
+            ApiStatus::too_large(format!("{}: {m}", what.describe()))
         }
         StorageError::Compacted {
             requested,
@@ -74,6 +74,40 @@ pub fn storage_status(err: StorageError, what: &What) -> ApiStatus {
         StorageError::Timeout(m) => ApiStatus::timeout(format!("etcd request timed out: {m}"))
             .with_retry_after(RETRY_AFTER_SECS),
         StorageError::Internal(m) => ApiStatus::internal(m),
+    }
+}
+
+/// What a GuaranteedUpdate of the REST API fails with: the store's error,
+/// mapped with the object's name at the end, or the request's own answer
+/// (a 400 or 422 decided by the update fn), passed through untouched.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    #[error("{0}")]
+    Request(ApiStatus),
+}
+
+impl From<ApiStatus> for UpdateError {
+    fn from(status: ApiStatus) -> Self {
+        UpdateError::Request(status)
+    }
+}
+
+pub fn update_status(err: UpdateError, what: &What) -> ApiStatus {
+    match err {
+        UpdateError::Storage(e) => storage_status(e, what),
+        UpdateError::Request(status) => status,
+    }
+}
+
+/// A request whose [`RequestInfo`](super::RequestInfo) cannot be resolved.
+pub fn request_info_status(err: &RequestInfoError) -> ApiStatus {
+    match err {
+        RequestInfoError::InvalidWatch { .. } => ApiStatus::bad_request(err.to_string()),
+        RequestInfoError::NoResource { path } => ApiStatus::not_found(format!(
+            "the server could not find the requested resource ({path})"
+        )),
     }
 }
 

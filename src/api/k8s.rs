@@ -15,11 +15,24 @@ use serde_json::Value;
 use super::errors::What;
 use super::params::Query;
 use super::reads::{get, list, watch};
+use super::request_info::RequestInfo;
 use super::writes::{create, delete, patch, read_body, update};
 use super::{ApiStatus, Body, Resource, State, json_response, status_response};
-/// Entry point for every path that is not an ops endpoint.
-pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    match dispatch(state, req).await {
+
+/// Entry point for every path that is not an ops endpoint: resource
+/// requests by their [`RequestInfo`], discovery by path.
+pub async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    info: RequestInfo,
+    query: Query,
+) -> Response<Body> {
+    let result = if info.is_resource_request {
+        resource_request(state, req, info, query).await
+    } else {
+        discovery(&state, &info, req.method())
+    };
+    match result {
         Ok(resp) => resp,
         Err(status) => status_response(&status),
     }
@@ -45,73 +58,61 @@ pub(crate) fn json_value(code: u16, v: &Value) -> Response<Body> {
     json_response(code, v.to_string())
 }
 
-async fn dispatch(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, ApiStatus> {
-    let path = req.uri().path().to_string();
-    let segs: Vec<&str> = path
-        .trim_start_matches('/')
-        .trim_end_matches('/')
-        .split('/')
-        .collect();
+/// The non-resource paths: discovery and OpenAPI documents.
+fn discovery(
+    state: &State,
+    info: &RequestInfo,
+    method: &Method,
+) -> Result<Response<Body>, ApiStatus> {
+    let path = info.path.as_str();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let resources = &state.config.resources;
-    let method = req.method().clone();
     match segs.as_slice() {
         ["version"] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             Ok(json_value(200, &super::discovery::version()))
         }
         ["api"] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             Ok(json_value(200, &super::discovery::core_versions(resources)))
         }
         ["apis"] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             Ok(json_value(200, &super::discovery::group_list(resources)))
         }
         ["api", version] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             super::discovery::resource_list(resources, "", version)
                 .map(|v| json_value(200, &v))
-                .ok_or_else(|| not_found_path(&path))
+                .ok_or_else(|| not_found_path(path))
         }
         ["apis", group] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             super::discovery::group(resources, group)
                 .map(|v| json_value(200, &v))
-                .ok_or_else(|| not_found_path(&path))
+                .ok_or_else(|| not_found_path(path))
         }
         ["apis", group, version] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             super::discovery::resource_list(resources, group, version)
                 .map(|v| json_value(200, &v))
-                .ok_or_else(|| not_found_path(&path))
+                .ok_or_else(|| not_found_path(path))
         }
         ["openapi", "v3"] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             Ok(json_value(
                 200,
                 &super::discovery::openapi_v3_root(resources),
             ))
         }
         ["openapi", "v3", gv @ ..] => {
-            get_only(&method, &path)?;
+            get_only(method, path)?;
             super::discovery::openapi_v3_group_version(resources, &gv.join("/"))
                 .map(|v| json_value(200, &v))
-                .ok_or_else(|| not_found_path(&path))
+                .ok_or_else(|| not_found_path(path))
         }
-        ["api", version, rest @ ..] => {
-            let (version, rest) = (version.to_string(), owned(rest));
-            resource_request(state, "", &version, &rest, req).await
-        }
-        ["apis", group, version, rest @ ..] => {
-            let (group, version, rest) = (group.to_string(), version.to_string(), owned(rest));
-            resource_request(state, &group, &version, &rest, req).await
-        }
-        _ => Err(not_found_path(&path)),
+        _ => Err(not_found_path(path)),
     }
-}
-
-fn owned(segs: &[&str]) -> Vec<String> {
-    segs.iter().map(|s| s.to_string()).collect()
 }
 
 /// What a resource path addresses.
@@ -133,33 +134,33 @@ impl Target<'_> {
 
 async fn resource_request(
     state: Arc<State>,
-    group: &str,
-    version: &str,
-    rest: &[String],
     req: Request<Incoming>,
+    info: RequestInfo,
+    query: Query,
 ) -> Result<Response<Body>, ApiStatus> {
-    let path = req.uri().path().to_string();
-    // {plural}[/{name}] or namespaces/{ns}/{plural}[/{name}]
-    let (namespace, plural, name) = match rest {
-        [ns_kw, ns, plural] if ns_kw == "namespaces" => (Some(ns.clone()), plural, None),
-        [ns_kw, ns, plural, name] if ns_kw == "namespaces" => {
-            (Some(ns.clone()), plural, Some(name.clone()))
-        }
-        [plural] => (None, plural, None),
-        [plural, name] => (None, plural, Some(name.clone())),
-        _ => return Err(not_found_path(&path)),
-    };
+    let path = info.path.as_str();
+    // No subresources (or proxying) are served.
+    if info.parts.len() > 2 || info.verb == "proxy" {
+        return Err(not_found_path(path));
+    }
     let resource = state
-        .resource(group, version, plural)
-        .ok_or_else(|| not_found_path(&path))?;
+        .resource(&info.api_group, &info.api_version, &info.resource)
+        .ok_or_else(|| not_found_path(path))?;
     let namespaced = resource.config.namespaced;
+    let mut namespace = info.namespace.clone();
+    // `/namespaces/{name}` addresses the (cluster-scoped) namespace object
+    // itself; RequestInfo names it as its own namespace, as Kubernetes does.
+    if !namespaced && info.resource == "namespaces" && namespace == info.name {
+        namespace = None;
+    }
+    let name = info.name.clone();
     // Scope: a namespaced path for a cluster-scoped resource, or an item path
     // without namespace for a namespaced one, addresses nothing.
     if namespace.is_some() && !namespaced {
-        return Err(not_found_path(&path));
+        return Err(not_found_path(path));
     }
     if namespace.is_none() && namespaced && name.is_some() {
-        return Err(not_found_path(&path));
+        return Err(not_found_path(path));
     }
     if let Some(ns) = &namespace
         && (ns.is_empty() || ns.contains(['/', '%']))
@@ -169,28 +170,25 @@ async fn resource_request(
     if let Some(n) = &name
         && n.is_empty()
     {
-        return Err(not_found_path(&path));
+        return Err(not_found_path(path));
     }
     let target = Target {
         resource,
         namespace,
         name,
     };
-    let query = Query::parse(req.uri().query());
     let method = req.method().clone();
     // Each verb's future is boxed: the request future hyper moves into a task
     // then stays small instead of carrying every verb's state machine inline
     // (a memmove of several KB per request otherwise).
-    match (&method, target.name.is_some()) {
-        (&Method::GET, false) => {
-            if query.bool("watch")? {
-                Box::pin(watch(&state, &target, &query, &req)).await
-            } else {
-                Box::pin(list(&target, &query, &req)).await
-            }
+    match (info.verb.as_str(), &method) {
+        ("list", &Method::GET) => Box::pin(list(&target, &query, &req)).await,
+        // `?watch=` or the legacy `/watch/` path form, on a collection.
+        ("watch", &Method::GET) if target.name.is_none() => {
+            Box::pin(watch(&state, &target, &query, &req)).await
         }
-        (&Method::GET, true) => Box::pin(get(&target, &query, &req)).await,
-        (&Method::POST, false) => {
+        ("get", &Method::GET) => Box::pin(get(&target, &query, &req)).await,
+        ("create", &Method::POST) if target.name.is_none() => {
             if namespaced && target.namespace.is_none() {
                 return Err(ApiStatus::method_not_allowed(format!(
                     "POST is not supported on {path}: create in a namespace"
@@ -199,15 +197,15 @@ async fn resource_request(
             let (parts, body) = read_body(&state, req).await?;
             Box::pin(create(&state, &target, &query, &parts, body)).await
         }
-        (&Method::PUT, true) => {
+        ("update", &Method::PUT) if target.name.is_some() => {
             let (parts, body) = read_body(&state, req).await?;
             Box::pin(update(&state, &target, &query, &parts, body)).await
         }
-        (&Method::PATCH, true) => {
+        ("patch", &Method::PATCH) if target.name.is_some() => {
             let (parts, body) = read_body(&state, req).await?;
             Box::pin(patch(&state, &target, &query, &parts, body)).await
         }
-        (&Method::DELETE, true) => {
+        ("delete", &Method::DELETE) if target.name.is_some() => {
             let (_, body) = read_body(&state, req).await?;
             Box::pin(delete(&state, &target, &query, body)).await
         }

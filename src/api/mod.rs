@@ -10,7 +10,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -23,6 +23,7 @@ use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
@@ -30,6 +31,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::cacher::{Cacher, CacherOptions};
 use crate::config::{Config, ResourceConfig};
 use crate::storage::Storage;
+use params::Query;
 
 pub mod discovery;
 mod errors;
@@ -37,6 +39,7 @@ pub mod k8s;
 pub mod ops;
 pub mod params;
 mod reads;
+pub mod request_info;
 mod reviews;
 pub mod secure;
 mod smp;
@@ -44,6 +47,7 @@ pub mod status;
 pub mod table;
 mod writes;
 
+pub use request_info::{RequestInfo, RequestInfoError};
 pub use secure::{Security, SecurityError};
 pub use status::ApiStatus;
 
@@ -75,8 +79,9 @@ pub struct State {
     pub config: Config,
     pub storage: Storage,
     pub resources: Vec<Resource>,
-    /// Open watch streams (limited by `server.max_watches`).
-    pub watches: AtomicUsize,
+    /// One permit per open watch stream, `server.max_watches` in all; each
+    /// stream holds its owned permit until it ends.
+    pub watch_slots: Arc<Semaphore>,
     /// Cancelled when the server shuts down; open watch streams end.
     pub shutdown: CancellationToken,
     /// Result of the latest etcd probe (see [`probe_etcd`]); part of `/readyz`.
@@ -86,6 +91,15 @@ pub struct State {
 }
 
 impl State {
+    /// Watch streams open now.
+    pub fn open_watches(&self) -> usize {
+        self.config
+            .server
+            .max_watches
+            .min(Semaphore::MAX_PERMITS)
+            .saturating_sub(self.watch_slots.available_permits())
+    }
+
     /// The resource served at `group`/`version`/`plural`.
     pub fn resource(&self, group: &str, version: &str, plural: &str) -> Option<&Resource> {
         self.resources.iter().find(|r| {
@@ -106,6 +120,7 @@ impl Server {
     pub fn new(config: Config, storage: Storage) -> Result<Server, ApiError> {
         let security = Security::from_config(&config.server)?;
         let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
+        let max_watches = config.server.max_watches.min(Semaphore::MAX_PERMITS);
         let resources = config
             .resources
             .iter()
@@ -124,7 +139,7 @@ impl Server {
                 config,
                 storage,
                 resources,
-                watches: AtomicUsize::new(0),
+                watch_slots: Arc::new(Semaphore::new(max_watches)),
                 shutdown: CancellationToken::new(),
                 etcd_reachable: AtomicBool::new(false),
                 security,
@@ -370,20 +385,32 @@ async fn probe_etcd(state: Arc<State>) {
     }
 }
 
-/// Routes one request, logs it and records the HTTP metrics.
+/// Resolves the request's [`RequestInfo`] once, authenticates and
+/// authorizes it ([`secure`]), routes by it, logs the request and records
+/// the HTTP metrics under its verb.
 async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let method = req.method().clone();
+    let query = Query::parse(req.uri().query());
+    let info = RequestInfo::new(&method, req.uri().path(), &query);
+    let verb = match &info {
+        Ok(info) => info.metric_verb(),
+        Err(e) => e.metric_verb(),
+    };
     let path = req.uri().path().to_string();
-    let verb = request_verb(&method, &path, req.uri().query());
     let span = tracing::debug_span!("request", %method, %path, verb);
-    let resp = match secure::admit(&state, &mut req) {
-        Ok(admitted) => {
-            let resp = route(state, req).instrument(span.clone()).await;
-            secure::finish(&admitted, resp.status().as_u16());
-            resp
-        }
-        Err(denied) => status_response(&denied),
+    let resp = match info {
+        Ok(info) => match secure::admit(&state, &mut req, &info) {
+            Ok(admitted) => {
+                let resp = route(state, req, info, query)
+                    .instrument(span.clone())
+                    .await;
+                secure::finish(&admitted, resp.status().as_u16());
+                resp
+            }
+            Err(denied) => status_response(&denied),
+        },
+        Err(e) => status_response(&errors::request_info_status(&e)),
     };
     let elapsed = start.elapsed();
     let code = resp.status().as_u16();
@@ -406,49 +433,20 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
     resp
 }
 
-/// The Kubernetes verb of a request (`get`, `list`, `watch`, `create`,
-/// `update`, `patch`, `delete`), for metrics; non-resource paths (discovery,
-/// ops) count by their lowercased method.
-fn request_verb(method: &hyper::Method, path: &str, query: Option<&str>) -> &'static str {
-    use hyper::Method;
-    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let rest: &[&str] = match segs.as_slice() {
-        ["api", _, rest @ ..] | ["apis", _, _, rest @ ..] if !rest.is_empty() => rest,
-        _ => {
-            return match *method {
-                Method::GET | Method::HEAD => "get",
-                Method::POST => "post",
-                _ => "other",
-            };
-        }
-    };
-    let item = !matches!(rest, ["namespaces", _, _] | [_]);
-    match *method {
-        Method::GET | Method::HEAD if item => "get",
-        Method::GET | Method::HEAD => {
-            let watch = params::Query::parse(query)
-                .get("watch")
-                .is_some_and(|v| v == "1" || v == "true");
-            if watch { "watch" } else { "list" }
-        }
-        Method::POST => "create",
-        Method::PUT => "update",
-        Method::PATCH => "patch",
-        Method::DELETE => "delete",
-        _ => "other",
-    }
-}
-
-async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path();
-    match path {
-        "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, req),
+async fn route(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    info: RequestInfo,
+    query: Query,
+) -> Response<Body> {
+    match info.path.as_str() {
+        "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, &req, &query),
         reviews::SSAR_PATH | reviews::SSR_PATH => match reviews::handle(&state, req).await {
             Some(Ok(resp)) => resp,
             Some(Err(status)) => status_response(&status),
             None => status_response(&ApiStatus::not_found("not found")),
         },
-        _ => k8s::handle(state, req).await,
+        _ => k8s::handle(state, req, info, query).await,
     }
 }
 

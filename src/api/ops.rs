@@ -9,7 +9,7 @@ use hyper::{Method, Request, Response};
 use super::params::Query;
 use super::{ApiStatus, Body, State, full, response, status_response};
 
-pub fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
+pub fn handle(state: &State, req: &Request<Incoming>, query: &Query) -> Response<Body> {
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return status_response(&ApiStatus::method_not_allowed(format!(
             "{} is not supported on {}",
@@ -19,7 +19,7 @@ pub fn handle(state: &State, req: Request<Incoming>) -> Response<Body> {
     }
     match req.uri().path() {
         "/healthz" | "/livez" => response(200, "text/plain; charset=utf-8", full("ok")),
-        "/readyz" => readyz(state, &Query::parse(req.uri().query())),
+        "/readyz" => readyz(state, query),
         "/metrics" => metrics(state),
         path => status_response(&ApiStatus::not_found(format!("{path} not found"))),
     }
@@ -77,7 +77,7 @@ fn metrics(state: &State) -> Response<Body> {
     // Gauges that are cheapest to read at scrape time.
     let m = crate::metrics::metrics();
     m.api_open_watches
-        .set(state.watches.load(std::sync::atomic::Ordering::Relaxed) as i64);
+        .set(i64::try_from(state.open_watches()).unwrap_or(i64::MAX));
     response(
         200,
         "text/plain; version=0.0.4; charset=utf-8",

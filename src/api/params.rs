@@ -79,16 +79,14 @@ impl Query {
         self.pairs.iter().any(|(k, _)| k == key)
     }
 
-    /// A boolean parameter: absent or empty -> false; `true`/`1` -> true;
-    /// `false`/`0` -> false; anything else -> 400.
+    /// A boolean parameter: absent or empty -> false; otherwise one of the
+    /// spellings [`parse_bool`] accepts; anything else -> 400.
     pub fn bool(&self, key: &str) -> Result<bool, ApiStatus> {
         match self.get(key) {
             None | Some("") => Ok(false),
-            Some("true") | Some("1") | Some("True") => Ok(true),
-            Some("false") | Some("0") | Some("False") => Ok(false),
-            Some(v) => Err(ApiStatus::bad_request(format!(
-                "invalid value {v:?} for boolean parameter {key}"
-            ))),
+            Some(v) => parse_bool(v).ok_or_else(|| {
+                ApiStatus::bad_request(format!("invalid value {v:?} for boolean parameter {key}"))
+            }),
         }
     }
 
@@ -163,6 +161,18 @@ impl Query {
             }
         }
         Ok(dry)
+    }
+}
+
+/// A boolean as Go's `strconv.ParseBool` reads it (`1 t T TRUE true True` /
+/// `0 f F FALSE false False`), the one spelling rule for every boolean
+/// parameter (`watch`, `allowWatchBookmarks`, ...): the request's verb and
+/// its routing never disagree on what `?watch=True` means.
+pub fn parse_bool(v: &str) -> Option<bool> {
+    match v {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
+        _ => None,
     }
 }
 
@@ -254,6 +264,22 @@ mod tests {
                 .code,
             400
         );
+    }
+
+    #[test]
+    fn booleans_are_go_parse_bool() {
+        for t in ["1", "t", "T", "TRUE", "true", "True"] {
+            assert_eq!(parse_bool(t), Some(true), "{t}");
+        }
+        for f in ["0", "f", "F", "FALSE", "false", "False"] {
+            assert_eq!(parse_bool(f), Some(false), "{f}");
+        }
+        for bad in ["", "yes", "tRUE", "2", " true", "on"] {
+            assert_eq!(parse_bool(bad), None, "{bad:?}");
+        }
+        // Absent and empty are false, not an error.
+        assert!(!Query::parse(Some("watch=")).bool("watch").unwrap());
+        assert!(!Query::parse(None).bool("watch").unwrap());
     }
 
     #[test]

@@ -3,7 +3,6 @@
 //! the cached wire bytes; only kubectl's Table requests re-render.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::{BodyExt, StreamBody};
@@ -11,6 +10,7 @@ use hyper::body::{Frame, Incoming};
 use hyper::header::ACCEPT;
 use hyper::{Request, Response};
 use serde_json::{Map, Value, json};
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::cacher::{GetRequest, ListRequest, WatchChunk, WatchRequest};
 use crate::object::{FieldSelector, LabelSelector, Object, metadata_str};
@@ -200,31 +200,20 @@ impl Iterator for ListFrames {
     }
 }
 
-/// Releases a watch slot when the stream ends.
-struct WatchSlot {
-    state: Arc<State>,
-}
-
-impl Drop for WatchSlot {
-    fn drop(&mut self) {
-        self.state.watches.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-fn acquire_watch_slot(state: &Arc<State>) -> Result<WatchSlot, ApiStatus> {
-    let max = state.config.server.max_watches;
-    let prev = state.watches.fetch_add(1, Ordering::AcqRel);
-    let slot = WatchSlot {
-        state: Arc::clone(state),
-    };
-    if prev >= max {
-        drop(slot);
-        return Err(ApiStatus::too_many_requests(
-            format!("too many concurrent watches (limit {max})"),
-            1,
-        ));
-    }
-    Ok(slot)
+/// A watch slot: a permit of `State::watch_slots`, held by the stream and
+/// released when it ends (or the client goes away).
+fn acquire_watch_slot(state: &State) -> Result<OwnedSemaphorePermit, ApiStatus> {
+    Arc::clone(&state.watch_slots)
+        .try_acquire_owned()
+        .map_err(|_| {
+            ApiStatus::too_many_requests(
+                format!(
+                    "too many concurrent watches (limit {})",
+                    state.config.server.max_watches
+                ),
+                1,
+            )
+        })
 }
 
 /// Turns watch lines into Table watch lines (kubectl `get -w`).
@@ -333,7 +322,7 @@ pub(crate) async fn watch(
         shutdown: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
         backstop: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
         what: What,
-        _slot: WatchSlot,
+        _slot: OwnedSemaphorePermit,
     }
     let st = St {
         watcher,

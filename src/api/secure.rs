@@ -10,7 +10,7 @@ use hyper::header::AUTHORIZATION;
 use hyper::{Method, Request};
 use tracing::debug;
 
-use super::params::Query;
+use super::request_info::RequestInfo;
 use super::{ApiStatus, State};
 use crate::auth::rbac::{Policy, RbacError};
 use crate::auth::token_file::{TokenFile, TokenFileError};
@@ -121,8 +121,12 @@ fn is_health_path(path: &str) -> bool {
 /// Authenticates and authorizes `req`; the user is put into the request's
 /// extensions for the handlers (self reviews). `Err` is the 401 or 403
 /// `Status`, already counted and audited.
-pub(crate) fn admit(state: &State, req: &mut Request<Incoming>) -> Result<Admitted, ApiStatus> {
-    let attrs = attributes(req);
+pub(crate) fn admit(
+    state: &State,
+    req: &mut Request<Incoming>,
+    info: &RequestInfo,
+) -> Result<Admitted, ApiStatus> {
+    let attrs = attributes(info);
     let m = crate::metrics::metrics();
     let identity = req
         .extensions()
@@ -217,56 +221,19 @@ fn audit(user: Option<&UserInfo>, attrs: &Attributes, code: u16) {
     );
 }
 
-/// The authorizer's view of a request (kube's RequestInfo rules): resource
-/// requests are `/api/{v}/...` and `/apis/{g}/{v}/...` with a resource;
-/// everything else is a non-resource request on its path.
-pub(crate) fn attributes<B>(req: &Request<B>) -> Attributes {
-    let path = req.uri().path();
-    let method = req.method();
-    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
-        ["api", v, rest @ ..] if !rest.is_empty() => ("", v, rest),
-        ["apis", g, v, rest @ ..] if !rest.is_empty() => (g, v, rest),
-        _ => {
-            return Attributes::non_resource(method.as_str().to_ascii_lowercase(), path);
-        }
-    };
-    let mut namespace = "";
-    let mut parts = rest;
-    if parts[0] == "namespaces" && parts.len() > 1 {
-        namespace = parts[1];
-        if parts.len() > 2 {
-            parts = &parts[2..];
-        }
-    }
-    let resource = parts[0];
-    let name = parts.get(1).copied().unwrap_or("");
-    let subresource = parts.get(2).copied().unwrap_or("");
-    let verb = match *method {
-        Method::GET | Method::HEAD if name.is_empty() => {
-            let watch = Query::parse(req.uri().query())
-                .get("watch")
-                .is_some_and(|v| v == "1" || v == "true");
-            if watch { "watch" } else { "list" }
-        }
-        Method::GET | Method::HEAD => "get",
-        Method::POST => "create",
-        Method::PUT => "update",
-        Method::PATCH => "patch",
-        Method::DELETE if name.is_empty() => "deletecollection",
-        Method::DELETE => "delete",
-        _ => return Attributes::non_resource(method.as_str().to_ascii_lowercase(), path),
-    };
+/// The authorizer's view of a request: kube's `authorizer.Attributes` are
+/// built from its `RequestInfo` the same way.
+pub(crate) fn attributes(info: &RequestInfo) -> Attributes {
     Attributes {
-        verb: verb.into(),
-        is_resource_request: true,
-        path: path.into(),
-        namespace: namespace.into(),
-        api_group: group.into(),
-        api_version: version.into(),
-        resource: resource.into(),
-        subresource: subresource.into(),
-        name: name.into(),
+        verb: info.verb.clone(),
+        is_resource_request: info.is_resource_request,
+        path: info.path.clone(),
+        namespace: info.namespace.clone().unwrap_or_default(),
+        api_group: info.api_group.clone(),
+        api_version: info.api_version.clone(),
+        resource: info.resource.clone(),
+        subresource: info.subresource.clone().unwrap_or_default(),
+        name: info.name.clone().unwrap_or_default(),
     }
 }
 
@@ -275,8 +242,15 @@ mod tests {
     use super::*;
 
     fn attrs(method: &str, uri: &str) -> Attributes {
-        let req = Request::builder().method(method).uri(uri).body(()).unwrap();
-        attributes(&req)
+        let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let info = RequestInfo::new(
+            &method,
+            path,
+            &super::super::params::Query::parse(Some(query)),
+        )
+        .unwrap();
+        attributes(&info)
     }
 
     #[test]

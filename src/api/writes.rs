@@ -12,11 +12,11 @@ use hyper::http::request::Parts;
 use serde_json::{Map, Value};
 
 use crate::cacher::GetRequest;
-use crate::config::is_dns_subdomain;
+use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
 use crate::object::{metadata_str, set_resource_version, strip_resource_version};
 use crate::storage::{Preconditions, StorageError, StoredObject, UpdateAction, WriteOptions};
 
-use super::errors::{What, storage_status};
+use super::errors::{UpdateError, What, storage_status, update_status};
 use super::k8s::{Target, json_value};
 use super::params::{Query, media_type, parse_resource_version};
 use super::{ApiStatus, Body, Resource, State, json_response};
@@ -143,14 +143,21 @@ pub(crate) fn meta_string(obj: &Value, field: &str) -> Result<Option<String>, Ap
     }
 }
 
-fn validate_name(name: &str) -> Result<(), ApiStatus> {
-    if is_dns_subdomain(name) {
-        Ok(())
-    } else {
-        Err(ApiStatus::invalid(format!(
-            "metadata.name: Invalid value: {name:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (at most 253 characters)"
-        )))
+/// A `422 Invalid` for `field` when `errs` (a validation's findings) is not
+/// empty, worded as kube-apiserver's field errors.
+fn invalid_field(field: &str, value: &str, errs: Vec<String>) -> Result<(), ApiStatus> {
+    if errs.is_empty() {
+        return Ok(());
     }
+    let msgs: Vec<String> = errs
+        .iter()
+        .map(|e| format!("{field}: Invalid value: {value:?}: {e}"))
+        .collect();
+    Err(ApiStatus::invalid(msgs.join(", ")))
+}
+
+fn validate_name(name: &str) -> Result<(), ApiStatus> {
+    invalid_field("metadata.name", name, is_dns1123_subdomain(name))
 }
 
 /// The namespace in the body must match the path (filled when absent);
@@ -276,12 +283,8 @@ pub(crate) async fn create(
     let mut obj = parse_json(&body)?;
     check_type_meta(&mut obj, res)?;
     reconcile_namespace(&mut obj, target)?;
-    if let Some(ns) = &target.namespace
-        && !crate::config::is_dns_label(ns)
-    {
-        return Err(ApiStatus::invalid(format!(
-            "metadata.namespace: Invalid value: {ns:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (at most 63 characters)"
-        )));
+    if let Some(ns) = &target.namespace {
+        invalid_field("metadata.namespace", ns, is_dns1123_label(ns))?;
     }
     let name = meta_string(&obj, "name")?.filter(|n| !n.is_empty());
     let generate = meta_string(&obj, "generateName")?.filter(|n| !n.is_empty());
@@ -377,8 +380,9 @@ fn carry_system_fields(obj: &mut Value, current: &Value) -> Result<(), ApiStatus
     Ok(())
 }
 
-/// Runs `f` inside a GuaranteedUpdate; request errors raised by `f` come
-/// back as themselves, storage errors are mapped.
+/// Runs `f` inside a GuaranteedUpdate, starting from the cached object.
+/// `f` answers with the request's own errors or the store's (a conflict);
+/// either way, on a stale suggestion the store retries on fresh state.
 async fn guaranteed_update<F>(
     state: &State,
     target: &Target<'_>,
@@ -388,34 +392,16 @@ async fn guaranteed_update<F>(
     mut f: F,
 ) -> Result<StoredObject, ApiStatus>
 where
-    F: FnMut(&StoredObject) -> Result<Bytes, ApiStatus> + Send,
+    F: FnMut(&StoredObject) -> Result<Bytes, UpdateError> + Send,
 {
     let suggestion = suggestion(target, key).await;
-    let mut request_error: Option<ApiStatus> = None;
-    let result = state
+    state
         .storage
         .guaranteed_update(key, preconditions, suggestion, opts, |cur| {
-            request_error = None;
-            match f(cur) {
-                Ok(v) => Ok(UpdateAction::Update(v)),
-                Err(ApiStatus {
-                    code: 409, message, ..
-                }) => Err(StorageError::conflict(key, message)),
-                Err(s) => {
-                    let msg = s.message.clone();
-                    request_error = Some(s);
-                    Err(StorageError::InvalidObject(msg))
-                }
-            }
+            f(cur).map(UpdateAction::Update)
         })
-        .await;
-    match result {
-        Ok(stored) => Ok(stored),
-        Err(StorageError::InvalidObject(m)) if request_error.is_some() => {
-            Err(request_error.unwrap_or_else(|| ApiStatus::internal(m)))
-        }
-        Err(e) => Err(storage_status(e, &target.what())),
-    }
+        .await
+        .map_err(|e| update_status(e, &target.what()))
 }
 
 fn parse_stored(cur: &StoredObject) -> Result<Value, ApiStatus> {
@@ -492,7 +478,7 @@ pub(crate) async fn update(
             guaranteed_update(state, target, &key, &preconditions, &opts, |cur| {
                 let mut new = obj.clone();
                 carry_system_fields(&mut new, &parse_stored(cur)?)?;
-                to_bytes(&new)
+                Ok(to_bytes(&new)?)
             })
             .await?
         }
@@ -561,9 +547,7 @@ pub(crate) async fn patch(
             })?,
         }
         if !doc.is_object() {
-            return Err(ApiStatus::invalid(
-                "the patched object is not a JSON object",
-            ));
+            return Err(ApiStatus::invalid("the patched object is not a JSON object").into());
         }
         check_type_meta(&mut doc, res).map_err(|s| ApiStatus::invalid(s.message))?;
         match meta_string(&doc, "name")? {
@@ -572,26 +556,27 @@ pub(crate) async fn patch(
                 return Err(ApiStatus::bad_request(format!(
                     "the name of the object ({}) does not match the name on the URL ({name})",
                     other.unwrap_or_default()
-                )));
+                ))
+                .into());
             }
         }
         reconcile_namespace(&mut doc, target)?;
         if let Some(rv) = meta_string(&doc, "resourceVersion")?.filter(|s| !s.is_empty())
             && rv != cur.mod_revision.to_string()
         {
-            return Err(ApiStatus::conflict(MODIFIED));
+            return Err(StorageError::modified(&key).into());
         }
         let old_uid = metadata_str(&current, "uid");
         let new_uid = meta_string(&doc, "uid")?;
         if new_uid.as_deref().filter(|u| !u.is_empty()) != old_uid.filter(|u| !u.is_empty())
             && new_uid.is_some()
         {
-            return Err(ApiStatus::invalid(
-                "metadata.uid: Invalid value: field is immutable",
-            ));
+            return Err(
+                ApiStatus::invalid("metadata.uid: Invalid value: field is immutable").into(),
+            );
         }
         carry_system_fields(&mut doc, &current)?;
-        to_bytes(&doc)
+        Ok(to_bytes(&doc)?)
     })
     .await?;
     Ok(stored_response(200, res, &stored))

@@ -9,12 +9,8 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use bytes::Bytes;
-use etcd_client::{EventType as EtcdEventType, WatchOptions};
-use rand::Rng;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -22,42 +18,24 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::CacherOptions;
 use super::watch_cache::{Change, WatchCache};
+use crate::backoff::Backoff;
 use crate::object::{Object, ObjectCodec};
-use crate::storage::{ListOptions, Storage};
+use crate::storage::{ListOptions, Storage, StorageError, WatchEvent, WatchItem};
 
 const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
-/// Exponential backoff with +-50% jitter.
-#[derive(Debug)]
-struct Backoff {
-    next: Duration,
-}
-
-impl Backoff {
-    fn new() -> Backoff {
-        Backoff {
-            next: BACKOFF_START,
-        }
-    }
-    fn reset(&mut self) {
-        self.next = BACKOFF_START;
-    }
-    fn step(&mut self) -> Duration {
-        let base = self.next;
-        self.next = (self.next * 2).min(BACKOFF_MAX);
-        let jitter = rand::rng().random_range(0.5..1.5);
-        base.mul_f64(jitter)
-    }
-}
-
 /// Why a watch stream ended.
-enum WatchEnd {
+enum StreamEnd {
     Shutdown,
     /// etcd compacted past our RV: relist.
     Compacted(i64),
     /// Transient: resume from the last applied RV after a backoff.
     Error(String),
+    /// Silent even after a progress request: restart after a backoff.
+    Idle,
+    /// Asked to relist (the consistency checker found a difference).
+    Relist,
 }
 
 pub struct Reflector {
@@ -66,6 +44,7 @@ pub struct Reflector {
     storage: Storage,
     opts: CacherOptions,
     progress: Arc<Notify>,
+    relist: Arc<Notify>,
     shutdown: CancellationToken,
     /// Keys whose undecodable value was already logged (logged once per key).
     logged_bad: HashSet<String>,
@@ -78,6 +57,7 @@ impl Reflector {
         storage: Storage,
         opts: CacherOptions,
         progress: Arc<Notify>,
+        relist: Arc<Notify>,
         shutdown: CancellationToken,
     ) -> Reflector {
         Reflector {
@@ -86,6 +66,7 @@ impl Reflector {
             storage,
             opts,
             progress,
+            relist,
             shutdown,
             logged_bad: HashSet::new(),
         }
@@ -95,7 +76,7 @@ impl Reflector {
     pub async fn run(mut self) {
         let span = info_span!("reflector", resource = %self.cache.resource());
         async move {
-            let mut backoff = Backoff::new();
+            let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX).with_jitter();
             let mut need_list = true;
             let mut last_rv = 0i64;
             loop {
@@ -134,19 +115,26 @@ impl Reflector {
                     }
                 }
                 match self.watch(&mut last_rv, &mut backoff).await {
-                    WatchEnd::Shutdown => {
+                    StreamEnd::Shutdown => {
                         info!("reflector stopped");
                         return;
                     }
-                    WatchEnd::Compacted(compacted) => {
+                    StreamEnd::Compacted(compacted) => {
                         info!(last_rv, compacted, "watch compacted; relisting");
                         need_list = true;
                     }
-                    WatchEnd::Error(reason) => {
-                        self.cache
-                            .stats()
-                            .watch_restarts
-                            .fetch_add(1, Ordering::Relaxed);
+                    StreamEnd::Relist => {
+                        info!(last_rv, "relisting on request");
+                        need_list = true;
+                    }
+                    end @ (StreamEnd::Error(_) | StreamEnd::Idle) => {
+                        let reason = match end {
+                            StreamEnd::Error(reason) => {
+                                self.cache.stats().watch_restart();
+                                reason
+                            }
+                            _ => "idle".to_string(),
+                        };
                         let wait = backoff.step();
                         info!(%reason, last_rv, backoff_ms = wait.as_millis() as u64, "watch ended; backing off, then resuming");
                         if self.sleep(wait).await {
@@ -169,7 +157,7 @@ impl Reflector {
     }
 
     /// The whole prefix, paged, at one revision; undecodable values skipped.
-    async fn list(&mut self) -> Result<(Vec<Arc<Object>>, i64), crate::storage::StorageError> {
+    async fn list(&mut self) -> Result<(Vec<Arc<Object>>, i64), StorageError> {
         let all = self
             .storage
             .list_all(
@@ -218,24 +206,15 @@ impl Reflector {
     }
 
     /// One watch stream from `last_rv + 1`, applying events until it ends.
-    async fn watch(&mut self, last_rv: &mut i64, backoff: &mut Backoff) -> WatchEnd {
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(*last_rv + 1)
-            .with_prev_key()
-            .with_progress_notify();
-        let mut client = self.storage.watch_client();
-        let prefix = self.codec.key_prefix().to_string();
+    async fn watch(&mut self, last_rv: &mut i64, backoff: &mut Backoff) -> StreamEnd {
         let created = tokio::select! {
-            _ = self.shutdown.cancelled() => return WatchEnd::Shutdown,
-            r = tokio::time::timeout(self.storage.request_timeout(), client.watch(prefix, Some(opts))) => r,
+            _ = self.shutdown.cancelled() => return StreamEnd::Shutdown,
+            r = self.storage.watch(self.codec.key_prefix(), *last_rv + 1) => r,
         };
-        let stream = match created {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return WatchEnd::Error(format!("watch create: {e}")),
-            Err(_) => return WatchEnd::Error("watch create timed out".into()),
+        let mut watch = match created {
+            Ok(w) => w,
+            Err(e) => return StreamEnd::Error(format!("watch create: {e}")),
         };
-        let (mut requests, mut responses) = stream.split();
         info!(from = *last_rv + 1, "watching");
         let mut last_msg = Instant::now();
         let mut progress_requested: Option<Instant> = None;
@@ -245,107 +224,98 @@ impl Reflector {
                 Some(t) => t + self.opts.idle_timeout,
             };
             tokio::select! {
-                _ = self.shutdown.cancelled() => return WatchEnd::Shutdown,
+                _ = self.shutdown.cancelled() => return StreamEnd::Shutdown,
+                _ = self.relist.notified() => return StreamEnd::Relist,
                 _ = self.progress.notified() => {
-                    if let Err(e) = requests.request_progress().await {
-                        return WatchEnd::Error(format!("progress request: {e}"));
+                    if let Err(e) = watch.request_progress().await {
+                        return StreamEnd::Error(format!("progress request: {e}"));
                     }
                     progress_requested.get_or_insert_with(Instant::now);
                 }
                 _ = tokio::time::sleep_until(idle_at) => {
                     if progress_requested.is_some() {
                         warn!(idle_ms = self.opts.idle_timeout.as_millis() as u64, "watch silent even after a progress request; restarting it");
-                        self.cache.stats().idle_restarts.fetch_add(1, Ordering::Relaxed);
-                        return WatchEnd::Error("idle".into());
+                        self.cache.stats().idle_restart();
+                        return StreamEnd::Idle;
                     }
                     debug!("watch idle; requesting progress");
-                    if let Err(e) = requests.request_progress().await {
-                        return WatchEnd::Error(format!("progress request: {e}"));
+                    if let Err(e) = watch.request_progress().await {
+                        return StreamEnd::Error(format!("progress request: {e}"));
                     }
                     progress_requested = Some(Instant::now());
                 }
-                msg = responses.message() => {
-                    let resp = match msg {
-                        Ok(Some(r)) => r,
-                        Ok(None) => return WatchEnd::Error("watch stream closed".into()),
-                        Err(e) => return WatchEnd::Error(format!("watch stream: {e}")),
+                item = watch.next() => {
+                    let item = match item {
+                        Ok(item) => item,
+                        Err(StorageError::Compacted { compacted, .. }) => {
+                            return StreamEnd::Compacted(compacted);
+                        }
+                        Err(e) => return StreamEnd::Error(e.to_string()),
                     };
                     last_msg = Instant::now();
                     progress_requested = None;
                     backoff.reset();
-                    if resp.canceled() {
-                        if resp.compact_revision() > 0 {
-                            return WatchEnd::Compacted(resp.compact_revision());
+                    match item {
+                        WatchItem::Progress { revision } => {
+                            if revision > *last_rv {
+                                self.cache.advance(revision);
+                                *last_rv = revision;
+                            }
                         }
-                        return WatchEnd::Error(format!("watch canceled: {}", resp.cancel_reason()));
-                    }
-                    if resp.created() && resp.events().is_empty() {
-                        // The creation header's revision does not mean the
-                        // events up to it have been sent: ignore it.
-                        continue;
-                    }
-                    if resp.events().is_empty() {
-                        // A progress notification: every event up to this
-                        // revision has been delivered.
-                        if let Some(rev) = resp.header().map(|h| h.revision())
-                            && rev > *last_rv
-                        {
-                            self.cache.advance(rev);
-                            *last_rv = rev;
+                        WatchItem::Events { events, revision } => {
+                            let changes = self.changes(events);
+                            if revision > *last_rv {
+                                self.cache.apply(changes, revision, false);
+                                *last_rv = revision;
+                            }
                         }
-                        continue;
-                    }
-                    let (changes, rv) = self.changes(resp.events());
-                    if rv > *last_rv {
-                        self.cache.apply(changes, rv, false);
-                        *last_rv = rv;
                     }
                 }
             }
         }
     }
 
-    /// Turns etcd events into cache changes; returns them and the highest revision.
-    fn changes(&mut self, events: &[etcd_client::Event]) -> (Vec<Change>, i64) {
+    /// Turns watch events into cache changes, decoding each value once.
+    fn changes(&mut self, events: Vec<WatchEvent>) -> Vec<Change> {
         let mut out = Vec::with_capacity(events.len());
-        let mut max_rv = 0;
-        let transformer = Arc::clone(self.storage.transformer());
         for ev in events {
-            let Some(kv) = ev.kv() else { continue };
-            let rv = kv.mod_revision();
-            max_rv = max_rv.max(rv);
-            let Ok(key) = kv.key_str() else {
-                self.cache.stats().decode_error();
-                continue;
-            };
-            let key: Arc<str> = Arc::from(key);
-            match ev.event_type() {
-                EtcdEventType::Delete => {
-                    self.logged_bad.remove(&*key);
-                    out.push(Change { key, new: None, rv });
-                }
-                EtcdEventType::Put => {
-                    let value =
-                        match transformer.from_storage(&key, Bytes::copy_from_slice(kv.value())) {
-                            Ok(v) => Some(v),
-                            Err(e) => {
-                                self.skip(&key, &e);
-                                None
-                            }
-                        };
-                    let obj = value.and_then(|v| {
-                        self.decode(&key, &v, kv.mod_revision(), kv.create_revision())
+            match ev {
+                WatchEvent::Delete { key, mod_revision } => {
+                    self.logged_bad.remove(&key);
+                    out.push(Change {
+                        key: Arc::from(key),
+                        new: None,
+                        rv: mod_revision,
                     });
+                }
+                WatchEvent::Put {
+                    key,
+                    value,
+                    mod_revision,
+                    create_revision,
+                } => {
+                    let obj = self.decode(&key, &value, mod_revision, create_revision);
                     // An undecodable new value removes the old object (if
                     // any) so the cache never serves a stale version.
                     out.push(Change {
-                        key,
+                        key: Arc::from(key),
                         new: obj.map(Arc::new),
-                        rv,
+                        rv: mod_revision,
+                    });
+                }
+                WatchEvent::Unreadable {
+                    unreadable,
+                    mod_revision,
+                } => {
+                    self.skip(&unreadable.key, &unreadable.error);
+                    out.push(Change {
+                        key: Arc::from(unreadable.key),
+                        new: None,
+                        rv: mod_revision,
                     });
                 }
             }
         }
-        (out, max_rv)
+        out
     }
 }

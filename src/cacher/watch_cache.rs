@@ -8,20 +8,20 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::history::{EventKind, Gone, History, HistoryEvent};
-use super::snapshot::{IndexKey, Snapshot, field_pair_key, route_keys};
-use crate::metrics::ResourceMetrics;
-use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
+use super::indexed_watchers::{IndexedWatchers, Route};
+use super::snapshot::{IndexKey, Snapshot};
+use super::stats::CacherStats;
+use crate::object::{Object, ObjectCodec};
 
 /// One change fed to the cache: `new = None` deletes `key`.
 #[derive(Debug, Clone)]
@@ -30,158 +30,6 @@ pub struct Change {
     pub new: Option<Arc<Object>>,
     /// The etcd revision of the change (for a relist diff: the list RV).
     pub rv: i64,
-}
-
-/// Counters the metrics layer reads (all monotonic except where noted).
-#[derive(Debug)]
-pub struct CacherStats {
-    pub events_received: AtomicU64,
-    pub decode_errors: AtomicU64,
-    pub initializations: AtomicU64,
-    pub relists: AtomicU64,
-    pub watch_restarts: AtomicU64,
-    /// Watch restarts because the stream went silent (idle detection).
-    pub idle_restarts: AtomicU64,
-    pub consistent_read_cache: AtomicU64,
-    pub consistent_read_fallback: AtomicU64,
-    pub list_cache: AtomicU64,
-    pub list_etcd: AtomicU64,
-    /// Gauge.
-    pub watchers: AtomicU64,
-    pub watchers_expired: AtomicU64,
-    pub events_dispatched: AtomicU64,
-    /// The same facts in the Prometheus registry (labelled by resource);
-    /// the atomics above stay per Cacher for tests and embedders.
-    pub(crate) prom: ResourceMetrics,
-}
-
-impl CacherStats {
-    pub(crate) fn new(resource: &str, history_capacity: usize) -> CacherStats {
-        let prom = crate::metrics::metrics().for_resource(resource);
-        prom.history_capacity.set(history_capacity as i64);
-        CacherStats {
-            events_received: AtomicU64::new(0),
-            decode_errors: AtomicU64::new(0),
-            initializations: AtomicU64::new(0),
-            relists: AtomicU64::new(0),
-            watch_restarts: AtomicU64::new(0),
-            idle_restarts: AtomicU64::new(0),
-            consistent_read_cache: AtomicU64::new(0),
-            consistent_read_fallback: AtomicU64::new(0),
-            list_cache: AtomicU64::new(0),
-            list_etcd: AtomicU64::new(0),
-            watchers: AtomicU64::new(0),
-            watchers_expired: AtomicU64::new(0),
-            events_dispatched: AtomicU64::new(0),
-            prom,
-        }
-    }
-    pub(crate) fn consistent_cache(&self) {
-        self.consistent_read_cache.fetch_add(1, Ordering::Relaxed);
-        self.prom.consistent_read_cache.inc();
-    }
-    pub(crate) fn consistent_fallback(&self) {
-        self.consistent_read_fallback
-            .fetch_add(1, Ordering::Relaxed);
-        self.prom.consistent_read_fallback.inc();
-    }
-    pub(crate) fn list_cache(&self) {
-        self.list_cache.fetch_add(1, Ordering::Relaxed);
-        self.prom.list_cache.inc();
-    }
-    pub(crate) fn list_etcd(&self) {
-        self.list_etcd.fetch_add(1, Ordering::Relaxed);
-        self.prom.list_etcd.inc();
-    }
-    pub(crate) fn observe_read_wait(&self, d: Duration) {
-        self.prom.read_wait.observe(d.as_secs_f64());
-    }
-    pub(crate) fn decode_error(&self) {
-        self.decode_errors.fetch_add(1, Ordering::Relaxed);
-        self.prom.undecodable_values.inc();
-    }
-    /// An initial list or a relist finished after `took`.
-    pub(crate) fn initialized(&self, took: Duration, relist: bool) {
-        if relist {
-            self.relists.fetch_add(1, Ordering::Relaxed);
-        } else {
-            self.initializations.fetch_add(1, Ordering::Relaxed);
-        }
-        self.prom.initializations.inc();
-        self.prom
-            .initialization_duration
-            .observe(took.as_secs_f64());
-    }
-    fn received(&self, n: u64) {
-        self.events_received.fetch_add(n, Ordering::Relaxed);
-        self.prom.events_received.inc_by(n);
-    }
-    fn watcher_added(&self) {
-        self.watchers.fetch_add(1, Ordering::Relaxed);
-        self.prom.watchers.inc();
-    }
-    fn watcher_removed(&self) {
-        self.watchers.fetch_sub(1, Ordering::Relaxed);
-        self.prom.watchers.dec();
-    }
-    /// A watcher ended: `expired` (fell out of the history), `timeout`,
-    /// `shutdown`, or `closed` (the client went away).
-    pub(crate) fn watcher_ended(&self, reason: WatchEnd) {
-        match reason {
-            WatchEnd::Expired => {
-                self.watchers_expired.fetch_add(1, Ordering::Relaxed);
-                self.prom.terminated_expired.inc();
-            }
-            WatchEnd::Timeout => self.prom.terminated_timeout.inc(),
-            WatchEnd::Shutdown => self.prom.terminated_shutdown.inc(),
-            WatchEnd::Closed => self.prom.terminated_closed.inc(),
-        }
-    }
-    /// `n` events handed to one watcher's stream.
-    pub(crate) fn dispatched(&self, n: u64) {
-        self.events_dispatched.fetch_add(n, Ordering::Relaxed);
-        self.prom.events_dispatched.inc_by(n);
-    }
-    /// A local recorder of "received from etcd -> handed to a watcher"
-    /// delays; it adds its samples to the histogram when dropped.
-    pub(crate) fn event_delays(&self) -> prometheus::local::LocalHistogram {
-        self.prom.watch_event_delay.local()
-    }
-    fn published(&self, rv: i64, objects: usize) {
-        self.prom.resource_version.set(rv);
-        self.prom.objects.set(objects as i64);
-    }
-}
-
-/// Why a watcher ended (the `reason` label of
-/// `watchcache_terminated_watchers_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum WatchEnd {
-    Expired,
-    Timeout,
-    Shutdown,
-    Closed,
-}
-
-/// A watch route: the sequence numbers of retained events whose old or new
-/// object carries the route's key, and a wake-up channel.
-///
-/// The log only holds events applied after the route was created
-/// (`created_seq`); a watcher starting from an older RV reads the full
-/// history up to `created_seq` first (see [`WatchCache::read_route`]).
-#[derive(Debug)]
-pub struct Route {
-    pub(crate) log: Mutex<RouteLog>,
-    pub(crate) tx: watch::Sender<u64>,
-    /// History sequence number at creation: events from here on are logged.
-    pub(crate) created_seq: u64,
-}
-
-#[derive(Debug, Default)]
-pub(crate) struct RouteLog {
-    pub(crate) seqs: VecDeque<u64>,
-    /// Largest seq dropped from `seqs` because the history evicted it.
-    pub(crate) trimmed_max: Option<u64>,
 }
 
 /// Where a new watcher starts.
@@ -217,11 +65,9 @@ pub struct WatchCache {
     rv_tx: watch::Sender<i64>,
     ready_tx: watch::Sender<bool>,
     ready: AtomicBool,
-    routes: DashMap<IndexKey, Arc<Route>>,
-    /// Woken on every applied batch (watchers without a route).
-    all_tx: watch::Sender<u64>,
+    watchers: IndexedWatchers,
     closed: CancellationToken,
-    stats: CacherStats,
+    stats: Arc<CacherStats>,
 }
 
 impl std::fmt::Debug for WatchCache {
@@ -248,8 +94,7 @@ impl WatchCache {
             rv_tx: watch::Sender::new(0),
             ready_tx: watch::Sender::new(false),
             ready: AtomicBool::new(false),
-            routes: DashMap::new(),
-            all_tx: watch::Sender::new(0),
+            watchers: IndexedWatchers::new(),
             closed: CancellationToken::new(),
             stats,
         }
@@ -261,7 +106,7 @@ impl WatchCache {
     pub fn index_paths(&self) -> &[Arc<str>] {
         &self.index_paths
     }
-    pub fn stats(&self) -> &CacherStats {
+    pub fn stats(&self) -> &Arc<CacherStats> {
         &self.stats
     }
     pub fn resource(&self) -> &str {
@@ -296,10 +141,15 @@ impl WatchCache {
     pub fn close(&self) {
         let _g = self.apply_lock.lock();
         self.closed.cancel();
-        self.all_tx.send_replace(u64::MAX);
-        for route in self.routes.iter() {
-            route.tx.send_replace(u64::MAX);
-        }
+        self.watchers.close();
+    }
+
+    /// The reflector is gone for good: stop serving (not ready, so
+    /// `/readyz` fails) and end every watcher.
+    pub(crate) fn fail(&self) {
+        self.ready.store(false, Ordering::Release);
+        self.ready_tx.send_replace(false);
+        self.close();
     }
 
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
@@ -361,12 +211,12 @@ impl WatchCache {
         hist.set_start_rv_if_empty(rv);
         drop(hist);
         let snap = Arc::new(snap);
-        self.current.store(Arc::clone(&snap));
         {
             let mut recent = self.recent.lock();
             recent.clear();
-            recent.push_back(snap);
+            recent.push_back(Arc::clone(&snap));
         }
+        self.current.store(snap);
         self.rv_tx.send_replace(rv);
         self.ready.store(true, Ordering::Release);
         self.ready_tx.send_replace(true);
@@ -383,16 +233,19 @@ impl WatchCache {
             seen.insert(Arc::clone(&o.key));
             match cur.get(&o.key) {
                 Some(old) if old.mod_revision == o.mod_revision && old.wire == o.wire => {}
+                // After a compaction every change is newer than the cache;
+                // a repair (the consistency checker) may find an older one:
+                // it is sent at the cache's RV so the history stays ordered.
                 _ => changes.push(Change {
                     key: Arc::clone(&o.key),
-                    rv: o.mod_revision,
+                    rv: o.mod_revision.max(cur.rv),
                     new: Some(o),
                 }),
             }
         }
-        // Changed objects in revision order, each at its own revision (all
-        // newer than the cache's), then deletions at the list RV: RVs seen
-        // by watchers keep increasing and match the objects they carry.
+        // Changed objects in revision order, each at its own revision, then
+        // deletions at the list RV: RVs seen by watchers never decrease and
+        // match the objects they carry.
         changes.sort_by_key(|c| c.rv);
         for (k, _) in cur.iter() {
             if !seen.contains(k) {
@@ -458,38 +311,15 @@ impl WatchCache {
 
         // Dispatch to routes before publishing, so a watcher that sees the
         // snapshot also finds its events in its route log.
-        let mut woken: Vec<Arc<Route>> = Vec::new();
-        if !self.routes.is_empty() {
-            for ev in &events {
-                let mut keys: Vec<IndexKey> = Vec::new();
-                if let Some(o) = &ev.object {
-                    keys.extend(route_keys(o, &self.index_paths));
-                }
-                if let Some(p) = &ev.prev {
-                    for k in route_keys(p, &self.index_paths) {
-                        if !keys.contains(&k) {
-                            keys.push(k);
-                        }
-                    }
-                }
-                for k in keys {
-                    if let Some(route) = self.routes.get(&k) {
-                        let mut log = route.log.lock();
-                        log.seqs.push_back(ev.seq);
-                        while log.seqs.front().is_some_and(|s| *s < first_seq) {
-                            log.trimmed_max = log.seqs.pop_front();
-                        }
-                        drop(log);
-                        if !woken.iter().any(|r| Arc::ptr_eq(r, &route)) {
-                            woken.push(Arc::clone(&route));
-                        }
-                    }
-                }
-            }
-        }
+        let woken = self
+            .watchers
+            .dispatch(&events, first_seq, &self.index_paths);
 
         let snap = Arc::new(snap);
-        self.current.store(Arc::clone(&snap));
+        // `recent` before `current`: a reader that sees the new RV in
+        // `current` must find its exact snapshot in `recent` (an Exact read
+        // or the consistency check at that RV would otherwise get the
+        // previous state).
         {
             let mut recent = self.recent.lock();
             if relist {
@@ -507,6 +337,7 @@ impl WatchCache {
                 recent.pop_front();
             }
         }
+        self.current.store(Arc::clone(&snap));
         self.rv_tx.send_replace(snap.rv);
         drop(_g);
 
@@ -514,10 +345,24 @@ impl WatchCache {
         self.stats.received(n);
         self.stats.published(snap.rv, snap.len());
         if n > 0 {
-            for r in woken {
-                r.tx.send_replace(next_seq);
-            }
-            self.all_tx.send_replace(next_seq);
+            self.watchers.wake(woken, next_seq);
+        }
+    }
+
+    /// Test hook: puts `object` at `key` (or removes it) in the published
+    /// state WITHOUT an event or a new RV, i.e. makes the cache silently
+    /// disagree with etcd, as a bug would. Used by the consistency
+    /// checker's tests; never called by the daemon.
+    #[doc(hidden)]
+    pub fn inject_inconsistency(&self, key: &str, object: Option<Arc<Object>>) {
+        let _g = self.apply_lock.lock();
+        let mut snap = (*self.current.load_full()).clone();
+        snap.apply(&Arc::from(key), object, &self.index_paths);
+        let snap = Arc::new(snap);
+        self.current.store(Arc::clone(&snap));
+        let mut recent = self.recent.lock();
+        if let Some(last) = recent.back_mut() {
+            *last = snap;
         }
     }
 
@@ -538,27 +383,10 @@ impl WatchCache {
     /// the published snapshot.
     pub(crate) fn register(&self, route_key: Option<IndexKey>, start: WatchStart) -> Registration {
         let _g = self.apply_lock.lock();
-        let (route, rx) = match route_key {
-            Some(k) => {
-                let route = Arc::clone(
-                    self.routes
-                        .entry(k.clone())
-                        .or_insert_with(|| {
-                            Arc::new(Route {
-                                log: Mutex::new(RouteLog::default()),
-                                tx: watch::Sender::new(0),
-                                // Under apply_lock: no event is applied between
-                                // reading next_seq and the route becoming visible.
-                                created_seq: self.history.read().next_seq(),
-                            })
-                        })
-                        .value(),
-                );
-                let rx = route.tx.subscribe();
-                (Some((k, route)), rx)
-            }
-            None => (None, self.all_tx.subscribe()),
-        };
+        // Under apply_lock: no event is applied between reading next_seq
+        // and a new route becoming visible.
+        let next_seq = self.history.read().next_seq();
+        let (route, rx) = self.watchers.register(route_key, next_seq);
         let snapshot = self.current.load_full();
         let cursor = match start {
             WatchStart::Initial { .. } | WatchStart::Now => Ok(snapshot.next_seq),
@@ -581,14 +409,11 @@ impl WatchCache {
         rx: watch::Receiver<u64>,
     ) {
         self.stats.watcher_removed();
-        let Some((key, route)) = route else {
+        if route.is_none() {
             return;
-        };
-        let _g = self.apply_lock.lock();
-        drop(rx);
-        if route.tx.receiver_count() == 0 {
-            self.routes.remove(&key);
         }
+        let _g = self.apply_lock.lock();
+        self.watchers.unregister(route, rx);
     }
 
     /// Events from `cursor` on (all of them, routed or not).
@@ -620,16 +445,9 @@ impl WatchCache {
             out.extend(more);
             return Ok((out, next));
         }
-        let seqs: Vec<u64> = {
-            let log = route.log.lock();
-            if log.trimmed_max.is_some_and(|t| t >= cursor) {
-                return Err(Gone {
-                    oldest_rv: self.history.read().start_rv(),
-                });
-            }
-            let from = log.seqs.partition_point(|s| *s < cursor);
-            log.seqs.iter().skip(from).copied().collect()
-        };
+        let seqs = route.seqs_from(cursor).map_err(|_| Gone {
+            oldest_rv: self.history.read().start_rv(),
+        })?;
         let hist = self.history.read();
         let mut out = Vec::with_capacity(seqs.len());
         let mut next = cursor;
@@ -648,160 +466,13 @@ impl WatchCache {
     }
 }
 
-/// A List's filter and its cheapest pre-filter (namespace range, index set).
-pub(crate) struct ListQuery<'a> {
-    prefix: String,
-    namespace: Option<&'a str>,
-    label: &'a LabelSelector,
-    field: &'a FieldSelector,
-    index_keys: Vec<IndexKey>,
-}
-
-/// One page of a cache List.
-pub(crate) struct ListPage {
-    pub(crate) items: Vec<Arc<Object>>,
-    /// The last returned key when more items follow (for the continue token).
-    pub(crate) last_key: Option<String>,
-    pub(crate) remaining: Option<i64>,
-}
-
-impl<'a> ListQuery<'a> {
-    pub(crate) fn new(
-        codec: &ObjectCodec,
-        namespace: Option<&'a str>,
-        label: &'a LabelSelector,
-        field: &'a FieldSelector,
-    ) -> ListQuery<'a> {
-        let namespace = namespace.filter(|n| !n.is_empty());
-        let prefix = match namespace {
-            Some(ns) if codec.is_namespaced() => codec.namespace_prefix(ns),
-            _ => codec.key_prefix().to_string(),
-        };
-        let mut index_keys = Vec::new();
-        for (k, v) in label.exact_pairs() {
-            index_keys.push(IndexKey::Label(k, v));
-        }
-        for (p, v) in field.exact_pairs() {
-            if let Some(k) = field_pair_key(&p, &v, codec.index_paths())
-                && Snapshot::is_indexed(&k)
-            {
-                index_keys.push(k);
-            }
-        }
-        ListQuery {
-            prefix,
-            namespace,
-            label,
-            field,
-            index_keys,
-        }
-    }
-
-    pub(crate) fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    /// Kubernetes sets `remainingItemCount` only for lists without label or
-    /// field selectors (with them the count is "unknown"); that also spares
-    /// walking the rest of the range on every page.
-    pub(crate) fn counts_remaining(&self) -> bool {
-        self.label.is_empty() && self.field.is_empty()
-    }
-
-    /// Items of the whole list at `snap`, ignoring selectors (callers use
-    /// it only when there are none): the snapshot's size for a whole
-    /// resource, one walk of the namespace range otherwise.
-    pub(crate) fn count_all(&self, snap: &Snapshot) -> u64 {
-        if self.namespace.is_none() {
-            snap.len() as u64
-        } else {
-            snap.range_from(&self.prefix, "").count() as u64
-        }
-    }
-
-    pub(crate) fn matches(&self, o: &Object) -> bool {
-        if let Some(ns) = self.namespace
-            && o.namespace.as_deref().is_some_and(|n| n != ns)
-        {
-            return false;
-        }
-        self.label.matches(&o.labels) && self.field.matches(o)
-    }
-
-    /// Runs the query on `snap` from `start_key` (inclusive), up to `limit`
-    /// items. `count_rest`: count the matches after the page for
-    /// `remaining` (a walk over the rest of the range); otherwise only look
-    /// whether one more exists (`remaining` is then `None`).
-    pub(crate) fn run(
-        &self,
-        snap: &Snapshot,
-        start_key: Option<&str>,
-        limit: Option<usize>,
-        count_rest: bool,
-    ) -> ListPage {
-        let from = start_key.unwrap_or("");
-        // The smallest index set, if any exact pair is indexed.
-        let mut best: Option<&imbl::OrdSet<Arc<str>>> = None;
-        for k in &self.index_keys {
-            match snap.index_lookup(k) {
-                None => {
-                    return ListPage {
-                        items: Vec::new(),
-                        last_key: None,
-                        remaining: None,
-                    };
-                }
-                Some(set) => {
-                    if best.is_none_or(|b| set.len() < b.len()) {
-                        best = Some(set);
-                    }
-                }
-            }
-        }
-        let iter: Box<dyn Iterator<Item = &Arc<Object>>> = match best {
-            Some(set) => Box::new(snap.indexed_range_from(set, &self.prefix, from)),
-            None => Box::new(snap.range_from(&self.prefix, from)),
-        };
-        self.page(iter, limit, count_rest)
-    }
-
-    /// One page of the matching objects of `objects` (in key order, already
-    /// within the prefix and from the start key): see [`ListQuery::run`].
-    pub(crate) fn page<'o>(
-        &self,
-        objects: impl Iterator<Item = &'o Arc<Object>>,
-        limit: Option<usize>,
-        count_rest: bool,
-    ) -> ListPage {
-        let mut matching = objects.filter(|o| self.matches(o));
-        let limit = limit.unwrap_or(usize::MAX);
-        let items: Vec<Arc<Object>> = matching.by_ref().take(limit).cloned().collect();
-        let rest = if count_rest {
-            matching.count()
-        } else {
-            usize::from(matching.next().is_some())
-        };
-        if rest > 0 {
-            ListPage {
-                last_key: items.last().map(|o| o.key.to_string()),
-                items,
-                remaining: count_rest.then_some(rest as i64),
-            }
-        } else {
-            ListPage {
-                items,
-                last_key: None,
-                remaining: None,
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cacher::CacherError;
-    use crate::cacher::watcher::{Filter, WatchChunk, Watcher, WatcherParams};
+    use crate::cacher::SelectionPredicate;
+    use crate::cacher::watcher::{WatchChunk, Watcher, WatcherParams};
+    use crate::object::{FieldSelector, LabelSelector};
 
     fn codec() -> Arc<ObjectCodec> {
         let r = crate::object::tests::resource(true, &["spec.nodeName"]);
@@ -839,7 +510,7 @@ mod tests {
     fn watch(cache: &Arc<WatchCache>, field: &str, start: WatchStart, p: WatcherParams) -> Watcher {
         let c = cache.codec();
         let fs = FieldSelector::parse(field, c.index_paths()).expect("field");
-        let f = Filter::new(c, None, LabelSelector::default(), fs);
+        let f = SelectionPredicate::new(c, None, LabelSelector::default(), fs);
         Watcher::register(Arc::clone(cache), f, start, p)
     }
 
@@ -897,9 +568,13 @@ mod tests {
             lines(w.next().await),
             vec![("DELETED".into(), "p3".into(), "31".into())]
         );
-        assert_eq!(cache.routes.len(), 1);
+        assert_eq!(cache.watchers.route_count(), 1);
         drop(w);
-        assert!(cache.routes.is_empty(), "dropping frees the route at once");
+        assert_eq!(
+            cache.watchers.route_count(),
+            0,
+            "dropping frees the route at once"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -15,10 +15,12 @@ use tokio::time::{Instant, Sleep};
 
 use super::CacherError;
 use super::history::{EventKind, Gone, HistoryEvent};
-use super::snapshot::{IndexKey, Snapshot, field_pair_key};
-use super::watch_cache::{ListQuery, Registration, Route, WatchCache, WatchEnd, WatchStart};
+use super::indexed_watchers::Route;
+use super::selection_predicate::SelectionPredicate;
+use super::snapshot::{IndexKey, Snapshot};
+use super::stats::WatchEnd;
+use super::watch_cache::{Registration, WatchCache, WatchStart};
 use crate::object::wire::{EventType, bookmark_line, event_line};
-use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 
 /// One item of a watch stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -29,90 +31,25 @@ pub enum WatchChunk {
     Error(CacherError),
 }
 
-/// A watcher's filter and the route (an exact fact every match carries) it
-/// registers on, so it is woken only by events that can concern it.
-#[derive(Debug, Clone)]
-pub(crate) struct Filter {
-    namespace: Option<String>,
-    label: LabelSelector,
-    field: FieldSelector,
-    route: Option<IndexKey>,
-}
-
-impl Filter {
-    pub(crate) fn new(
-        codec: &ObjectCodec,
-        namespace: Option<String>,
-        label: LabelSelector,
-        field: FieldSelector,
-    ) -> Filter {
-        let namespace = namespace.filter(|n| !n.is_empty() && codec.is_namespaced());
-        let paths = codec.index_paths();
-        let field_keys: Vec<IndexKey> = field
-            .exact_pairs()
-            .into_iter()
-            .filter_map(|(p, v)| field_pair_key(&p, &v, paths))
-            .collect();
-        // Most selective first: an index field, the name, a label, the namespace.
-        let route = field_keys
-            .iter()
-            .find(|k| matches!(k, IndexKey::Field(..)))
-            .or_else(|| field_keys.iter().find(|k| matches!(k, IndexKey::Name(_))))
-            .cloned()
-            .or_else(|| {
-                label
-                    .exact_pairs()
-                    .into_iter()
-                    .next()
-                    .map(|(k, v)| IndexKey::Label(k, v))
-            })
-            .or_else(|| namespace.clone().map(IndexKey::Namespace))
-            .or_else(|| {
-                field_keys
-                    .iter()
-                    .find(|k| matches!(k, IndexKey::Namespace(_)))
-                    .cloned()
-            });
-        Filter {
-            namespace,
-            label,
-            field,
-            route,
-        }
+/// The line an event becomes for a watcher selecting `pred` (Kubernetes'
+/// `cacheWatcher.convertToWatchEvent`), judged on the previous object too:
+/// new match only -> ADDED, both -> MODIFIED, old only -> DELETED (the old
+/// object at the new RV), neither -> nothing.
+fn convert<'e>(pred: &SelectionPredicate, ev: &'e HistoryEvent) -> Option<&'e Bytes> {
+    if pred.is_everything() {
+        return match ev.kind {
+            EventKind::Added => ev.added_line(),
+            EventKind::Modified => ev.modified_line(),
+            EventKind::Deleted => ev.deleted_line(),
+        };
     }
-
-    pub(crate) fn matches(&self, o: &Object) -> bool {
-        if let Some(ns) = &self.namespace
-            && o.namespace.as_deref() != Some(ns.as_str())
-        {
-            return false;
-        }
-        self.label.matches(&o.labels) && self.field.matches(o)
-    }
-
-    fn is_everything(&self) -> bool {
-        self.namespace.is_none() && self.label.is_empty() && self.field.is_empty()
-    }
-
-    /// The line this event becomes for this filter, converting with the
-    /// previous object: new match only -> ADDED, both -> MODIFIED, old
-    /// only -> DELETED (the old object at the new RV).
-    pub(crate) fn convert<'e>(&self, ev: &'e HistoryEvent) -> Option<&'e Bytes> {
-        if self.is_everything() {
-            return match ev.kind {
-                EventKind::Added => ev.added_line(),
-                EventKind::Modified => ev.modified_line(),
-                EventKind::Deleted => ev.deleted_line(),
-            };
-        }
-        let new_m = ev.object.as_deref().is_some_and(|o| self.matches(o));
-        let old_m = ev.prev.as_deref().is_some_and(|o| self.matches(o));
-        match (old_m, new_m) {
-            (false, true) => ev.added_line(),
-            (true, true) => ev.modified_line(),
-            (true, false) => ev.deleted_line(),
-            _ => None,
-        }
+    let new_m = ev.object.as_deref().is_some_and(|o| pred.matches(o));
+    let old_m = ev.prev.as_deref().is_some_and(|o| pred.matches(o));
+    match (old_m, new_m) {
+        (false, true) => ev.added_line(),
+        (true, true) => ev.modified_line(),
+        (true, false) => ev.deleted_line(),
+        _ => None,
     }
 }
 
@@ -136,7 +73,7 @@ struct InitialState {
 /// One watch stream.
 pub struct Watcher {
     cache: Arc<WatchCache>,
-    filter: Filter,
+    predicate: SelectionPredicate,
     route: Option<(IndexKey, Arc<Route>)>,
     rx: Option<watch::Receiver<u64>>,
     cursor: u64,
@@ -170,7 +107,7 @@ impl std::fmt::Debug for Watcher {
 impl Watcher {
     pub(crate) fn register(
         cache: Arc<WatchCache>,
-        filter: Filter,
+        predicate: SelectionPredicate,
         start: WatchStart,
         params: WatcherParams,
     ) -> Watcher {
@@ -179,12 +116,12 @@ impl Watcher {
             rx,
             snapshot,
             cursor,
-        } = cache.register(filter.route.clone(), start);
+        } = cache.register(predicate.route().cloned(), start);
         let now = Instant::now();
         let far = now + Duration::from_secs(86_400 * 365);
         let mut w = Watcher {
             cache,
-            filter,
+            predicate,
             route,
             rx: Some(rx),
             cursor: 0,
@@ -334,16 +271,9 @@ impl Watcher {
     /// One page of initial ADDED events; the end bookmark after the last.
     fn initial_page(&mut self) -> Option<Bytes> {
         let init = self.initial.as_mut()?;
-        let codec = self.cache.codec();
-        let query = ListQuery::new(
-            codec,
-            self.filter.namespace.as_deref(),
-            &self.filter.label,
-            &self.filter.field,
-        );
         // Only "is there more" matters here: counting the rest on every
         // page would make the initial events quadratic in the object count.
-        let page = query.run(
+        let page = self.predicate.list(
             &init.snapshot,
             init.next_key.as_deref(),
             Some(self.params.initial_chunk),
@@ -403,7 +333,7 @@ impl Watcher {
         // atomics per event and watcher.
         let mut delays = None;
         for ev in events {
-            if let Some(line) = self.filter.convert(&ev) {
+            if let Some(line) = convert(&self.predicate, &ev) {
                 buf.extend_from_slice(line);
                 sent += 1;
                 delays

@@ -7,8 +7,9 @@
 //! injected) is serialized once into [`Bytes`]. No `serde_json::Value` is kept,
 //! so memory per cached object stays small.
 //!
-//! Submodules: [`selector`] (label and field selectors) and [`wire`] (watch
-//! event lines, bookmark lines, `Status`).
+//! Submodules: [`selector`] (label and field selectors), [`validation`]
+//! (Kubernetes' RFC 1123 name rules) and [`wire`] (watch event lines,
+//! bookmark lines, `Status`).
 //!
 //! The small JSON helpers at the bottom ([`metadata`], [`metadata_mut`],
 //! [`metadata_str`], [`strip_resource_version`], [`set_resource_version`],
@@ -23,6 +24,7 @@ use serde_json::{Map, Value};
 use crate::config::ResourceConfig;
 
 pub mod selector;
+pub mod validation;
 pub mod wire;
 
 pub use selector::{FieldSelector, LabelSelector, SelectorError};

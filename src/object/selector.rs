@@ -18,6 +18,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use super::validation::is_dns1123_subdomain;
 use super::{FIELD_NAME, FIELD_NAMESPACE, Object};
 
 /// A selector string that cannot be used.
@@ -468,7 +469,6 @@ impl<'a> Parser<'a> {
 
 const QUALIFIED_NAME_MAX: usize = 63;
 const LABEL_VALUE_MAX: usize = 63;
-const DNS_SUBDOMAIN_MAX: usize = 253;
 
 /// `([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]` (non-empty form).
 fn is_name_part(s: &str) -> bool {
@@ -482,24 +482,6 @@ fn is_name_part(s: &str) -> bool {
         }
         _ => false,
     }
-}
-
-/// RFC 1123 subdomain as Kubernetes checks it: lowercase alphanumerics, '-'
-/// and '.', each dot-separated label starting and ending alphanumeric.
-fn is_dns1123_subdomain(s: &str) -> bool {
-    s.len() <= DNS_SUBDOMAIN_MAX
-        && s.split('.').all(|l| {
-            let b = l.as_bytes();
-            match (b.first(), b.last()) {
-                (Some(f), Some(e)) => {
-                    (f.is_ascii_lowercase() || f.is_ascii_digit())
-                        && (e.is_ascii_lowercase() || e.is_ascii_digit())
-                        && b.iter()
-                            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-                }
-                _ => false,
-            }
-        })
 }
 
 /// Kubernetes `IsQualifiedName`: `[prefix/]name`.
@@ -518,10 +500,8 @@ pub fn validate_label_key(key: &str) -> Result<(), String> {
         if p.is_empty() {
             return bad("prefix part must be non-empty");
         }
-        if !is_dns1123_subdomain(p) {
-            return bad(
-                "prefix part must be a lowercase RFC 1123 subdomain of at most 253 characters (e.g. 'example.com')",
-            );
+        if let Some(why) = is_dns1123_subdomain(p).first() {
+            return bad(&format!("prefix part {why}"));
         }
     }
     if name.is_empty() {

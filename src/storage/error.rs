@@ -1,6 +1,14 @@
 //! Storage errors, shaped after the Kubernetes `storage.StorageError` codes so
 //! the API layer can map each one to a `Status` (404, 409, 410, 5xx, ...).
 
+/// etcd's `rpctypes.ErrGRPCCompacted`.
+const ETCD_COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+/// etcd's `rpctypes.ErrGRPCRequestTooLarge` (a request over `--max-request-bytes`).
+const ETCD_REQUEST_TOO_LARGE: &str = "etcdserver: request is too large";
+/// grpc-go's refusal of a message over the server's receive limit
+/// (`grpc: received message larger than max (N vs. M)`).
+const GRPC_MESSAGE_TOO_LARGE: &str = "grpc: received message larger than max";
+
 /// An error of the etcd3 store.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StorageError {
@@ -10,8 +18,14 @@ pub enum StorageError {
     AlreadyExists { key: String },
     #[error("conflict on {key}: {message}")]
     Conflict { key: String, message: String },
+    /// A stored key or value cannot be read (a non-UTF-8 key, a value the
+    /// transformer rejects), or a request names keys outside what it may.
     #[error("invalid object: {0}")]
     InvalidObject(String),
+    /// etcd refused a write as larger than its request limit
+    /// (`--max-request-bytes`); the client's object is too large (413).
+    #[error("request too large: {0}")]
+    RequestTooLarge(String),
     /// The requested revision is older than etcd's compaction point.
     /// `compacted` is 0 when etcd did not tell us the compaction revision.
     #[error("required revision {requested} has been compacted (compacted revision: {compacted})")]
@@ -85,14 +99,26 @@ impl StorageError {
         }
     }
 
+    /// Maps an etcd gRPC status. This is the one place that reads etcd's
+    /// error messages: etcd tells its errors apart only by message within a
+    /// gRPC code, so its exact `rpctypes` texts (`ETCD_*` below) are matched
+    /// here, once, and everything above this layer matches variants.
     fn from_status(op: &str, requested: i64, status: &tonic::Status) -> Self {
         use tonic::Code;
         let msg = status.message();
         match status.code() {
-            Code::OutOfRange if msg.contains("compacted") => StorageError::Compacted {
+            Code::OutOfRange if msg == ETCD_COMPACTED => StorageError::Compacted {
                 requested,
                 compacted: 0,
             },
+            Code::InvalidArgument if msg == ETCD_REQUEST_TOO_LARGE => {
+                StorageError::RequestTooLarge(format!("{op}: {msg}"))
+            }
+            // Beyond `--max-request-bytes` plus gRPC's overhead allowance,
+            // etcd's gRPC server refuses the message before etcd sees it.
+            Code::ResourceExhausted if msg.starts_with(GRPC_MESSAGE_TOO_LARGE) => {
+                StorageError::RequestTooLarge(format!("{op}: {msg}"))
+            }
             Code::DeadlineExceeded => StorageError::Timeout(format!("{op}: {msg}")),
             // Cancelled shows up when the connection drops under a request.
             Code::Unavailable | Code::Cancelled | Code::Aborted | Code::ResourceExhausted => {
@@ -109,8 +135,8 @@ impl StorageError {
             {
                 StorageError::Unavailable(format!("{op}: {msg}"))
             }
-            // e.g. "etcdserver: request is too large".
-            Code::InvalidArgument => StorageError::InvalidObject(format!("{op}: {msg}")),
+            // Any other refusal of a request we built (empty key, too many
+            // txn operations, ...) is our bug, not the client's.
             code => StorageError::Internal(format!("{op}: {code:?}: {msg}")),
         }
     }
@@ -149,5 +175,41 @@ mod tests {
         );
         assert!(matches!(e, StorageError::Timeout(_)));
         assert!(e.is_transient());
+        let status = |code, msg: &str| {
+            StorageError::from_etcd(
+                "put",
+                0,
+                etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg)),
+            )
+        };
+        assert!(matches!(
+            status(
+                tonic::Code::InvalidArgument,
+                "etcdserver: request is too large"
+            ),
+            StorageError::RequestTooLarge(_)
+        ));
+        assert!(matches!(
+            status(
+                tonic::Code::ResourceExhausted,
+                "grpc: received message larger than max (3145828 vs. 2097152)"
+            ),
+            StorageError::RequestTooLarge(_)
+        ));
+        // Other refusals are not the client's fault, whatever they say.
+        assert!(matches!(
+            status(
+                tonic::Code::InvalidArgument,
+                "etcdserver: too many operations in txn request"
+            ),
+            StorageError::Internal(_)
+        ));
+        assert!(matches!(
+            status(
+                tonic::Code::ResourceExhausted,
+                "etcdserver: too many requests"
+            ),
+            StorageError::Unavailable(_)
+        ));
     }
 }

@@ -14,11 +14,13 @@ mod lease;
 mod preconditions;
 mod revision_batcher;
 mod transformer;
+mod watch;
 
 pub use error::StorageError;
 pub use lease::{DEFAULT_MAX_ATTACHED_OBJECTS, LeaseManager};
 pub use preconditions::Preconditions;
 pub use transformer::{IdentityTransformer, Transformer};
+pub use watch::{Watch, WatchEvent, WatchItem};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,6 +35,7 @@ use etcd_client::{
 use tokio::time::Instant;
 use tracing::{Instrument, debug, debug_span, warn};
 
+use crate::backoff::Backoff;
 use crate::config::EtcdConfig;
 
 /// HTTP/2 keepalive: detect a dead etcd connection under a long watch. Idle
@@ -75,16 +78,7 @@ impl StoredObject {
         let version = kv.version();
         let lease = kv.lease();
         let (key, value) = kv.into_key_value();
-        let key = match String::from_utf8(key) {
-            Ok(k) => k,
-            Err(e) => {
-                let key = String::from_utf8_lossy(e.as_bytes()).into_owned();
-                return Err(Unreadable {
-                    error: StorageError::InvalidObject(format!("non-UTF-8 key {key:?}")),
-                    key,
-                });
-            }
-        };
+        let key = utf8_key(key)?;
         let value = match transformer.from_storage(&key, Bytes::from(value)) {
             Ok(v) => v,
             Err(error) => return Err(Unreadable { key, error }),
@@ -98,6 +92,17 @@ impl StoredObject {
             lease,
         })
     }
+}
+
+/// An etcd key as a string; a non-UTF-8 key is [`Unreadable`] (lossily named).
+pub(crate) fn utf8_key(key: Vec<u8>) -> Result<String, Unreadable> {
+    String::from_utf8(key).map_err(|e| {
+        let key = String::from_utf8_lossy(e.as_bytes()).into_owned();
+        Unreadable {
+            error: StorageError::InvalidObject(format!("non-UTF-8 key {key:?}")),
+            key,
+        }
+    })
 }
 
 /// A listed key whose key or value cannot be read: a non-UTF-8 key, or a
@@ -362,7 +367,7 @@ impl Storage {
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
         let deadline = Instant::now() + self.request_timeout;
-        let mut backoff = READ_BACKOFF_START;
+        let mut backoff = Backoff::new(READ_BACKOFF_START, READ_BACKOFF_MAX);
         loop {
             let started = Instant::now();
             let left = deadline.saturating_duration_since(started);
@@ -375,10 +380,11 @@ impl Storage {
             };
             observe(op, started);
             match r {
-                Err(StorageError::Unavailable(msg)) if Instant::now() + backoff < deadline => {
+                Err(StorageError::Unavailable(msg))
+                    if Instant::now() + backoff.peek() < deadline =>
+                {
                     debug!(op, error = %msg, "transient etcd error, retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(READ_BACKOFF_MAX);
+                    tokio::time::sleep(backoff.step()).await;
                 }
                 Err(StorageError::Compacted { requested, .. }) => {
                     let compacted = self.compacted_revision(requested).await;
@@ -756,16 +762,21 @@ impl Storage {
     /// believed. On a lost CAS the txn's else-branch read is the fresh state,
     /// so a retry costs one round trip. Retries are bounded by
     /// `max_update_retries`, then `Conflict`.
-    pub async fn guaranteed_update<F>(
+    ///
+    /// The update fn's error type `E` is the caller's own (the REST API
+    /// returns its `Status` answers through it untouched); the store's errors
+    /// become an `E` by `From<StorageError>`.
+    pub async fn guaranteed_update<F, E>(
         &self,
         key: &str,
         preconditions: &Preconditions,
         suggestion: Option<StoredObject>,
         opts: &WriteOptions,
         mut update: F,
-    ) -> Result<StoredObject, StorageError>
+    ) -> Result<StoredObject, E>
     where
-        F: FnMut(&StoredObject) -> Result<UpdateAction, StorageError> + Send,
+        F: FnMut(&StoredObject) -> Result<UpdateAction, E> + Send,
+        E: From<StorageError> + Send,
     {
         let span = debug_span!("storage.guaranteed_update", key, dry_run = opts.dry_run);
         async {
@@ -778,7 +789,7 @@ impl Storage {
             loop {
                 if let Err(e) = preconditions.check(key, &state) {
                     if is_current {
-                        return Err(e);
+                        return Err(e.into());
                     }
                     debug!("precondition failed on suggestion, re-reading");
                     state = self.read_existing(key).await?;
@@ -867,12 +878,13 @@ impl Storage {
                     return Err(StorageError::conflict(
                         key,
                         format!("gave up after {conflicts} conflicting concurrent updates"),
-                    ));
+                    )
+                    .into());
                 }
                 debug!(conflicts, "CAS lost, retrying on the fresh state");
                 state = match txn_else_kv(&resp) {
                     Some(kv) => StoredObject::from_kv(kv, self.transformer.as_ref())?,
-                    None => return Err(StorageError::not_found(key)),
+                    None => return Err(StorageError::not_found(key).into()),
                 };
                 is_current = true;
             }

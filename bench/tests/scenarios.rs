@@ -1,74 +1,11 @@
-//! Tests of `watchcache-bench` itself: the lost/duplicate checker (pure) and
-//! small real runs of every scenario (the bench starts its own etcd and
-//! watchcache), checking that the JSON report carries every figure.
-
-#[path = "../src/bench/check.rs"]
-#[allow(dead_code)]
-mod check;
-#[path = "../src/bench/wire.rs"]
-#[allow(dead_code)]
-mod wire;
+//! Small real runs of every scenario of `watchcache-bench` (the bench starts
+//! its own etcd and watchcache), checking that the JSON report carries every
+//! figure. The pure checker is unit tested in src/check.rs.
 
 use std::path::Path;
 use std::process::Command;
 
 use serde_json::Value;
-
-use check::check_deliveries;
-
-// ------------------------------------------------------------ the checker
-
-/// A write log like the bench's: revisions of consecutive puts, starting
-/// after some setup revisions.
-fn write_log(n: i64) -> Vec<i64> {
-    (0..n).map(|i| 100 + i).collect()
-}
-
-#[test]
-fn checker_accepts_a_clean_run() {
-    let log = write_log(50);
-    let r = check_deliveries(&log, &log);
-    assert!(r.is_clean(), "{r:?}");
-    assert_eq!((r.expected, r.received), (50, 50));
-}
-
-#[test]
-fn checker_detects_an_injected_gap() {
-    let log = write_log(50);
-    let mut got = log.clone();
-    got.remove(17);
-    got.remove(30);
-    let r = check_deliveries(&log, &got);
-    assert_eq!(r.lost, 2, "{r:?}");
-    assert_eq!((r.duplicated, r.unexpected, r.out_of_order), (0, 0, 0));
-    assert!(!r.is_clean());
-    // A watcher that stopped early lost the tail.
-    let r = check_deliveries(&log, &log[..40]);
-    assert_eq!(r.lost, 10);
-}
-
-#[test]
-fn checker_detects_an_injected_duplicate() {
-    let log = write_log(50);
-    let mut got = log.clone();
-    got.insert(21, got[20]);
-    // A replay of an earlier event later in the stream is a duplicate and out of order.
-    got.push(log[3]);
-    let r = check_deliveries(&log, &got);
-    assert_eq!(r.duplicated, 2, "{r:?}");
-    assert_eq!(r.out_of_order, 1, "{r:?}");
-    assert_eq!((r.lost, r.unexpected), (0, 0));
-    assert!(!r.is_clean());
-}
-
-#[test]
-fn checker_detects_foreign_events_and_accepts_an_unsorted_log() {
-    let log = vec![7, 3, 5];
-    let r = check_deliveries(&log, &[3, 4, 5, 7]);
-    assert_eq!((r.lost, r.unexpected, r.expected), (0, 1, 3));
-}
-
-// ------------------------------------------------------------ real runs
 
 fn bench(args: &[&str], json: &Path) -> Value {
     let out = Command::new(env!("CARGO_BIN_EXE_watchcache-bench"))

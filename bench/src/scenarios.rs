@@ -12,6 +12,7 @@ use hdrhistogram::Histogram;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
+use watchcache::storage::prefix_range_end;
 
 use crate::check::{CheckResult, check_deliveries};
 use crate::env::{
@@ -487,7 +488,7 @@ pub async fn list(
         let client = etcd_connect(&ctx.etcd_endpoint).await?;
         let mut kv = big_kv(&client);
         let prefix = ctx.prefix();
-        let end = prefix_end(&prefix);
+        let end = prefix_range_end(&prefix);
         // Warm-up (untimed), also counts the items.
         let r = kv
             .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
@@ -580,18 +581,6 @@ pub async fn list(
         "latency_distribution": distribution(&full),
     });
     Ok((result, Some(full)))
-}
-
-/// The end of the key range of `prefix` (prefix with its last byte + 1).
-fn prefix_end(prefix: &str) -> Vec<u8> {
-    let mut end = prefix.as_bytes().to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// A paged range as the Kubernetes etcd3 store does it: pages of `limit`

@@ -3,12 +3,12 @@
 //! The receiving side of a fan-out run handles up to a million events a
 //! second on the same two cores as the system under test, so it does not build
 //! a JSON tree per event: it finds the few fields it needs by substring search
-//! and falls back to serde_json only when that fails. Pure; shared with
-//! `tests/bench.rs` through `#[path]`.
+//! and falls back to serde_json only when that fails. Pure.
 
 use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
+use watchcache::object::wire::EventType;
 
 static TYPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"type\":\""));
 static RV: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"resourceVersion\":\""));
@@ -37,34 +37,24 @@ pub fn make_object(namespace: &str, name: &str, write_ts: i64, size: usize) -> V
     v
 }
 
-/// The type of a watch event line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EventKind {
-    Added,
-    Modified,
-    Deleted,
-    Bookmark,
-    Error,
-    Other,
-}
-
-impl EventKind {
-    fn parse(s: &[u8]) -> EventKind {
-        match s {
-            b"ADDED" => EventKind::Added,
-            b"MODIFIED" => EventKind::Modified,
-            b"DELETED" => EventKind::Deleted,
-            b"BOOKMARK" => EventKind::Bookmark,
-            b"ERROR" => EventKind::Error,
-            _ => EventKind::Other,
-        }
-    }
+/// The watch event type named by `name` (`ADDED`, ...), `None` for any other.
+fn event_type(name: &[u8]) -> Option<EventType> {
+    [
+        EventType::Added,
+        EventType::Modified,
+        EventType::Deleted,
+        EventType::Bookmark,
+        EventType::Error,
+    ]
+    .into_iter()
+    .find(|t| t.as_str().as_bytes() == name)
 }
 
 /// What the bench needs from one watch event line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EventInfo {
-    pub kind: EventKind,
+    /// The event's `type` (`None`: a type this bench does not know).
+    pub kind: Option<EventType>,
     /// `metadata.resourceVersion` of the object (0 when absent).
     pub rv: i64,
     /// `spec.writeTs` of the object, when present.
@@ -98,13 +88,13 @@ pub fn parse_watch_line(line: &[u8]) -> Result<EventInfo, String> {
     if let Some(at) = TYPE.find(line) {
         let start = at + TYPE.needle().len();
         if let Some(len) = memchr::memchr(b'"', &line[start..]) {
-            let kind = EventKind::parse(&line[start..start + len]);
-            if kind != EventKind::Error {
+            let kind = event_type(&line[start..start + len]);
+            if kind != Some(EventType::Error) {
                 let rv = RV
                     .find(line)
                     .and_then(|i| digits_at(line, i + RV.needle().len()))
                     .unwrap_or(0);
-                if rv != 0 || kind == EventKind::Other {
+                if rv != 0 || kind.is_none() {
                     return Ok(EventInfo {
                         kind,
                         rv,
@@ -125,7 +115,7 @@ fn parse_watch_line_slow(line: &[u8]) -> Result<EventInfo, String> {
             String::from_utf8_lossy(&line[..line.len().min(200)])
         )
     })?;
-    let kind = EventKind::parse(v["type"].as_str().unwrap_or("").as_bytes());
+    let kind = event_type(v["type"].as_str().unwrap_or("").as_bytes());
     let obj = &v["object"];
     let rv = match &obj["metadata"]["resourceVersion"] {
         serde_json::Value::String(s) => s.parse().unwrap_or(0),
@@ -133,7 +123,7 @@ fn parse_watch_line_slow(line: &[u8]) -> Result<EventInfo, String> {
         _ => 0,
     };
     let write_ts = obj["spec"]["writeTs"].as_i64();
-    let message = (kind == EventKind::Error).then(|| {
+    let message = (kind == Some(EventType::Error)).then(|| {
         obj["message"]
             .as_str()
             .map(str::to_string)
@@ -199,7 +189,7 @@ impl LineSplitter {
     }
 
     /// Bytes of an unfinished line.
-    #[allow(dead_code)] // used by the tests
+    #[cfg(test)]
     pub fn pending(&self) -> usize {
         self.partial.len()
     }
@@ -227,14 +217,17 @@ mod tests {
         let e = parse_watch_line(line).unwrap();
         assert_eq!(
             (e.kind, e.rv, e.write_ts),
-            (EventKind::Modified, 42, Some(17))
+            (Some(EventType::Modified), 42, Some(17))
         );
         let spaced = br#"{"type": "ADDED", "object": {"metadata": {"resourceVersion": "7"}, "spec": {"writeTs": 9}}}"#;
         let e = parse_watch_line(spaced).unwrap();
-        assert_eq!((e.kind, e.rv, e.write_ts), (EventKind::Added, 7, Some(9)));
+        assert_eq!(
+            (e.kind, e.rv, e.write_ts),
+            (Some(EventType::Added), 7, Some(9))
+        );
         let err = br#"{"type":"ERROR","object":{"kind":"Status","code":410,"message":"too old resource version: 1 (5)"}}"#;
         let e = parse_watch_line(err).unwrap();
-        assert_eq!(e.kind, EventKind::Error);
+        assert_eq!(e.kind, Some(EventType::Error));
         assert_eq!(
             e.message.as_deref(),
             Some("too old resource version: 1 (5)")

@@ -7,21 +7,13 @@
 //! daemon (the `watchcache` binary next to this one); `--etcd URL` and
 //! `--proxy URL` use running ones. See docs/BENCHMARKS.md.
 
-#[path = "../bench/check.rs"]
 mod check;
-#[path = "../bench/env.rs"]
 mod env;
-#[path = "../bench/http.rs"]
 mod http;
-#[path = "../bench/procfs.rs"]
 mod procfs;
-#[path = "../bench/report.rs"]
 mod report;
-#[path = "../bench/scenarios.rs"]
 mod scenarios;
-#[path = "../bench/watchers.rs"]
 mod watchers;
-#[path = "../bench/wire.rs"]
 mod wire;
 
 use std::path::PathBuf;
@@ -233,10 +225,10 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         settle_s: cli.settle,
         list_page_size: cli.list_page_size,
     };
-    let watchcache_bin = cli
-        .watchcache_bin
-        .clone()
-        .unwrap_or_else(default_watchcache_bin);
+    let watchcache_bin = match &cli.watchcache_bin {
+        Some(p) => p.clone(),
+        None => default_watchcache_bin()?,
+    };
     let needs_daemon = targets.contains(&Target::Proxy) && cli.scenario != Scenario::Startup;
     let mut ctx = Ctx {
         etcd_endpoint: etcd_endpoint.clone(),

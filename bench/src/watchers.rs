@@ -14,10 +14,11 @@ use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use watchcache::object::wire::EventType;
 
 use crate::http::{Conn, Pool};
 use crate::report::new_histogram;
-use crate::wire::{EventKind, LineSplitter, extract_write_ts, now_nanos, parse_watch_line};
+use crate::wire::{LineSplitter, extract_write_ts, now_nanos, parse_watch_line};
 
 const SHARDS: usize = 16;
 const FLUSH_EVERY: usize = 256;
@@ -310,7 +311,7 @@ async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared
         let mut err: Option<String> = None;
         splitter.feed(&data, |line| match parse_watch_line(line) {
             Ok(ev) => match ev.kind {
-                EventKind::Added | EventKind::Modified | EventKind::Deleted => {
+                Some(EventType::Added | EventType::Modified | EventType::Deleted) => {
                     out.revs.push(ev.rv);
                     last = last.max(ev.rv);
                     n += 1;
@@ -318,10 +319,10 @@ async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared
                         lat_us.push(((now - ts).max(0) / 1000) as u64);
                     }
                 }
-                EventKind::Error => {
+                Some(EventType::Error) => {
                     err.get_or_insert(format!("ERROR event: {}", ev.message.unwrap_or_default()));
                 }
-                EventKind::Bookmark | EventKind::Other => {}
+                Some(EventType::Bookmark) | None => {}
             },
             Err(e) => {
                 err.get_or_insert(e);

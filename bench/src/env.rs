@@ -153,15 +153,79 @@ history_capacity = {history_capacity}
     )
 }
 
-/// `watchcache` next to this executable (or `$WATCHCACHE_BIN`).
-pub fn default_watchcache_bin() -> PathBuf {
+/// `$WATCHCACHE_BIN`, or the `watchcache` binary next to this executable.
+///
+/// In the cargo workspace `cargo run -p watchcache-bench` and `cargo test -p
+/// watchcache-bench` build only the bench, not the daemon binary. So when
+/// cargo started us (it sets `$CARGO`) and the daemon next to us is missing
+/// or older than a file of its source tree, we have cargo build it (same
+/// profile, same target dir) first: the bench never runs a stale daemon.
+/// (Not on every run: a build of one package resolves other features than the
+/// workspace build that made the binary, and would recompile much of it.)
+pub fn default_watchcache_bin() -> Result<PathBuf> {
     if let Some(p) = std::env::var_os("WATCHCACHE_BIN") {
-        return PathBuf::from(p);
+        return Ok(PathBuf::from(p));
     }
-    std::env::current_exe()
-        .ok()
-        .and_then(|p| p.parent().map(|d| d.join("watchcache")))
-        .unwrap_or_else(|| PathBuf::from("watchcache"))
+    let exe = std::env::current_exe().context("locating watchcache-bench")?;
+    let dir = exe
+        .parent()
+        .ok_or_else(|| anyhow!("{} has no parent directory", exe.display()))?;
+    let bin = dir.join("watchcache");
+    if let Some(cargo) = std::env::var_os("CARGO") {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let built = std::fs::metadata(&bin).and_then(|m| m.modified()).ok();
+        let sources = ["src", "config", "Cargo.toml", "Cargo.lock"].map(|p| root.join(p));
+        if built.is_none_or(|b| sources.iter().any(|p| newer_than(p, b))) {
+            build_daemon(Path::new(&cargo), &root, dir)?;
+        }
+    }
+    Ok(bin)
+}
+
+/// Whether `path` (a file, or any file below a directory) changed after `t`.
+fn newer_than(path: &Path, t: std::time::SystemTime) -> bool {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
+    if meta.is_dir() {
+        std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| newer_than(&e.path(), t))
+    } else {
+        meta.modified().is_ok_and(|m| m > t)
+    }
+}
+
+/// `cargo build -p watchcache --bin watchcache` in the workspace at `root`
+/// for the profile whose output dir is `out_dir` (`debug` is `dev`).
+fn build_daemon(cargo: &Path, root: &Path, out_dir: &Path) -> Result<()> {
+    let profile = match out_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(p) => p,
+    };
+    eprintln!("building the watchcache daemon (cargo build -p watchcache --profile {profile})");
+    let status = Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "watchcache",
+            "--bin",
+            "watchcache",
+        ])
+        .arg("--profile")
+        .arg(profile)
+        .arg("--manifest-path")
+        .arg(root.join("Cargo.toml"))
+        .stdin(Stdio::null())
+        .status()
+        .context("running cargo build for the watchcache daemon")?;
+    if !status.success() {
+        bail!("cargo build -p watchcache --bin watchcache --profile {profile}: {status}");
+    }
+    Ok(())
 }
 
 impl Daemon {
@@ -170,7 +234,7 @@ impl Daemon {
     pub fn spawn(bin: &Path, config_text: &str) -> Result<Daemon> {
         if !bin.is_file() {
             bail!(
-                "watchcache binary not found at {} (build it: cargo build --release --bins)",
+                "watchcache binary not found at {} (build it: cargo build --release --workspace, or pass --watchcache-bin)",
                 bin.display()
             );
         }

@@ -2,8 +2,8 @@
 //!
 //! A watcher that starts at revision R0 must see every write of the write log
 //! (all of which happen after R0) exactly once and in revision order. This
-//! module is pure so it can be unit tested without etcd; it is shared by the
-//! `watchcache-bench` binary and `tests/bench.rs` (through `#[path]`).
+//! module is pure so it is unit tested without etcd, with injected gaps,
+//! duplicates and foreign events.
 
 use serde::Serialize;
 
@@ -26,7 +26,7 @@ pub struct CheckResult {
 
 impl CheckResult {
     /// True when the watcher saw exactly the write log, in order.
-    #[allow(dead_code)] // used by tests/bench.rs, which includes this file
+    #[cfg(test)]
     pub fn is_clean(&self) -> bool {
         self.lost == 0 && self.duplicated == 0 && self.unexpected == 0 && self.out_of_order == 0
     }
@@ -126,5 +126,47 @@ mod tests {
         let swapped = check_deliveries(&log, &[5, 7, 6, 9]);
         assert_eq!((swapped.lost, swapped.out_of_order), (0, 1));
         assert!(check_deliveries(&log, &[]).lost == 4);
+    }
+
+    /// A write log like the bench's: revisions of consecutive puts, starting
+    /// after some setup revisions.
+    fn write_log(n: i64) -> Vec<i64> {
+        (0..n).map(|i| 100 + i).collect()
+    }
+
+    #[test]
+    fn checker_detects_an_injected_gap() {
+        let log = write_log(50);
+        let mut got = log.clone();
+        got.remove(17);
+        got.remove(30);
+        let r = check_deliveries(&log, &got);
+        assert_eq!(r.lost, 2, "{r:?}");
+        assert_eq!((r.duplicated, r.unexpected, r.out_of_order), (0, 0, 0));
+        assert!(!r.is_clean());
+        // A watcher that stopped early lost the tail.
+        let r = check_deliveries(&log, &log[..40]);
+        assert_eq!(r.lost, 10);
+    }
+
+    #[test]
+    fn checker_detects_an_injected_duplicate() {
+        let log = write_log(50);
+        let mut got = log.clone();
+        got.insert(21, got[20]);
+        // A replay of an earlier event later in the stream is a duplicate and out of order.
+        got.push(log[3]);
+        let r = check_deliveries(&log, &got);
+        assert_eq!(r.duplicated, 2, "{r:?}");
+        assert_eq!(r.out_of_order, 1, "{r:?}");
+        assert_eq!((r.lost, r.unexpected), (0, 0));
+        assert!(!r.is_clean());
+    }
+
+    #[test]
+    fn checker_detects_foreign_events_and_accepts_an_unsorted_log() {
+        let log = vec![7, 3, 5];
+        let r = check_deliveries(&log, &[3, 4, 5, 7]);
+        assert_eq!((r.lost, r.unexpected, r.expected), (0, 1, 3));
     }
 }

@@ -1,0 +1,427 @@
+//! What a request is about, resolved once per request from its method, path
+//! and query, as kube-apiserver's `RequestInfoFactory.NewRequestInfo`
+//! (`k8s.io/apiserver/pkg/endpoints/request/requestinfo.go`) does.
+//!
+//! [`super::handle`] resolves it before anything else; the HTTP metrics label
+//! requests by its verb, the REST routing ([`super::k8s`]) dispatches on it,
+//! and authorization (RBAC attributes: verb, apiGroup, resource, subresource,
+//! namespace, name) can read the same fields. One resolution means the verb a
+//! request is counted as is the verb it is served as.
+//!
+//! Path forms (segments are taken as sent, not percent-decoded):
+//! - resource: `/api/{version}/...`, `/apis/{group}/{version}/...`, then
+//!   `[namespaces/{namespace}/]{resource}[/{name}[/{subresource}]]`, or the
+//!   legacy `/{prefix}/.../watch/...` form whose verb is `watch`;
+//! - anything shorter (`/api`, `/api/v1`, `/apis/{group}[/{version}]`) and
+//!   every other path (`/healthz`, `/metrics`, `/version`, `/openapi/v3`) is a
+//!   non-resource request whose verb is the lowercased HTTP method.
+
+use hyper::Method;
+
+use super::params::{Query, parse_bool};
+
+/// Path prefixes of resource requests (`APIPrefixes`).
+const API_PREFIXES: [&str; 2] = ["api", "apis"];
+/// The prefix whose paths carry no group (`GrouplessAPIPrefixes`).
+const GROUPLESS_API_PREFIX: &str = "api";
+/// Verbs that may stand in the path before the resource (`specialVerbs`).
+const SPECIAL_VERBS: [&str; 2] = ["proxy", "watch"];
+/// Special verbs after which the third part is not a subresource.
+const SPECIAL_VERBS_NO_SUBRESOURCES: [&str; 1] = ["proxy"];
+/// Subresources of a namespace object, told apart from namespaced resources
+/// in `/namespaces/{ns}/{x}` (`namespaceSubresources`).
+const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
+
+/// Everything the server knows about a request before serving it. Names
+/// follow Kubernetes' `RequestInfo`; absent values are `None` (Kubernetes:
+/// the empty string), except `api_group`, which is `""` for the core group
+/// as in Kubernetes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestInfo {
+    /// Whether the path names a resource (`/api/v1/pods`) rather than
+    /// discovery, ops or anything else.
+    pub is_resource_request: bool,
+    /// The URL path, as sent.
+    pub path: String,
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection` (or `proxy`) for resource requests; the lowercased
+    /// HTTP method for the others. Empty for a resource request with a method
+    /// the API has no verb for (e.g. `OPTIONS`), as in Kubernetes.
+    pub verb: String,
+    /// `api` or `apis` (resource requests only).
+    pub api_prefix: String,
+    /// The API group; `""` for the core group.
+    pub api_group: String,
+    /// The API version (`v1`).
+    pub api_version: String,
+    /// The namespace in the path; `None` for cluster-wide requests.
+    pub namespace: Option<String>,
+    /// The resource (plural), e.g. `pods`.
+    pub resource: String,
+    /// The subresource (`status`, `scale`, ...) if the path has one.
+    pub subresource: Option<String>,
+    /// The object's name if the path names one.
+    pub name: Option<String>,
+    /// The path parts from the resource on: `{resource}[/{name}[/{subresource}/...]]`.
+    pub parts: Vec<String>,
+}
+
+/// A request whose `RequestInfo` cannot be resolved; such a request is
+/// answered without routing (see `super::errors` for its `Status`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestInfoError {
+    /// `?watch=` is not a boolean (see [`parse_bool`]).
+    #[error("invalid value {value:?} for boolean parameter watch")]
+    InvalidWatch {
+        /// The value sent.
+        value: String,
+    },
+    /// A special verb (`/api/v1/watch`) with nothing after it.
+    #[error("unable to determine kind and namespace from url {path}")]
+    NoResource {
+        /// The URL path.
+        path: String,
+    },
+}
+
+impl RequestInfoError {
+    /// The verb such a request is counted as in the HTTP metrics: what
+    /// Kubernetes would have resolved (a collection GET with a `watch` value
+    /// other than false is a watch there).
+    pub fn metric_verb(&self) -> &'static str {
+        match self {
+            RequestInfoError::InvalidWatch { .. } => "watch",
+            RequestInfoError::NoResource { .. } => "other",
+        }
+    }
+}
+
+impl RequestInfo {
+    /// Resolves the request info of `method` on `path` with `query`.
+    pub fn new(
+        method: &Method,
+        path: &str,
+        query: &Query,
+    ) -> Result<RequestInfo, RequestInfoError> {
+        let mut info = RequestInfo {
+            is_resource_request: false,
+            path: path.to_string(),
+            verb: method.as_str().to_ascii_lowercase(),
+            api_prefix: String::new(),
+            api_group: String::new(),
+            api_version: String::new(),
+            namespace: None,
+            resource: String::new(),
+            subresource: None,
+            name: None,
+            parts: Vec::new(),
+        };
+        let trimmed = path.trim_matches('/');
+        let all: Vec<&str> = if trimmed.is_empty() {
+            Vec::new()
+        } else {
+            trimmed.split('/').collect()
+        };
+        let mut cur: &[&str] = &all;
+        let Some((&prefix, rest)) = cur.split_first() else {
+            return Ok(info);
+        };
+        if all.len() < 3 || !API_PREFIXES.contains(&prefix) {
+            return Ok(info);
+        }
+        cur = rest;
+        let mut api_group = "";
+        if prefix != GROUPLESS_API_PREFIX {
+            // The prefix is consumed: "do we have four parts?"
+            match cur {
+                [group, rest @ ..] if rest.len() >= 2 => {
+                    api_group = group;
+                    cur = rest;
+                }
+                _ => return Ok(info),
+            }
+        }
+        let [api_version, rest @ ..] = cur else {
+            return Ok(info);
+        };
+        info.is_resource_request = true;
+        info.api_prefix = prefix.to_string();
+        info.api_group = api_group.to_string();
+        info.api_version = api_version.to_string();
+        cur = rest;
+
+        let Some(&first) = cur.first() else {
+            // Unreachable by the length checks above; kept total.
+            return Err(RequestInfoError::NoResource {
+                path: path.to_string(),
+            });
+        };
+        let mut verb_from_method = true;
+        if SPECIAL_VERBS.contains(&first) {
+            if cur.len() < 2 {
+                return Err(RequestInfoError::NoResource {
+                    path: path.to_string(),
+                });
+            }
+            info.verb = first.to_string();
+            cur = &cur[1..];
+            verb_from_method = false;
+        } else {
+            info.verb = match *method {
+                Method::POST => "create",
+                Method::GET | Method::HEAD => "get",
+                Method::PUT => "update",
+                Method::PATCH => "patch",
+                Method::DELETE => "delete",
+                _ => "",
+            }
+            .to_string();
+        }
+
+        // /namespaces/{namespace}/{resource}/...: parts become relative to
+        // the resource, unless the third part is a namespace subresource.
+        if cur.first() == Some(&"namespaces") && cur.len() > 1 {
+            info.namespace = Some(cur[1].to_string());
+            if cur.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&cur[2]) {
+                cur = &cur[2..];
+            }
+        }
+        info.parts = cur.iter().map(|s| s.to_string()).collect();
+        if let Some(r) = cur.first() {
+            info.resource = r.to_string();
+        }
+        if let Some(n) = cur.get(1) {
+            info.name = Some(n.to_string());
+        }
+        if let Some(s) = cur.get(2)
+            && !SPECIAL_VERBS_NO_SUBRESOURCES.contains(&info.verb.as_str())
+        {
+            info.subresource = Some(s.to_string());
+        }
+
+        // No name and a GET: a list, or a watch when ?watch= says so.
+        if verb_from_method && info.name.is_none() && info.verb == "get" {
+            let watch = match query.get("watch") {
+                None | Some("") => false,
+                Some(v) => parse_bool(v).ok_or_else(|| RequestInfoError::InvalidWatch {
+                    value: v.to_string(),
+                })?,
+            };
+            info.verb = if watch { "watch" } else { "list" }.to_string();
+        }
+        if info.name.is_none() && info.verb == "delete" {
+            info.verb = "deletecollection".to_string();
+        }
+        Ok(info)
+    }
+
+    /// The verb as a label value for the HTTP metrics: one of a fixed set,
+    /// so a client cannot grow the label's cardinality with made-up methods.
+    pub fn metric_verb(&self) -> &'static str {
+        const KNOWN: [&str; 13] = [
+            "get",
+            "list",
+            "watch",
+            "create",
+            "update",
+            "patch",
+            "delete",
+            "deletecollection",
+            "proxy",
+            "head",
+            "post",
+            "put",
+            "options",
+        ];
+        KNOWN
+            .into_iter()
+            .find(|v| *v == self.verb)
+            .unwrap_or("other")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(method: Method, uri: &str) -> Result<RequestInfo, RequestInfoError> {
+        let (path, query) = match uri.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (uri, None),
+        };
+        RequestInfo::new(&method, path, &Query::parse(query))
+    }
+
+    /// (method, uri, verb, group, version, namespace, resource, name, subresource)
+    type Row = (
+        Method,
+        &'static str,
+        &'static str,
+        &'static str,
+        &'static str,
+        Option<&'static str>,
+        &'static str,
+        Option<&'static str>,
+        Option<&'static str>,
+    );
+
+    #[test]
+    fn resource_requests() {
+        use Method as M;
+        #[rustfmt::skip]
+        let rows: Vec<Row> = vec![
+            // core, namespaced collection and item
+            (M::GET, "/api/v1/namespaces/ns1/pods", "list", "", "v1", Some("ns1"), "pods", None, None),
+            (M::GET, "/api/v1/namespaces/ns1/pods/web", "get", "", "v1", Some("ns1"), "pods", Some("web"), None),
+            (M::HEAD, "/api/v1/namespaces/ns1/pods/web", "get", "", "v1", Some("ns1"), "pods", Some("web"), None),
+            (M::POST, "/api/v1/namespaces/ns1/pods", "create", "", "v1", Some("ns1"), "pods", None, None),
+            (M::PUT, "/api/v1/namespaces/ns1/pods/web", "update", "", "v1", Some("ns1"), "pods", Some("web"), None),
+            (M::PATCH, "/api/v1/namespaces/ns1/pods/web", "patch", "", "v1", Some("ns1"), "pods", Some("web"), None),
+            (M::DELETE, "/api/v1/namespaces/ns1/pods/web", "delete", "", "v1", Some("ns1"), "pods", Some("web"), None),
+            (M::DELETE, "/api/v1/namespaces/ns1/pods", "deletecollection", "", "v1", Some("ns1"), "pods", None, None),
+            (M::GET, "/api/v1/namespaces/ns1/pods/web/status", "get", "", "v1", Some("ns1"), "pods", Some("web"), Some("status")),
+            // core, all namespaces / cluster-scoped
+            (M::GET, "/api/v1/pods", "list", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/nodes/n1", "get", "", "v1", None, "nodes", Some("n1"), None),
+            (M::POST, "/api/v1/nodes", "create", "", "v1", None, "nodes", None, None),
+            (M::GET, "/api/v1/nodes/", "list", "", "v1", None, "nodes", None, None),
+            // group
+            (M::GET, "/apis/example.com/v1/widgets", "list", "example.com", "v1", None, "widgets", None, None),
+            (M::GET, "/apis/example.com/v1/widgets/w", "get", "example.com", "v1", None, "widgets", Some("w"), None),
+            (M::GET, "/apis/apps/v1/namespaces/ns1/deployments", "list", "apps", "v1", Some("ns1"), "deployments", None, None),
+            (M::PATCH, "/apis/apps/v1/namespaces/ns1/deployments/d/scale", "patch", "apps", "v1", Some("ns1"), "deployments", Some("d"), Some("scale")),
+            // the namespace object itself and its subresources
+            (M::GET, "/api/v1/namespaces", "list", "", "v1", None, "namespaces", None, None),
+            (M::GET, "/api/v1/namespaces/ns1", "get", "", "v1", Some("ns1"), "namespaces", Some("ns1"), None),
+            (M::PUT, "/api/v1/namespaces/ns1/finalize", "update", "", "v1", Some("ns1"), "namespaces", Some("ns1"), Some("finalize")),
+            // watch variants: every ParseBool spelling of true is a watch
+            (M::GET, "/api/v1/namespaces/ns1/pods?watch=true", "watch", "", "v1", Some("ns1"), "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=True", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=TRUE", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=1", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=t", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?limit=5&watch=T", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/apis/example.com/v1/widgets?watch=true", "watch", "example.com", "v1", None, "widgets", None, None),
+            (M::GET, "/api/v1/pods?watch=false", "list", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=False", "list", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=0", "list", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=", "list", "", "v1", None, "pods", None, None),
+            // the first value counts, as in Kubernetes
+            (M::GET, "/api/v1/pods?watch=0&watch=1", "list", "", "v1", None, "pods", None, None),
+            // an item GET stays a get, watch or not
+            (M::GET, "/api/v1/namespaces/ns1/pods/web?watch=true", "get", "", "v1", Some("ns1"), "pods", Some("web"), None),
+            // the legacy watch path
+            (M::GET, "/api/v1/watch/pods", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/watch/namespaces/ns1/pods", "watch", "", "v1", Some("ns1"), "pods", None, None),
+            (M::GET, "/apis/example.com/v1/watch/widgets/w", "watch", "example.com", "v1", None, "widgets", Some("w"), None),
+            // methods without a verb
+            (M::OPTIONS, "/api/v1/pods", "", "", "v1", None, "pods", None, None),
+        ];
+        for (method, uri, verb, group, version, ns, resource, name, sub) in rows {
+            let i = info(method.clone(), uri).unwrap_or_else(|e| panic!("{method} {uri}: {e}"));
+            let want = (
+                true,
+                verb,
+                group,
+                version,
+                ns.map(str::to_string),
+                resource,
+                name.map(str::to_string),
+                sub.map(str::to_string),
+            );
+            let got = (
+                i.is_resource_request,
+                i.verb.as_str(),
+                i.api_group.as_str(),
+                i.api_version.as_str(),
+                i.namespace.clone(),
+                i.resource.as_str(),
+                i.name.clone(),
+                i.subresource.clone(),
+            );
+            assert_eq!(got, want, "{method} {uri}");
+            assert_eq!(i.path, uri.split('?').next().unwrap_or(uri));
+            assert_eq!(i.parts.first().map(String::as_str), Some(resource), "{uri}");
+            let prefix = if group.is_empty() { "api" } else { "apis" };
+            assert_eq!(i.api_prefix, prefix, "{uri}");
+        }
+    }
+
+    #[test]
+    fn parts_are_relative_to_the_resource() {
+        let i = info(Method::GET, "/api/v1/namespaces/ns1/pods/web/log/extra").unwrap();
+        assert_eq!(i.parts, vec!["pods", "web", "log", "extra"]);
+        assert_eq!(i.subresource.as_deref(), Some("log"));
+        // proxy takes no subresource
+        let i = info(Method::GET, "/api/v1/proxy/namespaces/ns1/pods/web/x").unwrap();
+        assert_eq!(i.verb, "proxy");
+        assert_eq!(i.name.as_deref(), Some("web"));
+        assert_eq!(i.subresource, None);
+    }
+
+    #[test]
+    fn non_resource_requests() {
+        use Method as M;
+        for (method, uri, verb) in [
+            (M::GET, "/healthz", "get"),
+            (M::GET, "/livez", "get"),
+            (M::HEAD, "/readyz", "head"),
+            (M::GET, "/metrics", "get"),
+            (M::GET, "/version", "get"),
+            (M::GET, "/", "get"),
+            (M::GET, "/api", "get"),
+            (M::GET, "/api/v1", "get"),
+            (M::GET, "/api/v1/", "get"),
+            (M::GET, "/apis", "get"),
+            (M::GET, "/apis/example.com", "get"),
+            (M::GET, "/apis/example.com/v1", "get"),
+            (M::GET, "/openapi/v3/apis/example.com/v1", "get"),
+            (M::POST, "/apis/example.com", "post"),
+            (M::DELETE, "/healthz", "delete"),
+            (M::GET, "/other/v1/pods?watch=true", "get"),
+        ] {
+            let i = info(method.clone(), uri).unwrap();
+            assert!(!i.is_resource_request, "{uri}");
+            assert_eq!(i.verb, verb, "{method} {uri}");
+            assert_eq!(i.path, uri.split('?').next().unwrap_or(uri));
+            assert!(i.resource.is_empty() && i.api_group.is_empty() && i.parts.is_empty());
+        }
+    }
+
+    #[test]
+    fn unresolvable_requests() {
+        assert_eq!(
+            info(Method::GET, "/api/v1/pods?watch=maybe"),
+            Err(RequestInfoError::InvalidWatch {
+                value: "maybe".into()
+            })
+        );
+        assert_eq!(
+            info(Method::GET, "/api/v1/pods?watch=yes").map_err(|e| e.metric_verb()),
+            Err("watch")
+        );
+        assert!(matches!(
+            info(Method::GET, "/api/v1/watch"),
+            Err(RequestInfoError::NoResource { .. })
+        ));
+        // A bad watch value on an item GET or a write does not matter.
+        assert!(info(Method::GET, "/api/v1/nodes/n?watch=maybe").is_ok());
+        assert!(info(Method::POST, "/api/v1/nodes?watch=maybe").is_ok());
+    }
+
+    #[test]
+    fn metric_verbs_are_a_closed_set() {
+        let q = Query::default();
+        let m = |method: &str, path: &str| {
+            let method = Method::from_bytes(method.as_bytes()).unwrap();
+            RequestInfo::new(&method, path, &q).unwrap().metric_verb()
+        };
+        assert_eq!(m("GET", "/api/v1/pods"), "list");
+        assert_eq!(m("GET", "/healthz"), "get");
+        assert_eq!(m("HEAD", "/healthz"), "head");
+        assert_eq!(m("POST", "/apis"), "post");
+        assert_eq!(m("BREW", "/healthz"), "other");
+        assert_eq!(m("BREW", "/api/v1/pods"), "other");
+        assert_eq!(m("OPTIONS", "/api/v1/pods"), "other");
+    }
+}

@@ -1,0 +1,188 @@
+//! `IndexedWatchers`: which watchers an event wakes (Kubernetes'
+//! `indexedWatchers` / `dispatchEvent` in the cacher).
+//!
+//! A watcher whose [`SelectionPredicate`](super::SelectionPredicate) names an
+//! exact fact (an index field, the name, a label, the namespace) registers on
+//! the [`Route`] of that fact; every applied event is logged in the routes of
+//! the facts its old or new object carries, and only those routes are woken.
+//! Watchers without a route share one channel woken on every batch. The
+//! events themselves stay in the history ring: a route logs sequence numbers.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use dashmap::DashMap;
+use parking_lot::Mutex;
+use tokio::sync::watch;
+
+use super::history::HistoryEvent;
+use super::snapshot::{IndexKey, route_keys};
+
+/// A watch route: the sequence numbers of retained events whose old or new
+/// object carries the route's key, and a wake-up channel.
+///
+/// The log only holds events applied after the route was created
+/// (`created_seq`); a watcher starting from an older RV reads the full
+/// history up to `created_seq` first (see `WatchCache::read_route`).
+#[derive(Debug)]
+pub struct Route {
+    log: Mutex<RouteLog>,
+    tx: watch::Sender<u64>,
+    /// History sequence number at creation: events from here on are logged.
+    pub(crate) created_seq: u64,
+}
+
+#[derive(Debug, Default)]
+struct RouteLog {
+    seqs: VecDeque<u64>,
+    /// Largest seq dropped from `seqs` because the history evicted it.
+    trimmed_max: Option<u64>,
+}
+
+/// A route's log no longer holds events the cursor still needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Trimmed;
+
+impl Route {
+    /// The logged sequence numbers from `cursor` on.
+    pub(crate) fn seqs_from(&self, cursor: u64) -> Result<Vec<u64>, Trimmed> {
+        let log = self.log.lock();
+        if log.trimmed_max.is_some_and(|t| t >= cursor) {
+            return Err(Trimmed);
+        }
+        let from = log.seqs.partition_point(|s| *s < cursor);
+        Ok(log.seqs.iter().skip(from).copied().collect())
+    }
+
+    fn log(&self, seq: u64, first_retained: u64) {
+        let mut log = self.log.lock();
+        log.seqs.push_back(seq);
+        while log.seqs.front().is_some_and(|s| *s < first_retained) {
+            log.trimmed_max = log.seqs.pop_front();
+        }
+    }
+}
+
+/// The routes of one resource and the channel of unrouted watchers.
+///
+/// Callers serialise [`register`](Self::register), [`unregister`](Self::unregister),
+/// [`dispatch`](Self::dispatch) and [`close`](Self::close) (the watch cache's
+/// apply lock), so a route is never created between an event being logged
+/// and the snapshot that contains it being published.
+#[derive(Debug)]
+pub(crate) struct IndexedWatchers {
+    routes: DashMap<IndexKey, Arc<Route>>,
+    /// Woken on every applied batch (watchers without a route).
+    all_tx: watch::Sender<u64>,
+}
+
+impl IndexedWatchers {
+    pub(crate) fn new() -> IndexedWatchers {
+        IndexedWatchers {
+            routes: DashMap::new(),
+            all_tx: watch::Sender::new(0),
+        }
+    }
+
+    /// The route of `key` (created, logging from `next_seq`, if new) and a
+    /// receiver woken when it gets events; `None`: the all-events channel.
+    pub(crate) fn register(
+        &self,
+        key: Option<IndexKey>,
+        next_seq: u64,
+    ) -> (Option<(IndexKey, Arc<Route>)>, watch::Receiver<u64>) {
+        match key {
+            Some(k) => {
+                let route = Arc::clone(
+                    self.routes
+                        .entry(k.clone())
+                        .or_insert_with(|| {
+                            Arc::new(Route {
+                                log: Mutex::new(RouteLog::default()),
+                                tx: watch::Sender::new(0),
+                                created_seq: next_seq,
+                            })
+                        })
+                        .value(),
+                );
+                let rx = route.tx.subscribe();
+                (Some((k, route)), rx)
+            }
+            None => (None, self.all_tx.subscribe()),
+        }
+    }
+
+    /// Frees a route when its last watcher (`rx`) goes.
+    pub(crate) fn unregister(
+        &self,
+        route: Option<(IndexKey, Arc<Route>)>,
+        rx: watch::Receiver<u64>,
+    ) {
+        drop(rx);
+        if let Some((key, route)) = route
+            && route.tx.receiver_count() == 0
+        {
+            self.routes.remove(&key);
+        }
+    }
+
+    /// Logs each event in the routes its old and new object belong to;
+    /// returns the routes to wake. `first_retained`: the history's oldest
+    /// sequence number (older log entries are trimmed).
+    pub(crate) fn dispatch(
+        &self,
+        events: &[Arc<HistoryEvent>],
+        first_retained: u64,
+        index_paths: &[Arc<str>],
+    ) -> Vec<Arc<Route>> {
+        let mut woken: Vec<Arc<Route>> = Vec::new();
+        if self.routes.is_empty() {
+            return woken;
+        }
+        for ev in events {
+            let mut keys: Vec<IndexKey> = Vec::new();
+            if let Some(o) = &ev.object {
+                keys.extend(route_keys(o, index_paths));
+            }
+            if let Some(p) = &ev.prev {
+                for k in route_keys(p, index_paths) {
+                    if !keys.contains(&k) {
+                        keys.push(k);
+                    }
+                }
+            }
+            for k in keys {
+                if let Some(route) = self.routes.get(&k) {
+                    route.log(ev.seq, first_retained);
+                    if !woken.iter().any(|r| Arc::ptr_eq(r, &route)) {
+                        woken.push(Arc::clone(&route));
+                    }
+                }
+            }
+        }
+        woken
+    }
+
+    /// Wakes `woken` and every unrouted watcher: events up to `next_seq`
+    /// are readable.
+    pub(crate) fn wake(&self, woken: Vec<Arc<Route>>, next_seq: u64) {
+        for r in woken {
+            r.tx.send_replace(next_seq);
+        }
+        self.all_tx.send_replace(next_seq);
+    }
+
+    /// Wakes every watcher for good (shutdown: they see the closed token).
+    pub(crate) fn close(&self) {
+        self.all_tx.send_replace(u64::MAX);
+        for route in self.routes.iter() {
+            route.tx.send_replace(u64::MAX);
+        }
+    }
+
+    /// Routes alive (watchers registered on an exact fact).
+    #[cfg(test)]
+    pub(crate) fn route_count(&self) -> usize {
+        self.routes.len()
+    }
+}

@@ -1,0 +1,457 @@
+//! `SelectionPredicate`: what a List or a Watch selects (Kubernetes'
+//! `storage.SelectionPredicate`): a namespace, a label selector and a field
+//! selector, plus the index hints their exact terms imply.
+//!
+//! List and Watch use this one type, so they cannot disagree on what a
+//! request selects: a List walks the snapshot range (or the smallest index
+//! set) the predicate names and keeps what [`SelectionPredicate::matches`];
+//! a Watch registers on the predicate's [`route`](SelectionPredicate::route)
+//! and converts each event with the same `matches`.
+
+use std::sync::Arc;
+
+use super::snapshot::{IndexKey, Snapshot, field_pair_key};
+use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
+
+/// A List's or Watch's selection over one resource.
+#[derive(Debug, Clone)]
+pub struct SelectionPredicate {
+    /// Only for namespaced resources, never empty.
+    namespace: Option<String>,
+    label: LabelSelector,
+    field: FieldSelector,
+    /// The key range every match lies in: the resource, or one namespace.
+    prefix: String,
+    /// Exact terms a snapshot index can answer (labels, indexed fields).
+    index_keys: Vec<IndexKey>,
+    /// The single most selective exact fact every match carries: the watch
+    /// route a watcher registers on so other events never wake it.
+    route: Option<IndexKey>,
+}
+
+/// One page of a List.
+#[derive(Debug)]
+pub struct ListPage {
+    pub items: Vec<Arc<Object>>,
+    /// The last returned key when more items follow (for the continue token).
+    pub last_key: Option<String>,
+    /// Matches after this page, when they were counted.
+    pub remaining: Option<i64>,
+}
+
+impl SelectionPredicate {
+    /// The selection of `namespace` (ignored for a cluster-scoped resource;
+    /// empty means all namespaces) and the two selectors.
+    pub fn new(
+        codec: &ObjectCodec,
+        namespace: Option<&str>,
+        label: LabelSelector,
+        field: FieldSelector,
+    ) -> SelectionPredicate {
+        let namespace = namespace
+            .filter(|n| !n.is_empty() && codec.is_namespaced())
+            .map(str::to_string);
+        let prefix = match &namespace {
+            Some(ns) => codec.namespace_prefix(ns),
+            None => codec.key_prefix().to_string(),
+        };
+        let paths = codec.index_paths();
+        let field_keys: Vec<IndexKey> = field
+            .exact_pairs()
+            .into_iter()
+            .filter_map(|(p, v)| field_pair_key(&p, &v, paths))
+            .collect();
+        let label_keys: Vec<IndexKey> = label
+            .exact_pairs()
+            .into_iter()
+            .map(|(k, v)| IndexKey::Label(k, v))
+            .collect();
+        let index_keys = label_keys
+            .iter()
+            .chain(field_keys.iter())
+            .filter(|k| Snapshot::is_indexed(k))
+            .cloned()
+            .collect();
+        // Most selective first: an index field, the name, a label, the namespace.
+        let route = field_keys
+            .iter()
+            .find(|k| matches!(k, IndexKey::Field(..)))
+            .or_else(|| field_keys.iter().find(|k| matches!(k, IndexKey::Name(_))))
+            .or_else(|| label_keys.first())
+            .cloned()
+            .or_else(|| namespace.clone().map(IndexKey::Namespace))
+            .or_else(|| {
+                field_keys
+                    .iter()
+                    .find(|k| matches!(k, IndexKey::Namespace(_)))
+                    .cloned()
+            });
+        SelectionPredicate {
+            namespace,
+            label,
+            field,
+            prefix,
+            index_keys,
+            route,
+        }
+    }
+
+    /// Everything of the resource.
+    pub fn everything(codec: &ObjectCodec) -> SelectionPredicate {
+        SelectionPredicate::new(
+            codec,
+            None,
+            LabelSelector::default(),
+            FieldSelector::default(),
+        )
+    }
+
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.as_deref()
+    }
+
+    /// The etcd key range (a prefix ending in '/') every match lies in.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The watch route (see the module doc); `None`: every event concerns it.
+    pub fn route(&self) -> Option<&IndexKey> {
+        self.route.as_ref()
+    }
+
+    /// Whether `o` is selected.
+    pub fn matches(&self, o: &Object) -> bool {
+        if let Some(ns) = &self.namespace
+            && o.namespace.as_deref() != Some(ns.as_str())
+        {
+            return false;
+        }
+        self.label.matches(&o.labels) && self.field.matches(o)
+    }
+
+    /// No namespace and no selector: every object of the resource.
+    pub fn is_everything(&self) -> bool {
+        self.namespace.is_none() && !self.has_selectors()
+    }
+
+    /// A label or field selector is set. Kubernetes leaves a List's
+    /// `remainingItemCount` unset then (the count is "unknown"), which also
+    /// spares walking the rest of the range on every page.
+    pub fn has_selectors(&self) -> bool {
+        !self.label.is_empty() || !self.field.is_empty()
+    }
+
+    /// Objects of the whole selection at `snap`, for a predicate without
+    /// selectors: the snapshot's size for a whole resource, one walk of the
+    /// namespace range otherwise.
+    pub fn count_all(&self, snap: &Snapshot) -> u64 {
+        if self.namespace.is_none() {
+            snap.len() as u64
+        } else {
+            snap.range_from(&self.prefix, "").count() as u64
+        }
+    }
+
+    /// Selects from `snap` from `start_key` (inclusive), up to `limit` items,
+    /// through the smallest index set an exact term names, if any.
+    /// `count_rest`: count the matches after the page for `remaining` (a walk
+    /// over the rest of the range); otherwise only look whether one more
+    /// exists (`remaining` is then `None`).
+    pub fn list(
+        &self,
+        snap: &Snapshot,
+        start_key: Option<&str>,
+        limit: Option<usize>,
+        count_rest: bool,
+    ) -> ListPage {
+        let from = start_key.unwrap_or("");
+        let mut best: Option<&imbl::OrdSet<Arc<str>>> = None;
+        for k in &self.index_keys {
+            match snap.index_lookup(k) {
+                // An exact term nothing carries: nothing matches.
+                None => {
+                    return ListPage {
+                        items: Vec::new(),
+                        last_key: None,
+                        remaining: None,
+                    };
+                }
+                Some(set) => {
+                    if best.is_none_or(|b| set.len() < b.len()) {
+                        best = Some(set);
+                    }
+                }
+            }
+        }
+        match best {
+            Some(set) => self.page(
+                snap.indexed_range_from(set, &self.prefix, from),
+                limit,
+                count_rest,
+            ),
+            None => self.page(snap.range_from(&self.prefix, from), limit, count_rest),
+        }
+    }
+
+    /// One page of the matches among `objects` (in key order, already within
+    /// the prefix and from the start key): see [`SelectionPredicate::list`].
+    pub fn page<'o>(
+        &self,
+        objects: impl Iterator<Item = &'o Arc<Object>>,
+        limit: Option<usize>,
+        count_rest: bool,
+    ) -> ListPage {
+        let mut matching = objects.filter(|o| self.matches(o));
+        let limit = limit.unwrap_or(usize::MAX);
+        let items: Vec<Arc<Object>> = matching.by_ref().take(limit).cloned().collect();
+        let rest = if count_rest {
+            matching.count()
+        } else {
+            usize::from(matching.next().is_some())
+        };
+        if rest > 0 {
+            ListPage {
+                last_key: items.last().map(|o| o.key.to_string()),
+                items,
+                remaining: count_rest.then_some(rest as i64),
+            }
+        } else {
+            ListPage {
+                items,
+                last_key: None,
+                remaining: None,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::cacher::watch_cache::{Change, WatchCache, WatchStart};
+    use crate::cacher::watcher::{WatchChunk, Watcher, WatcherParams};
+
+    fn codec(namespaced: bool) -> Arc<ObjectCodec> {
+        let r = crate::object::tests::resource(namespaced, &["spec.nodeName"]);
+        Arc::new(ObjectCodec::new(&r, "/registry"))
+    }
+
+    /// name, namespace, labels JSON, node.
+    const OBJECTS: &[(&str, &str, &str, &str)] = &[
+        ("p1", "a", r#"{"app":"web"}"#, "n1"),
+        ("p2", "a", r#"{"app":"db"}"#, "n2"),
+        ("p3", "b", r#"{"app":"web"}"#, "n1"),
+        ("p4", "b", r#"{}"#, "n2"),
+    ];
+
+    fn objects(c: &ObjectCodec, rv0: i64) -> Vec<Arc<Object>> {
+        OBJECTS
+            .iter()
+            .enumerate()
+            .map(|(i, (name, ns, labels, node))| {
+                let ns = c.is_namespaced().then_some(*ns);
+                let meta_ns = ns.map(|n| format!(r#","namespace":"{n}""#)).unwrap_or_default();
+                let v = format!(
+                    r#"{{"metadata":{{"name":"{name}"{meta_ns},"labels":{labels}}},"spec":{{"nodeName":"{node}"}}}}"#
+                );
+                let rv = rv0 + i as i64;
+                Arc::new(c.decode(&c.key(ns, name), v.as_bytes(), rv, rv).expect("decode"))
+            })
+            .collect()
+    }
+
+    #[derive(Debug, PartialEq)]
+    enum Hint {
+        None,
+        Namespace,
+        Name,
+        Label,
+        Field,
+    }
+
+    fn hint(p: &SelectionPredicate) -> Hint {
+        match p.route() {
+            None => Hint::None,
+            Some(IndexKey::Namespace(_)) => Hint::Namespace,
+            Some(IndexKey::Name(_)) => Hint::Name,
+            Some(IndexKey::Label(..)) => Hint::Label,
+            Some(IndexKey::Field(..)) => Hint::Field,
+        }
+    }
+
+    /// (namespaced resource, namespace, label selector, field selector,
+    /// route hint, selected names).
+    type Case = (
+        bool,
+        Option<&'static str>,
+        &'static str,
+        &'static str,
+        Hint,
+        &'static [&'static str],
+    );
+
+    const ALL: &[&str] = &["p1", "p2", "p3", "p4"];
+
+    fn cases() -> Vec<Case> {
+        vec![
+            (true, None, "", "", Hint::None, ALL),
+            (true, Some(""), "", "", Hint::None, ALL),
+            (true, Some("a"), "", "", Hint::Namespace, &["p1", "p2"]),
+            (true, None, "app=web", "", Hint::Label, &["p1", "p3"]),
+            (true, Some("b"), "app=web", "", Hint::Label, &["p3"]),
+            (true, None, "app!=web", "", Hint::None, &["p2", "p4"]),
+            (true, None, "app", "", Hint::None, &["p1", "p2", "p3"]),
+            (true, None, "app=nothing", "", Hint::Label, &[]),
+            (
+                true,
+                None,
+                "",
+                "spec.nodeName=n1",
+                Hint::Field,
+                &["p1", "p3"],
+            ),
+            (
+                true,
+                Some("a"),
+                "",
+                "spec.nodeName=n2",
+                Hint::Field,
+                &["p2"],
+            ),
+            (
+                true,
+                None,
+                "",
+                "spec.nodeName!=n1",
+                Hint::None,
+                &["p2", "p4"],
+            ),
+            (true, None, "", "metadata.name=p4", Hint::Name, &["p4"]),
+            (
+                true,
+                None,
+                "",
+                "metadata.namespace=b",
+                Hint::Namespace,
+                &["p3", "p4"],
+            ),
+            (
+                true,
+                Some("a"),
+                "",
+                "metadata.namespace=b",
+                Hint::Namespace,
+                &[],
+            ),
+            (true, None, "app=web", "spec.nodeName=n2", Hint::Field, &[]),
+            (
+                true,
+                Some("a"),
+                "app=web",
+                "spec.nodeName=n1",
+                Hint::Field,
+                &["p1"],
+            ),
+            // Cluster-scoped: a namespace does not narrow anything.
+            (false, Some("a"), "", "", Hint::None, ALL),
+            (false, Some("a"), "app=db", "", Hint::Label, &["p2"]),
+        ]
+    }
+
+    fn predicate(c: &ObjectCodec, case: &Case) -> SelectionPredicate {
+        let (_, ns, label, field, _, _) = case;
+        SelectionPredicate::new(
+            c,
+            *ns,
+            LabelSelector::parse(label).expect("label selector"),
+            FieldSelector::parse(field, c.index_paths()).expect("field selector"),
+        )
+    }
+
+    fn names(items: &[Arc<Object>]) -> Vec<String> {
+        items.iter().map(|o| o.name.to_string()).collect()
+    }
+
+    #[test]
+    fn list_selects_the_table() {
+        for case in cases() {
+            let c = codec(case.0);
+            let mut snap = Snapshot::empty(100, 0);
+            for o in objects(&c, 1) {
+                let key = Arc::clone(&o.key);
+                snap.apply(&key, Some(o), c.index_paths());
+            }
+            let p = predicate(&c, &case);
+            assert_eq!(hint(&p), case.4, "route of {case:?}");
+            let page = p.list(&snap, None, None, true);
+            assert_eq!(names(&page.items), case.5, "list of {case:?}");
+            assert!(page.last_key.is_none());
+            // Paged one by one, the same objects in the same order.
+            let mut paged = Vec::new();
+            let mut from: Option<String> = None;
+            loop {
+                let page = p.list(&snap, from.as_deref(), Some(1), false);
+                paged.extend(names(&page.items));
+                match page.last_key {
+                    Some(k) => from = Some(format!("{k}\0")),
+                    None => break,
+                }
+            }
+            assert_eq!(paged, case.5, "paged list of {case:?}");
+        }
+    }
+
+    fn added_names(chunk: WatchChunk) -> Vec<String> {
+        let WatchChunk::Data(b) = chunk else {
+            panic!("expected data, got {chunk:?}");
+        };
+        String::from_utf8_lossy(&b)
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                assert_eq!(v["type"], "ADDED");
+                v["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn watch_selects_the_table_like_list() {
+        for case in cases() {
+            let c = codec(case.0);
+            let cache = Arc::new(WatchCache::new(Arc::clone(&c), "pods".into(), 100));
+            cache.init(Vec::new(), 10);
+            let p = predicate(&c, &case);
+            let params = WatcherParams {
+                api_version: Arc::from("v1"),
+                kind: Arc::from("Pod"),
+                allow_bookmarks: false,
+                bookmark_interval: Duration::from_secs(3600),
+                timeout: None,
+                initial_chunk: 100,
+            };
+            let mut w = Watcher::register(Arc::clone(&cache), p, WatchStart::After(10), params);
+            let changes: Vec<Change> = objects(&c, 11)
+                .into_iter()
+                .map(|o| Change {
+                    key: Arc::clone(&o.key),
+                    rv: o.mod_revision,
+                    new: Some(o),
+                })
+                .collect();
+            cache.apply(changes, 14, false);
+            let got = match tokio::time::timeout(Duration::from_secs(1), w.next()).await {
+                Ok(Some(chunk)) => added_names(chunk),
+                Ok(None) => panic!("stream ended: {case:?}"),
+                Err(_) => Vec::new(),
+            };
+            assert_eq!(got, case.5, "watch of {case:?}");
+        }
+    }
+}
