@@ -3,7 +3,9 @@
 //! authentication (401), authorization (403), then the handler; one audit
 //! line per mutating or denied request.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use prometheus::IntCounter;
 
 use hyper::body::Incoming;
 use hyper::header::AUTHORIZATION;
@@ -97,6 +99,32 @@ impl Security {
     }
 }
 
+/// The authentication and authorization counters with their labels bound
+/// once: every request touches them.
+struct Counters {
+    authn_success: IntCounter,
+    authn_failure: IntCounter,
+    authn_anonymous: IntCounter,
+    allowed: IntCounter,
+    denied: IntCounter,
+}
+
+fn counters() -> &'static Counters {
+    static COUNTERS: OnceLock<Counters> = OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        let m = crate::metrics::metrics();
+        let authn = |r: &str| m.authentication_attempts.with_label_values(&[r]);
+        let authz = |d: &str| m.authorization_decisions.with_label_values(&[d]);
+        Counters {
+            authn_success: authn("success"),
+            authn_failure: authn("failure"),
+            authn_anonymous: authn("anonymous"),
+            allowed: authz("allowed"),
+            denied: authz("denied"),
+        }
+    })
+}
+
 /// Per-connection facts, put into every request's extensions by the
 /// connection task: what the client certificate proved.
 #[derive(Clone, Default)]
@@ -127,7 +155,7 @@ pub(crate) fn admit(
     info: &RequestInfo,
 ) -> Result<Admitted, ApiStatus> {
     let attrs = attributes(info);
-    let m = crate::metrics::metrics();
+    let m = counters();
     let identity = req
         .extensions()
         .get::<Connection>()
@@ -139,27 +167,22 @@ pub(crate) fn admit(
     );
     let user = match result {
         Ok(user) => {
-            let label = if user.is_anonymous() {
-                "anonymous"
+            if user.is_anonymous() {
+                m.authn_anonymous.inc();
             } else {
-                "success"
-            };
-            m.authentication_attempts.with_label_values(&[label]).inc();
+                m.authn_success.inc();
+            }
             user
         }
         Err(AuthnError::NoCredentials)
             if is_health_path(&attrs.path)
                 && (req.method() == Method::GET || req.method() == Method::HEAD) =>
         {
-            m.authentication_attempts
-                .with_label_values(&["anonymous"])
-                .inc();
+            m.authn_anonymous.inc();
             return Ok(Admitted { user: None, attrs });
         }
         Err(e) => {
-            m.authentication_attempts
-                .with_label_values(&["failure"])
-                .inc();
+            m.authn_failure.inc();
             debug!(error = %e, path = %attrs.path, "authentication failed");
             audit(None, &attrs, 401);
             return Err(ApiStatus::new(401, "Unauthorized", "Unauthorized"));
@@ -167,9 +190,7 @@ pub(crate) fn admit(
     };
     let decision = state.security.authorizer.authorize(&user, &attrs);
     if !decision.allowed {
-        m.authorization_decisions
-            .with_label_values(&["denied"])
-            .inc();
+        m.denied.inc();
         audit(Some(&user), &attrs, 403);
         let mut status = ApiStatus::new(
             403,
@@ -181,9 +202,7 @@ pub(crate) fn admit(
         }
         return Err(status);
     }
-    m.authorization_decisions
-        .with_label_values(&["allowed"])
-        .inc();
+    m.allowed.inc();
     req.extensions_mut().insert(user.clone());
     Ok(Admitted {
         user: Some(user),

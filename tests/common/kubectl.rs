@@ -82,8 +82,9 @@ impl Kubectl {
         }
     }
 
-    /// Runs kubectl and returns what it printed, whatever its exit status.
-    pub async fn output(&self, args: &[&str]) -> Output {
+    /// The kubectl command with this kubeconfig and `args`, stdout and
+    /// stderr piped, killed when dropped.
+    pub fn command(&self, args: &[&str]) -> tokio::process::Command {
         let mut cmd = tokio::process::Command::new(&self.bin);
         cmd.env_clear()
             .env("HOME", self.dir.path())
@@ -99,7 +100,12 @@ impl Kubectl {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let out = tokio::time::timeout(Duration::from_secs(60), cmd.output())
+        cmd
+    }
+
+    /// Runs kubectl and returns what it printed, whatever its exit status.
+    pub async fn output(&self, args: &[&str]) -> Output {
+        let out = tokio::time::timeout(Duration::from_secs(60), self.command(args).output())
             .await
             .expect("kubectl finished in time")
             .expect("run kubectl");
