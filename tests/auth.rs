@@ -614,3 +614,101 @@ async fn daemon_flags_and_audit_lines() {
     assert!(!log.contains("body-marker"), "no bodies in the log");
     assert!(!log.contains("bob-token"), "no credentials in the log");
 }
+
+/// The shipped `config/prometheus-secure.yml` with a real Prometheus: it
+/// scrapes `/metrics` over TLS with its bearer token under RBAC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_scrapes_over_tls_with_a_bearer_token() {
+    let s = start_secure(
+        "auth-prom",
+        Options {
+            rbac: true,
+            anonymous: None,
+            min_version: "VersionTLS12",
+        },
+    )
+    .await;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let prometheus = root.join("tools/prometheus/usr/bin/prometheus");
+    assert!(prometheus.is_file(), "{} missing", prometheus.display());
+    let token = s.dir.path().join("prometheus.token");
+    std::fs::write(&token, "prom-token\n").unwrap();
+    let port = watchcache::etcd_server::free_port().unwrap();
+    let cfg = std::fs::read_to_string(root.join("config/prometheus-secure.yml"))
+        .unwrap()
+        .replace("127.0.0.1:8080", &s.ts.addr.to_string())
+        .replace(
+            "/etc/prometheus/watchcache/ca.crt",
+            s.ca_path.to_str().unwrap(),
+        )
+        .replace("/etc/prometheus/watchcache/token", token.to_str().unwrap())
+        .replace("scrape_interval: 15s", "scrape_interval: 1s");
+    let cfg_path = s.dir.path().join("prometheus.yml");
+    std::fs::write(&cfg_path, cfg).unwrap();
+    let log_path = s.dir.path().join("prometheus.log");
+    let child = std::process::Command::new(&prometheus)
+        .arg(format!("--config.file={}", cfg_path.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            s.dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _prom = Kill(child);
+    let url = format!("http://127.0.0.1:{port}/api/v1/query?query=up");
+    let up = common::eventually(Duration::from_secs(60), || {
+        let url = url.clone();
+        async move {
+            match reqwest::get(&url).await {
+                Ok(r) => r
+                    .json::<Value>()
+                    .await
+                    .map(|v| v["data"]["result"][0]["value"][1] == "1")
+                    .unwrap_or(false),
+                Err(_) => false,
+            }
+        }
+    })
+    .await;
+    assert!(
+        up,
+        "prometheus scraped over TLS with its token; log:\n{}",
+        std::fs::read_to_string(&log_path).unwrap_or_default()
+    );
+}
+
+/// The sidecar manifest's embedded config and RBAC policy are valid.
+#[test]
+fn sidecar_manifest_config_and_policy_parse() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("config/kubernetes-sidecar.yaml")).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    let cm = docs.iter().find(|d| d["kind"] == "ConfigMap").unwrap();
+    let toml = cm["data"]["watchcache.toml"].as_str().unwrap();
+    let cfg = watchcache::config::Config::parse(toml, "sidecar watchcache.toml").unwrap();
+    assert!(cfg.server.tls.is_some());
+    assert_eq!(cfg.server.authorization.mode, AuthorizationMode::Rbac);
+    let rbac = cm["data"]["rbac.yaml"].as_str().unwrap();
+    let policy = watchcache::auth::rbac::Policy::parse(&[(rbac, "sidecar rbac.yaml")]).unwrap();
+    let prom = watchcache::auth::UserInfo {
+        name: "prometheus".into(),
+        ..Default::default()
+    };
+    let metrics = watchcache::auth::Attributes::non_resource("get", "/metrics");
+    assert!(policy.authorize(&prom, &metrics).allowed);
+    let app = watchcache::auth::UserInfo {
+        name: "app".into(),
+        ..Default::default()
+    };
+    assert!(!policy.authorize(&app, &metrics).allowed);
+}
