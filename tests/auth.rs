@@ -712,3 +712,68 @@ fn sidecar_manifest_config_and_policy_parse() {
     };
     assert!(!policy.authorize(&app, &metrics).allowed);
 }
+
+/// Bad security settings stop the daemon at start, naming the flag or file.
+#[test]
+fn bad_security_settings_stop_startup_naming_flag_or_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("watchcache.toml");
+    std::fs::write(
+        &config,
+        common::daemon_config("http://127.0.0.1:1", "/t-auth-cli", ""),
+    )
+    .unwrap();
+    let bad_policy = dir.path().join("bad-policy.yaml");
+    std::fs::write(
+        &bad_policy,
+        "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: r}\n",
+    )
+    .unwrap();
+    let missing = dir.path().join("missing-tokens.csv");
+    let cases: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec!["--authorization-mode".into(), "ABAC".into()],
+            "--authorization-mode",
+        ),
+        (
+            vec!["--tls-min-version".into(), "VersionTLS13".into()],
+            "--tls-min-version",
+        ),
+        (
+            vec!["--client-ca-file".into(), "/ca.crt".into()],
+            "client_ca_file",
+        ),
+        (
+            vec!["--rbac-policy-file".into(), "/p.yaml".into()],
+            "policy_files",
+        ),
+        (
+            vec!["--token-auth-file".into(), missing.display().to_string()],
+            "missing-tokens.csv",
+        ),
+        (
+            vec![
+                "--authorization-mode".into(),
+                "RBAC".into(),
+                "--rbac-policy-file".into(),
+                bad_policy.display().to_string(),
+            ],
+            "bad-policy.yaml: document 1 (Role \"r\"): metadata.namespace is required",
+        ),
+    ];
+    for (args, want) in cases {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_watchcache"))
+            .arg("--config")
+            .arg(&config)
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .args(&args)
+            .env("RUST_LOG", "error")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} should fail: {stderr}");
+        assert!(stderr.contains(want), "{args:?}: want {want:?} in {stderr}");
+    }
+}

@@ -91,6 +91,18 @@ impl Security {
                 Authorizer::Rbac(Arc::new(Policy::load(&cfg.authorization.policy_files)?))
             }
         };
+        tracing::info!(
+            tls = tls.is_some(),
+            client_certificates = x509.is_some(),
+            tokens = tokens.as_ref().map_or(0, TokenFile::len),
+            anonymous = authn.anonymous_enabled(),
+            authorization = if authorizer.is_rbac() {
+                "RBAC"
+            } else {
+                "AlwaysAllow"
+            },
+            "secure serving"
+        );
         Ok(Security {
             authenticator: Authenticator::new(x509, tokens, authn.anonymous_enabled()),
             authorizer,
