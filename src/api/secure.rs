@@ -197,18 +197,14 @@ pub(crate) fn admit(
             m.authn_failure.inc();
             debug!(error = %e, path = %attrs.path, "authentication failed");
             audit(None, &attrs, 401);
-            return Err(ApiStatus::new(401, "Unauthorized", "Unauthorized"));
+            return Err(ApiStatus::unauthorized());
         }
     };
     let decision = state.security.authorizer.authorize(&user, &attrs);
     if !decision.allowed {
         m.denied.inc();
         audit(Some(&user), &attrs, 403);
-        let mut status = ApiStatus::new(
-            403,
-            "Forbidden",
-            attrs.forbidden_message(&user, &decision.reason),
-        );
+        let mut status = ApiStatus::forbidden(attrs.forbidden_message(&user, &decision.reason));
         if attrs.is_resource_request && !attrs.name.is_empty() {
             status = status.with_details(attrs.name.clone(), attrs.resource.clone());
         }
