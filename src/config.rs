@@ -80,6 +80,32 @@ pub struct EtcdConfig {
     /// Page size of the reflector's initial list.
     #[serde(default = "default_list_page_size")]
     pub list_page_size: i64,
+    /// TLS / mutual TLS for `https://` endpoints (`[etcd.tls]`).
+    #[serde(default)]
+    pub tls: Option<EtcdTlsConfig>,
+    /// kube-apiserver's `EncryptionConfiguration` file (YAML or JSON):
+    /// encryption at rest, as `--encryption-provider-config`.
+    #[serde(default)]
+    pub encryption_provider_config: Option<PathBuf>,
+}
+
+/// `[etcd.tls]`: the files of etcd's client `TransportConfig`, named like
+/// kube-apiserver's `--etcd-cafile`, `--etcd-certfile`, `--etcd-keyfile`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdTlsConfig {
+    /// PEM bundle of the CA(s) that sign etcd's serving certificate.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for etcd's `--client-cert-auth`.
+    #[serde(default)]
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`.
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Name to verify etcd's certificate against, instead of the endpoint host.
+    #[serde(default)]
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -273,6 +299,8 @@ impl Default for EtcdConfig {
             max_update_retries: default_max_update_retries(),
             lease_reuse_seconds: default_lease_reuse_seconds(),
             list_page_size: default_list_page_size(),
+            tls: None,
+            encryption_provider_config: None,
         }
     }
 }
@@ -385,6 +413,7 @@ impl Config {
             validate_endpoint(ep)
                 .map_err(|m| ConfigError::invalid(file, format!("etcd.endpoints[{i}]"), m))?;
         }
+        self.validate_tls(file)?;
         if !self.etcd.prefix.starts_with('/') {
             return Err(ConfigError::invalid(
                 file,
@@ -568,6 +597,37 @@ impl Config {
         Ok(())
     }
 
+    /// `https://` and `http://` endpoints do not mix; TLS settings need
+    /// `https://` endpoints and vice versa (the files are checked at start-up).
+    fn validate_tls(&self, file: &str) -> Result<(), ConfigError> {
+        let https: Vec<bool> = self
+            .etcd
+            .endpoints
+            .iter()
+            .map(|e| e.starts_with("https://"))
+            .collect();
+        if let Some(i) = https.iter().position(|h| *h != https[0]) {
+            return Err(ConfigError::invalid(
+                file,
+                format!("etcd.endpoints[{i}]"),
+                "mixes http:// and https:// endpoints",
+            ));
+        }
+        match (&self.etcd.tls, https[0]) {
+            (Some(tls), false) if *tls != EtcdTlsConfig::default() => Err(ConfigError::invalid(
+                file,
+                "etcd.tls",
+                "TLS files are set but the endpoints are http://; use https:// endpoints",
+            )),
+            (None, true) => Err(ConfigError::invalid(
+                file,
+                "etcd.tls.ca_file",
+                "https:// endpoints need [etcd.tls] ca_file (--etcd-cafile)",
+            )),
+            _ => Ok(()),
+        }
+    }
+
     pub fn listen_addr(&self) -> Result<SocketAddr, String> {
         self.listen
             .parse::<SocketAddr>()
@@ -658,6 +718,83 @@ mod tests {
         let cfg = Config::example();
         assert!(cfg.resources.iter().any(|r| r.plural == "pods"));
         assert!(cfg.resources.iter().any(|r| !r.group.is_empty()));
+    }
+
+    /// config/kubernetes.toml follows kube-apiserver's key layout:
+    /// `DefaultStorageFactory.ResourcePrefix` (the lowercased resource, no
+    /// group) plus the compiled-in overrides, and group-prefixed keys for
+    /// apiextensions/apiregistration.
+    #[test]
+    fn kubernetes_config_has_kube_apiserver_key_layout() {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("config/kubernetes.toml");
+        let cfg = Config::load(&path).unwrap();
+        let special = [
+            ("", "replicationcontrollers", "controllers"),
+            ("", "endpoints", "services/endpoints"),
+            ("", "services", "services/specs"),
+            ("", "nodes", "minions"),
+            ("networking.k8s.io", "ingresses", "ingress"),
+        ];
+        for r in &cfg.resources {
+            let want = match special
+                .iter()
+                .find(|(g, p, _)| *g == r.group && *p == r.plural)
+            {
+                Some((_, _, s)) => format!("/registry/{s}/"),
+                None if ["apiextensions.k8s.io", "apiregistration.k8s.io"]
+                    .contains(&r.group.as_str()) =>
+                {
+                    format!("/registry/{}/{}/", r.group, r.plural)
+                }
+                None => format!("/registry/{}/", r.plural),
+            };
+            assert_eq!(
+                r.key_prefix(&cfg.etcd.prefix),
+                want,
+                "{}.{}",
+                r.plural,
+                r.group
+            );
+        }
+        for plural in [
+            "pods",
+            "secrets",
+            "deployments",
+            "leases",
+            "customresourcedefinitions",
+        ] {
+            assert!(cfg.resources.iter().any(|r| r.plural == plural), "{plural}");
+        }
+        let tls = cfg.etcd.tls.unwrap();
+        assert_eq!(
+            tls.ca_file.unwrap(),
+            PathBuf::from("/etc/kubernetes/pki/etcd/ca.crt")
+        );
+    }
+
+    #[test]
+    fn tls_needs_https_and_vice_versa() {
+        error_naming(
+            &GOOD.replace("[etcd]", "[etcd.tls]\nca_file = \"/ca.crt\"\n[etcd]"),
+            "etcd.tls",
+        );
+        error_naming(
+            &GOOD.replace("http://127.0.0.1:2379", "https://127.0.0.1:2379"),
+            "etcd.tls.ca_file",
+        );
+        let both = GOOD.replace(
+            "\"http://127.0.0.1:2379\"",
+            "\"https://127.0.0.1:2379\", \"http://127.0.0.1:2380\"",
+        );
+        error_naming(&both, "etcd.endpoints[1]");
+        let ok = GOOD
+            .replace("http://127.0.0.1:2379", "https://127.0.0.1:2379")
+            .replace(
+                "[[resources]]",
+                "[etcd.tls]\nca_file = \"/ca.crt\"\n\n[[resources]]",
+            );
+        Config::parse(&ok, "test.toml").unwrap();
+        error_naming(&ok.replace("ca_file", "cafile"), "cafile");
     }
 
     #[test]

@@ -104,6 +104,20 @@ pub struct EtcdServer {
     data_dir: tempfile::TempDir,
     client_port: u16,
     peer_port: u16,
+    tls: Option<EtcdServerTls>,
+    /// Plain-HTTP `/health` port (`--listen-metrics-urls`) of a TLS etcd.
+    metrics_port: u16,
+}
+
+/// The serving files of a TLS etcd (etcd's `--cert-file`, `--key-file`,
+/// `--trusted-ca-file`, `--client-cert-auth`), as a kubeadm etcd runs.
+#[derive(Debug, Clone)]
+pub struct EtcdServerTls {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub trusted_ca_file: PathBuf,
+    /// Require a client certificate signed by `trusted_ca_file`.
+    pub client_cert_auth: bool,
 }
 
 impl EtcdServer {
@@ -112,6 +126,16 @@ impl EtcdServer {
     /// etcd gets SIGKILL when the thread that started it exits (PDEATHSIG), so
     /// start it from a thread that lives as long as etcd should.
     pub async fn start() -> Result<EtcdServer, EtcdServerError> {
+        Self::start_with(None).await
+    }
+
+    /// Starts a TLS etcd (`https://` client URL) with these files; its
+    /// health is polled on a plain-HTTP metrics port.
+    pub async fn start_tls(tls: EtcdServerTls) -> Result<EtcdServer, EtcdServerError> {
+        Self::start_with(Some(tls)).await
+    }
+
+    async fn start_with(tls: Option<EtcdServerTls>) -> Result<EtcdServer, EtcdServerError> {
         let binary = find_etcd_binary().ok_or(EtcdServerError::NotFound)?;
         // Ports are picked free and released before etcd binds them, so a
         // parallel test can take one in between: retry with fresh ports.
@@ -127,6 +151,8 @@ impl EtcdServer {
                 data_dir,
                 client_port,
                 peer_port,
+                metrics_port: if tls.is_some() { free_port()? } else { 0 },
+                tls: tls.clone(),
             };
             server.spawn()?;
             match server.wait_healthy(Duration::from_secs(30)).await {
@@ -137,9 +163,10 @@ impl EtcdServer {
         Err(last_err.unwrap_or(EtcdServerError::NotFound))
     }
 
-    /// The client URL, e.g. `http://127.0.0.1:23791`.
+    /// The client URL, e.g. `http://127.0.0.1:23791` (`https://` with TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     pub fn client_port(&self) -> u16 {
@@ -176,8 +203,21 @@ impl EtcdServer {
             .arg(format!("--listen-peer-urls={peer}"))
             .arg(format!("--initial-advertise-peer-urls={peer}"))
             .arg(format!("--initial-cluster=watchcache-dev={peer}"))
-            .arg("--log-level=warn")
-            .stdin(Stdio::null())
+            .arg("--log-level=warn");
+        if let Some(tls) = &self.tls {
+            cmd.arg(format!("--cert-file={}", tls.cert_file.display()))
+                .arg(format!("--key-file={}", tls.key_file.display()))
+                .arg(format!(
+                    "--trusted-ca-file={}",
+                    tls.trusted_ca_file.display()
+                ))
+                .arg(format!("--client-cert-auth={}", tls.client_cert_auth))
+                .arg(format!(
+                    "--listen-metrics-urls=http://127.0.0.1:{}",
+                    self.metrics_port
+                ));
+        }
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::from(log));
         kill_with_parent(&mut cmd);
@@ -210,7 +250,12 @@ impl EtcdServer {
 
     async fn healthy(&self) -> bool {
         let fut = async {
-            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.client_port)).await?;
+            let port = if self.tls.is_some() {
+                self.metrics_port
+            } else {
+                self.client_port
+            };
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
             s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
                 .await?;
             let mut buf = Vec::new();

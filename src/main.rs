@@ -3,6 +3,7 @@
 //! SIGTERM/SIGINT.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, ValueEnum};
@@ -11,7 +12,8 @@ use tracing::info;
 use watchcache::api::Server;
 use watchcache::config::{AuthorizationMode, Config, ConfigError, TlsConfig};
 use watchcache::etcd_server::EtcdServer;
-use watchcache::storage::Storage;
+use watchcache::storage::tls::EtcdTls;
+use watchcache::storage::{EncryptionTransformer, Storage};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -32,6 +34,19 @@ struct Cli {
     /// etcd endpoints (overrides `etcd.endpoints`), comma-separated.
     #[arg(long, value_name = "URL[,URL]", value_delimiter = ',')]
     etcd_endpoints: Option<Vec<String>>,
+    /// CA bundle that verifies etcd's serving certificate (sets `etcd.tls.ca_file`).
+    #[arg(long, value_name = "FILE")]
+    etcd_cafile: Option<PathBuf>,
+    /// Client certificate for etcd's --client-cert-auth (sets `etcd.tls.cert_file`).
+    #[arg(long, value_name = "FILE")]
+    etcd_certfile: Option<PathBuf>,
+    /// Private key of --etcd-certfile (sets `etcd.tls.key_file`).
+    #[arg(long, value_name = "FILE")]
+    etcd_keyfile: Option<PathBuf>,
+    /// kube-apiserver's EncryptionConfiguration (YAML or JSON): encryption at
+    /// rest (sets `etcd.encryption_provider_config`).
+    #[arg(long, value_name = "FILE")]
+    encryption_provider_config: Option<PathBuf>,
     /// Dev mode: start a private etcd on free loopback ports with a temporary
     /// data dir (removed on exit) and serve the example resources (or --config).
     #[arg(long)]
@@ -121,6 +136,23 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     overridden |= apply_security_flags(cli, &mut cfg, &file)?;
     if let Some(d) = cli.consistency_check_interval {
         cfg.server.consistency_check_interval_seconds = d.as_secs();
+        overridden = true;
+    }
+    if cli.etcd_cafile.is_some() || cli.etcd_certfile.is_some() || cli.etcd_keyfile.is_some() {
+        let tls = cfg.etcd.tls.get_or_insert_with(Default::default);
+        if let Some(p) = &cli.etcd_cafile {
+            tls.ca_file = Some(p.clone());
+        }
+        if let Some(p) = &cli.etcd_certfile {
+            tls.cert_file = Some(p.clone());
+        }
+        if let Some(p) = &cli.etcd_keyfile {
+            tls.key_file = Some(p.clone());
+        }
+        overridden = true;
+    }
+    if let Some(path) = &cli.encryption_provider_config {
+        cfg.etcd.encryption_provider_config = Some(path.clone());
         overridden = true;
     }
     if overridden {
@@ -240,6 +272,31 @@ async fn main() -> Result<()> {
         None
     };
 
+    // TLS files and the encryption config are checked before anything
+    // listens: a bad one stops start-up (exit 2) naming the field.
+    let tls = match load_etcd_tls(&cfg).await {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("watchcache: invalid configuration: {e}");
+            std::process::exit(2);
+        }
+    };
+    let transformer = match &cfg.etcd.encryption_provider_config {
+        None => None,
+        Some(path) => match EncryptionTransformer::load(path, &cfg.resources, &cfg.etcd.prefix) {
+            Ok(t) => {
+                info!(file = %path.display(), "encryption at rest enabled");
+                Some(Arc::new(t))
+            }
+            Err(e) => {
+                eprintln!(
+                    "watchcache: invalid configuration: etcd.encryption_provider_config: {e}"
+                );
+                std::process::exit(2);
+            }
+        },
+    };
+
     let addr = match cfg.listen_addr() {
         Ok(a) => a,
         Err(m) => bail!("listen: {m}"),
@@ -248,15 +305,40 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("binding {addr}"))?;
     info!(listen = %listener.local_addr()?, resources = cfg.resources.len(), "watchcache listening");
-    run(cfg, listener).await
+    run(cfg, tls, transformer, listener).await
+}
+
+/// Loads `[etcd.tls]` for `https://` endpoints and checks one handshake,
+/// so a CA that does not verify etcd, or a client certificate etcd refuses,
+/// stops start-up instead of showing up later as an unready daemon.
+async fn load_etcd_tls(cfg: &Config) -> Result<Option<Arc<EtcdTls>>, String> {
+    let Some(tls_cfg) = &cfg.etcd.tls else {
+        return Ok(None);
+    };
+    if !cfg.etcd.endpoints.iter().any(|e| e.starts_with("https://")) {
+        return Ok(None);
+    }
+    let tls = EtcdTls::load(tls_cfg).map_err(|e| e.to_string())?;
+    tls.probe(&cfg.etcd.endpoints, cfg.etcd.dial_timeout())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(Some(tls))
 }
 
 /// Connects to etcd (lazily: an etcd that is down at start only delays
 /// readiness), starts one Cacher per resource and serves until a signal.
-async fn run(cfg: Config, listener: tokio::net::TcpListener) -> Result<()> {
-    let storage = Storage::connect(&cfg.etcd)
+async fn run(
+    cfg: Config,
+    tls: Option<Arc<EtcdTls>>,
+    transformer: Option<Arc<EncryptionTransformer>>,
+    listener: tokio::net::TcpListener,
+) -> Result<()> {
+    let mut storage = Storage::connect_with_tls(&cfg.etcd, tls)
         .await
         .with_context(|| format!("connecting to etcd at {:?}", cfg.etcd.endpoints))?;
+    if let Some(t) = transformer {
+        storage = storage.with_transformer(t);
+    }
     let server = Server::new(cfg, storage)?;
     server.serve(listener, shutdown_signal()).await?;
     info!("watchcache stopped");

@@ -37,6 +37,9 @@ pub struct Metrics {
     pub authentication_attempts: IntCounterVec,
     /// Authorization decisions: `allowed` or `denied`.
     pub authorization_decisions: IntCounterVec,
+    pub transformation_operations: IntCounterVec,
+    pub transformation_failures: IntCounterVec,
+    pub etcd_tls_handshake_errors: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -137,6 +140,24 @@ impl Metrics {
                 "watchcache_authorization_decisions_total",
                 "Authorization decisions (allowed, denied).",
                 &["decision"],
+            ),
+            transformation_operations: counter(
+                &r,
+                "watchcache_transformation_operations_total",
+                "Value transformations (encryption at rest) by resource, direction (from_storage, to_storage) and result (ok, error); after apiserver_storage_transformation_operations_total.",
+                &["resource", "transformation_type", "result"],
+            ),
+            transformation_failures: counter(
+                &r,
+                "watchcache_transformation_failures_total",
+                "Stored values no encryption provider could read (or write), by resource and reason (no_matching_provider, truncated, decrypt_failed, encrypt_failed).",
+                &["resource", "reason"],
+            ),
+            etcd_tls_handshake_errors: counter(
+                &r,
+                "watchcache_etcd_tls_handshake_errors_total",
+                "Failed TLS handshakes with etcd, by endpoint.",
+                &["endpoint"],
             ),
             registry: r,
         }

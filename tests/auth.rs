@@ -10,8 +10,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use common::kubectl::{KubeUser, Kubectl};
+use common::pki::{CertFiles, TestCa};
 use common::server::{TestServer, pod};
-use common::tls::{self, CertFiles, ClientAuth, TestCa};
+use common::tls::{self, ClientAuth};
 use watchcache::config::{AuthorizationMode, TlsConfig};
 
 const TOKENS: &str = "bob-token,bob,1002,\"ops,dev\"\nprom-token,prometheus,1003\n";

@@ -411,11 +411,18 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                     "deliveries_per_s_proxy_over_etcd": ratio(num(proxy, &["deliveries_per_s"]), num(etcd, &["deliveries_per_s"])),
                     "etcd_cpu_proxy_target_over_etcd_target": ratio(cpup, cpue),
                     "holder_cpu_proxy_over_etcd": ratio(num(proxy, &["processes", "proxy", "cpu_s"]), cpue),
+                    "holder_cpu_per_delivery_proxy_over_etcd": ratio(
+                        num(proxy, &["per_delivery", "holder_cpu_us_per_delivery"]),
+                        num(etcd, &["per_delivery", "holder_cpu_us_per_delivery"]),
+                    ),
                 }),
                 json!({
                     "zero_lost_and_duplicated": clean,
                     "proxy_p99_no_worse_than_etcd": p99p <= p99e,
                     "etcd_cpu_at_most_a_tenth": cpup <= cpue / 10.0,
+                    "holder_cpu_per_delivery_at_most_half_of_etcd":
+                        num(proxy, &["per_delivery", "holder_cpu_us_per_delivery"])
+                            <= 0.5 * num(etcd, &["per_delivery", "holder_cpu_us_per_delivery"]),
                 }),
             )
         }
@@ -509,6 +516,9 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
                         kb_to_mb(v, &["processes", "etcd", "peak_rss_kb"]),
                         s2(v, &["processes", "proxy", "cpu_s"]),
                         kb_to_mb(v, &["processes", "proxy", "peak_rss_kb"]),
+                        s2(v, &["per_delivery", "holder_cpu_us_per_delivery"]),
+                        s2(v, &["per_delivery", "etcd_cpu_us_per_delivery"]),
+                        s2(v, &["per_delivery", "holder_rss_per_watcher_bytes"]),
                         s2(v, &["etcd_watchers"]),
                     ]
                 })
@@ -531,6 +541,9 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
                     "etcd MB",
                     "proxy cpu s",
                     "proxy MB",
+                    "holder cpu us/deliv",
+                    "etcd cpu us/deliv",
+                    "holder RSS B/watcher",
                     "etcd watchers",
                 ],
                 &rows,

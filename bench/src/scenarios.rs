@@ -180,6 +180,37 @@ impl Usage {
     }
 }
 
+/// The costs per unit of work (issue 14's columns): CPU microseconds per
+/// delivered event of the process that holds the watchers (the proxy, or
+/// etcd when the watchers are on etcd) and of etcd, and the RSS growth of
+/// the holder per established watcher (peak minus start, send buffers
+/// included).
+fn per_delivery_costs(usage: &Value, target: Target, deliveries: u64, watchers: usize) -> Value {
+    let get = |who: &str, k: &str| usage[who][k].as_f64();
+    let holder = match target {
+        Target::Proxy => "proxy",
+        Target::Etcd => "etcd",
+    };
+    let us = |cpu: Option<f64>| -> Value {
+        match cpu {
+            Some(c) if deliveries > 0 => json!(round3(c * 1e6 / deliveries as f64)),
+            _ => Value::Null,
+        }
+    };
+    let rss_per_watcher = match (get(holder, "peak_rss_kb"), get(holder, "rss_at_start_kb")) {
+        (Some(peak), Some(start)) if watchers > 0 => {
+            json!(((peak - start).max(0.0) * 1024.0 / watchers as f64).round())
+        }
+        _ => Value::Null,
+    };
+    json!({
+        "holder": holder,
+        "holder_cpu_us_per_delivery": us(get(holder, "cpu_s")),
+        "etcd_cpu_us_per_delivery": us(get("etcd", "cpu_s")),
+        "holder_rss_per_watcher_bytes": rss_per_watcher,
+    })
+}
+
 fn round3(v: f64) -> f64 {
     (v * 1000.0).round() / 1000.0
 }
@@ -410,8 +441,10 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
     }
     let elapsed = (write_phase + drain).as_secs_f64();
     let lat = summarize(&hist);
+    let per_delivery = per_delivery_costs(&usage, target, deliveries, established);
     let result = json!({
         "target": target.name(),
+        "per_delivery": per_delivery,
         "watchers": p.watchers,
         "watchers_established": established,
         "watchers_failed": errors,

@@ -90,6 +90,10 @@ const FANOUT: &[&str] = &[
     "processes.proxy.cpu_s",
     "processes.proxy.peak_rss_kb",
     "processes.bench.cpu_s",
+    "per_delivery.holder",
+    "per_delivery.holder_cpu_us_per_delivery",
+    "per_delivery.etcd_cpu_us_per_delivery",
+    "per_delivery.holder_rss_per_watcher_bytes",
     "latency_distribution",
 ];
 
@@ -145,10 +149,27 @@ fn fanout_small_run_on_both_targets_is_clean() {
             "goals.zero_lost_and_duplicated",
             "goals.proxy_p99_no_worse_than_etcd",
             "goals.etcd_cpu_at_most_a_tenth",
+            "ratios.holder_cpu_per_delivery_proxy_over_etcd",
+            "goals.holder_cpu_per_delivery_at_most_half_of_etcd",
         ],
         true,
         "fanout ratios",
     );
+    // The per-delivery figures are the process CPU over the deliveries.
+    for target in ["proxy", "etcd"] {
+        let t = &r["results"][target];
+        let holder = t["per_delivery"]["holder"].as_str().unwrap();
+        assert_eq!(holder, target);
+        let cpu = t["processes"][holder]["cpu_s"].as_f64().unwrap();
+        let us = t["per_delivery"]["holder_cpu_us_per_delivery"]
+            .as_f64()
+            .unwrap();
+        let want = cpu * 1e6 / (20.0 * 50.0);
+        assert!(
+            (us - want).abs() <= 0.001 + want * 1e-6,
+            "{target}: {us} vs {want}"
+        );
+    }
     assert_eq!(r["goals"]["zero_lost_and_duplicated"], true);
     let plot = std::fs::read_to_string(&svg).expect("plot written");
     assert!(plot.starts_with("<svg") && plot.contains("proxy") && plot.contains("etcd"));

@@ -74,6 +74,7 @@ pub fn storage_status(err: StorageError, what: &What) -> ApiStatus {
         StorageError::Timeout(m) => ApiStatus::timeout(format!("etcd request timed out: {m}"))
             .with_retry_after(RETRY_AFTER_SECS),
         StorageError::Internal(m) => ApiStatus::internal(m),
+        e @ StorageError::Transformation { .. } => ApiStatus::internal(e.to_string()),
     }
 }
 

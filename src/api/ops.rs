@@ -35,7 +35,10 @@ fn readyz(state: &State, query: &Query) -> Response<Body> {
         lines.push_str("[+]etcd ok\n");
     } else {
         ready = false;
-        lines.push_str("[-]etcd failed: not reachable\n");
+        match state.storage.tls_error() {
+            Some(e) => lines.push_str(&format!("[-]etcd failed: not reachable: {e}\n")),
+            None => lines.push_str("[-]etcd failed: not reachable\n"),
+        }
     }
     for r in &state.resources {
         let name = if r.config.group.is_empty() {

@@ -36,6 +36,13 @@ pub enum StorageError {
     Timeout(String),
     #[error("internal storage error: {0}")]
     Internal(String),
+    /// A stored value the transformer (encryption at rest) cannot read, or a
+    /// value it cannot encrypt. Typed so callers can count and skip it.
+    #[error("unable to transform key {key:?}: {error}")]
+    Transformation {
+        key: String,
+        error: super::encryption::TransformError,
+    },
 }
 
 impl StorageError {

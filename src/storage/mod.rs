@@ -9,13 +9,16 @@
 //! hang. Reads are retried with backoff within that deadline (they are
 //! idempotent); writes are not (a lost answer may hide an applied write).
 
+pub mod encryption;
 mod error;
 mod lease;
 mod preconditions;
 mod revision_batcher;
+pub mod tls;
 mod transformer;
 mod watch;
 
+pub use encryption::{EncryptionConfigError, EncryptionTransformer, TransformError};
 pub use error::StorageError;
 pub use lease::{DEFAULT_MAX_ATTACHED_OBJECTS, LeaseManager};
 pub use preconditions::Preconditions;
@@ -195,6 +198,8 @@ pub struct Storage {
     leases: Arc<LeaseManager>,
     conflict_retries: Arc<AtomicU64>,
     revisions: Arc<revision_batcher::RevisionBatcher>,
+    /// TLS material of `https://` endpoints (reloaded on change).
+    tls: Option<Arc<tls::EtcdTls>>,
 }
 
 impl std::fmt::Debug for Storage {
@@ -254,7 +259,29 @@ impl Storage {
     /// without `WithBlock`): the daemon can start while etcd is still coming
     /// up, and each call then fails within its deadline until etcd answers.
     pub async fn connect(cfg: &EtcdConfig) -> Result<Storage, StorageError> {
+        let tls = match &cfg.tls {
+            Some(t) if cfg.endpoints.iter().any(|e| e.starts_with("https://")) => {
+                Some(tls::EtcdTls::load(t).map_err(|e| StorageError::Internal(e.to_string()))?)
+            }
+            _ => None,
+        };
+        Self::connect_with_tls(cfg, tls).await
+    }
+
+    /// Like [`Storage::connect`] with TLS material already loaded (and
+    /// checked) by the caller, e.g. the daemon's start-up.
+    pub async fn connect_with_tls(
+        cfg: &EtcdConfig,
+        tls: Option<Arc<tls::EtcdTls>>,
+    ) -> Result<Storage, StorageError> {
         let request_timeout = cfg.request_timeout();
+        // Every endpoint's handshake-error series exists from the start (at
+        // 0), so dashboards and alerts see "no errors" rather than "no data".
+        for ep in &cfg.endpoints {
+            crate::metrics::metrics()
+                .etcd_tls_handshake_errors
+                .with_label_values(&[ep.as_str()]);
+        }
         // No client-wide request timeout (`with_timeout`): it would also cut
         // the Reflector's long-lived watch streams on this client. Unary calls
         // get their deadline from `call`/`read` instead.
@@ -262,12 +289,32 @@ impl Storage {
             .with_connect_timeout(cfg.dial_timeout())
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
             .with_tcp_keepalive(TCP_KEEPALIVE);
-        let client = match tokio::time::timeout(
-            cfg.dial_timeout(),
-            Client::connect(&cfg.endpoints, Some(opts)),
-        )
-        .await
-        {
+        let connecting = async {
+            match &tls {
+                // Our connector does TLS (see `tls`); tonic sees plain
+                // HTTP/2 over it, so the endpoint URI is http://.
+                Some(t) => {
+                    let connector = tls::Connector::new(Arc::clone(t), &cfg.endpoints);
+                    let first = cfg
+                        .endpoints
+                        .first()
+                        .map(|e| e.replacen("https://", "http://", 1))
+                        .unwrap_or_default();
+                    let endpoint = tonic::transport::Endpoint::from_shared(first)
+                        .map_err(|e| etcd_client::Error::InvalidArgs(e.to_string()))?
+                        .connect_timeout(cfg.dial_timeout())
+                        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                        .keep_alive_while_idle(false);
+                    let channel = endpoint.connect_with_connector_lazy(tower::service_fn(
+                        move |_: hyper::Uri| connector.clone().connect(),
+                    ));
+                    Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts)).await
+                }
+                None => Client::connect(&cfg.endpoints, Some(opts)).await,
+            }
+        };
+        let client = match tokio::time::timeout(cfg.dial_timeout(), connecting).await {
             Err(_) => {
                 return Err(StorageError::Timeout(format!(
                     "connecting to {:?} took longer than {:?}",
@@ -295,7 +342,14 @@ impl Storage {
             leases: Arc::new(leases),
             conflict_retries: Arc::new(AtomicU64::new(0)),
             revisions: Arc::default(),
+            tls,
         })
+    }
+
+    /// The latest failed TLS handshake with etcd, if the latest one failed
+    /// (shown by `/readyz`).
+    pub fn tls_error(&self) -> Option<String> {
+        self.tls.as_ref().and_then(|t| t.last_error())
     }
 
     pub fn with_transformer(mut self, t: Arc<dyn Transformer>) -> Storage {

@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod kubectl;
+pub mod pki;
 pub mod server;
 pub mod tls;
 
