@@ -215,6 +215,12 @@ async fn kubectl_with_certificates_tokens_and_rbac() {
         err.contains(r#"pods "a1" is forbidden: User "alice" cannot delete resource "pods" in API group "" in the namespace "team-a""#),
         "{err}"
     );
+    let manifest = k_alice.write_file("p.json", &pod("team-a", "a2").to_string());
+    let err = k_alice.fail(&["create", "-f", &manifest]).await;
+    assert!(
+        err.contains(r#"pods is forbidden: User "alice" cannot create resource "pods" in API group "" in the namespace "team-a""#),
+        "{err}"
+    );
     // Watch: allowed in team-a, forbidden elsewhere.
     let alice = ClientAuth::cert(&s.alice);
     let (code, body) = s
@@ -275,6 +281,41 @@ async fn kubectl_with_certificates_tokens_and_rbac() {
     assert!(
         err.contains(r#"nodes "node-2" is forbidden: User "bob" cannot get resource "nodes" in API group "" at the cluster scope"#),
         "{err}"
+    );
+    // patch and update on node-1 only.
+    let patch = r#"{"metadata":{"labels":{"team":"ops"}}}"#;
+    k_bob
+        .run(&["patch", "node", "node-1", "--type=merge", "-p", patch])
+        .await;
+    // (kubectl patch and replace read first; send them directly to see the
+    // patch and update themselves denied.)
+    let bob = ClientAuth::token("bob-token");
+    let (code, body) = tls::request_with(
+        s.ts.addr,
+        &s.ca.cert_pem,
+        &bob,
+        "PATCH",
+        "/api/v1/nodes/node-2",
+        Some(("application/merge-patch+json", patch.to_string())),
+    )
+    .await;
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(
+        json_of(&body)["message"],
+        r#"nodes "node-2" is forbidden: User "bob" cannot patch resource "nodes" in API group "" at the cluster scope"#
+    );
+    let node1 = k_bob.run(&["get", "node", "node-1", "-o", "json"]).await;
+    let file = k_bob.write_file("node-1.json", &node1);
+    k_bob.run(&["replace", "-f", &file]).await;
+    let (code, body) = s.req(&admin, "GET", "/api/v1/nodes/node-2", None).await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = s
+        .req(&bob, "PUT", "/api/v1/nodes/node-2", Some(&json_of(&body)))
+        .await;
+    assert_eq!(code, 403, "{body}");
+    assert_eq!(
+        json_of(&body)["message"],
+        r#"nodes "node-2" is forbidden: User "bob" cannot update resource "nodes" in API group "" at the cluster scope"#
     );
     let err = k_bob.fail(&["get", "nodes"]).await;
     assert!(err.contains("cannot list resource \"nodes\""), "{err}");

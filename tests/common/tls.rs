@@ -86,7 +86,8 @@ pub async fn connect(
         .await
 }
 
-/// One HTTP/1.1 request over TLS; returns (status, body as text).
+/// One HTTP/1.1 request over TLS with a JSON body; returns (status, body
+/// as text).
 pub async fn request(
     addr: SocketAddr,
     ca_pem: &str,
@@ -94,6 +95,19 @@ pub async fn request(
     method: &str,
     path: &str,
     body: Option<&serde_json::Value>,
+) -> (u16, String) {
+    let body = body.map(|v| ("application/json", v.to_string()));
+    request_with(addr, ca_pem, auth, method, path, body).await
+}
+
+/// One HTTP/1.1 request over TLS with a body of the given content type.
+pub async fn request_with(
+    addr: SocketAddr,
+    ca_pem: &str,
+    auth: &ClientAuth,
+    method: &str,
+    path: &str,
+    body: Option<(&str, String)>,
 ) -> (u16, String) {
     let config = client_config(
         ca_pem,
@@ -114,9 +128,9 @@ pub async fn request(
         req = req.header("authorization", format!("Bearer {t}"));
     }
     let bytes = match body {
-        Some(v) => {
-            req = req.header("content-type", "application/json");
-            Bytes::from(v.to_string())
+        Some((content_type, text)) => {
+            req = req.header("content-type", content_type);
+            Bytes::from(text)
         }
         None => Bytes::new(),
     };
