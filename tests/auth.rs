@@ -401,6 +401,14 @@ async fn kubectl_with_certificates_tokens_and_rbac() {
         )
         .await;
     assert_eq!(code, 401);
+    let err = s
+        .kubectl(KubeUser::Cert(&expired))
+        .fail(&["get", "pods", "-n", "team-a"])
+        .await;
+    assert!(
+        err.contains("Unauthorized") || err.contains("must be logged in"),
+        "{err}"
+    );
     let other_ca = TestCa::new("someone-else");
     let foreign = other_ca.client_cert(s.dir.path(), "mallory", Some("system:masters"), false);
     let (code, _) = s
