@@ -269,6 +269,24 @@ async fn kubectl_with_certificates_tokens_and_rbac() {
         no.stderr
     );
 
+    // can-i --list: SelfSubjectRulesReview.
+    let list = k_alice
+        .run(&["auth", "can-i", "--list", "-n", "team-a"])
+        .await;
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("pods ") && l.contains("[get list watch]")),
+        "{list}"
+    );
+    let list = k_alice
+        .run(&["auth", "can-i", "--list", "-n", "team-b"])
+        .await;
+    assert!(!list.lines().any(|l| l.starts_with("pods ")), "{list}");
+    assert!(
+        list.contains("selfsubjectaccessreviews.authorization.k8s.io"),
+        "{list}"
+    );
+
     // bob: token, group ops: node-1 only (resourceNames), every widget verb.
     let k_bob = s.kubectl(KubeUser::Token("bob-token"));
     let who = k_bob.run(&["auth", "whoami"]).await;

@@ -69,11 +69,13 @@ fn group_json(name: &str, versions: &[&str]) -> Value {
 /// that no configured resource shadows.
 fn review_groups(resources: &[ResourceConfig]) -> Vec<(&'static str, &'static str)> {
     let configured = groups(resources);
-    super::reviews::REVIEW_RESOURCES
-        .iter()
-        .filter(|(g, ..)| !configured.contains_key(g))
-        .map(|(g, v, ..)| (*g, *v))
-        .collect()
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for (g, v, ..) in super::reviews::REVIEW_RESOURCES {
+        if !configured.contains_key(g) && !out.contains(&(g, v)) {
+            out.push((g, v));
+        }
+    }
+    out
 }
 
 /// `/apis`: every non-core group, then the built-in review groups.

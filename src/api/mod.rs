@@ -441,11 +441,13 @@ async fn route(
 ) -> Response<Body> {
     match info.path.as_str() {
         "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, &req, &query),
-        reviews::SSAR_PATH | reviews::SSR_PATH => match reviews::handle(&state, req).await {
-            Some(Ok(resp)) => resp,
-            Some(Err(status)) => status_response(&status),
-            None => status_response(&ApiStatus::not_found("not found")),
-        },
+        reviews::SSAR_PATH | reviews::SSR_PATH | reviews::SSRR_PATH => {
+            match reviews::handle(&state, req).await {
+                Some(Ok(resp)) => resp,
+                Some(Err(status)) => status_response(&status),
+                None => status_response(&ApiStatus::not_found("not found")),
+            }
+        }
         _ => k8s::handle(state, req, info, query).await,
     }
 }

@@ -1,7 +1,9 @@
 //! The self reviews kubectl uses: `SelfSubjectAccessReview`
 //! (authorization.k8s.io/v1, `kubectl auth can-i`) asks the authorizer about
 //! the caller; `SelfSubjectReview` (authentication.k8s.io/v1, `kubectl auth
-//! whoami`) returns the caller's user. Neither is stored.
+//! whoami`) returns the caller's user; `SelfSubjectRulesReview` (`kubectl
+//! auth can-i --list`) lists the caller's rules in a namespace. None is
+//! stored.
 //!
 //! kubectl sends these as Kubernetes protobuf (`application/vnd.kubernetes.protobuf`)
 //! and accepts JSON back; [`proto`] decodes the few messages involved with
@@ -21,10 +23,11 @@ use crate::auth::{Attributes, UserInfo};
 
 pub const SSAR_PATH: &str = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
 pub const SSR_PATH: &str = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+pub const SSRR_PATH: &str = "/apis/authorization.k8s.io/v1/selfsubjectrulesreviews";
 
 /// The built-in groups served beside the configured resources, for
 /// discovery: (group, version, plural, kind).
-pub const REVIEW_RESOURCES: [(&str, &str, &str, &str); 2] = [
+pub const REVIEW_RESOURCES: [(&str, &str, &str, &str); 3] = [
     (
         "authentication.k8s.io",
         "v1",
@@ -36,6 +39,12 @@ pub const REVIEW_RESOURCES: [(&str, &str, &str, &str); 2] = [
         "v1",
         "selfsubjectaccessreviews",
         "SelfSubjectAccessReview",
+    ),
+    (
+        "authorization.k8s.io",
+        "v1",
+        "selfsubjectrulesreviews",
+        "SelfSubjectRulesReview",
     ),
 ];
 
@@ -121,6 +130,18 @@ mod proto {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SelfSubjectRulesReview {
+        #[prost(message, optional, tag = "2")]
+        pub spec: Option<RulesSpec>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct RulesSpec {
+        #[prost(string, optional, tag = "1")]
+        pub namespace: Option<String>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
     pub struct NonResourceAttributes {
         #[prost(string, optional, tag = "1")]
         pub path: Option<String>,
@@ -156,6 +177,63 @@ fn spec_from_protobuf(body: &[u8]) -> Result<SsarSpec, String> {
     })
 }
 
+/// The `spec.namespace` of a `SelfSubjectRulesReview` body.
+fn parse_rules_namespace(content_type: &str, body: &[u8]) -> Result<String, ApiStatus> {
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        use prost::Message;
+        let decode = || -> Result<String, String> {
+            let envelope = body
+                .strip_prefix(proto::MAGIC)
+                .ok_or("not a Kubernetes protobuf body (no k8s magic)")?;
+            let unknown = proto::Unknown::decode(envelope).map_err(|e| e.to_string())?;
+            let review =
+                proto::SelfSubjectRulesReview::decode(unknown.raw.unwrap_or_default().as_slice())
+                    .map_err(|e| e.to_string())?;
+            Ok(review.spec.and_then(|s| s.namespace).unwrap_or_default())
+        };
+        return decode().map_err(|e| ApiStatus::bad_request(format!("invalid protobuf body: {e}")));
+    }
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiStatus::bad_request(format!("invalid JSON body: {e}")))?;
+    Ok(v["spec"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string())
+}
+
+/// The `SelfSubjectRulesReview` answer: every rule the caller has in
+/// `namespace` (cluster-wide ones included), split into resource and
+/// non-resource rules as Kubernetes does.
+fn rules_review(state: &State, user: &UserInfo, namespace: &str) -> Value {
+    let mut resource_rules = Vec::new();
+    let mut non_resource_rules = Vec::new();
+    for r in state.security.authorizer.rules_for(user, namespace) {
+        if !r.resources.is_empty() {
+            let mut rule =
+                json!({"verbs": r.verbs, "apiGroups": r.api_groups, "resources": r.resources});
+            if !r.resource_names.is_empty() {
+                rule["resourceNames"] = json!(r.resource_names);
+            }
+            resource_rules.push(rule);
+        }
+        if !r.non_resource_urls.is_empty() {
+            non_resource_rules
+                .push(json!({"verbs": r.verbs, "nonResourceURLs": r.non_resource_urls}));
+        }
+    }
+    json!({
+        "kind": "SelfSubjectRulesReview",
+        "apiVersion": "authorization.k8s.io/v1",
+        "metadata": {"creationTimestamp": null},
+        "spec": {"namespace": namespace},
+        "status": {
+            "resourceRules": resource_rules,
+            "nonResourceRules": non_resource_rules,
+            "incomplete": false,
+        },
+    })
+}
+
 /// The SSAR spec of a JSON or protobuf body.
 fn parse_spec(content_type: &str, body: &[u8]) -> Result<SsarSpec, ApiStatus> {
     if content_type.starts_with("application/vnd.kubernetes.protobuf") {
@@ -174,7 +252,7 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Option<Result<Response<Body>, ApiStatus>> {
     let path = req.uri().path();
-    if path != SSAR_PATH && path != SSR_PATH {
+    if path != SSAR_PATH && path != SSR_PATH && path != SSRR_PATH {
         return None;
     }
     if req.method() != Method::POST {
@@ -187,7 +265,8 @@ pub(crate) async fn handle(
 }
 
 async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, ApiStatus> {
-    let ssar = req.uri().path() == SSAR_PATH;
+    let path = req.uri().path().to_string();
+    let ssar = path == SSAR_PATH;
     // Set by the authentication filter; absent only on paths it waves
     // through, which these are not.
     let user = req
@@ -196,6 +275,15 @@ async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<B
         .cloned()
         .unwrap_or_else(UserInfo::anonymous);
     let (parts, body) = read_body(state, req).await?;
+    if path == SSRR_PATH {
+        let content_type = parts
+            .headers
+            .get(hyper::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("application/json");
+        let namespace = parse_rules_namespace(content_type, &body)?;
+        return Ok(json_value(201, &rules_review(state, &user, &namespace)));
+    }
     if ssar {
         let content_type = parts
             .headers

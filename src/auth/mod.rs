@@ -278,6 +278,30 @@ impl Authorizer {
         }
     }
 
+    /// The rules `user` has in `namespace` (cluster-wide ones included),
+    /// for SelfSubjectRulesReview; AlwaysAllow has one rule for everything.
+    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<rbac::PolicyRule> {
+        match self {
+            Authorizer::AlwaysAllow => {
+                let star = vec!["*".to_string()];
+                vec![
+                    rbac::PolicyRule {
+                        verbs: star.clone(),
+                        api_groups: star.clone(),
+                        resources: star.clone(),
+                        ..rbac::PolicyRule::default()
+                    },
+                    rbac::PolicyRule {
+                        verbs: star.clone(),
+                        non_resource_urls: star,
+                        ..rbac::PolicyRule::default()
+                    },
+                ]
+            }
+            Authorizer::Rbac(policy) => policy.rules_for(user, namespace),
+        }
+    }
+
     pub fn is_rbac(&self) -> bool {
         matches!(self, Authorizer::Rbac(_))
     }

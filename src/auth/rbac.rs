@@ -417,6 +417,24 @@ impl Policy {
         }
     }
 
+    /// Every rule bound to `user` at cluster scope or in `namespace`
+    /// (kube's `RulesFor`).
+    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<PolicyRule> {
+        let namespaced = (!namespace.is_empty())
+            .then(|| self.role_bindings.get(namespace))
+            .flatten()
+            .into_iter()
+            .flatten();
+        self.cluster_role_bindings
+            .iter()
+            .chain(namespaced)
+            .filter(|b| b.subjects.iter().any(|s| applies_to(s, user, &b.namespace)))
+            .filter_map(|b| self.rules_of(b))
+            .flatten()
+            .cloned()
+            .collect()
+    }
+
     /// kube's RBACAuthorizer: allowed when any rule bound to the user (at
     /// cluster scope, or in the request's namespace) allows the request;
     /// otherwise no opinion, which is a denial with one authorizer.
@@ -653,6 +671,21 @@ roleRef: {kind: ClusterRole, name: widget-admin, apiGroup: rbac.authorization.k8
             d.reason.contains("RoleBinding \"alice-reads\""),
             "{}",
             d.reason
+        );
+    }
+
+    #[test]
+    fn rules_for_a_user_and_namespace() {
+        let p = policy();
+        let alice = user("alice", &["system:authenticated"]);
+        let in_a = p.rules_for(&alice, "team-a");
+        assert!(in_a.iter().any(|r| r.resources == ["pods"]));
+        let in_b = p.rules_for(&alice, "team-b");
+        assert!(!in_b.iter().any(|r| r.resources == ["pods"]));
+        // Bootstrap rules for authenticated users are there everywhere.
+        assert!(
+            in_b.iter()
+                .any(|r| r.non_resource_urls.contains(&"/api".to_string()))
         );
     }
 
