@@ -117,9 +117,27 @@ pub struct ServerConfig {
     /// Concurrent watches beyond this get 429.
     #[serde(default = "default_max_watches")]
     pub max_watches: usize,
-    /// Slow clients that do not finish their headers in this time are dropped.
+    /// Slow clients that do not finish their headers in this time are
+    /// dropped (Go's `ReadHeaderTimeout`). A new connection gets this long,
+    /// from accept, to deliver its first request: the first bytes, the
+    /// HTTP/2 preface and the first request's headers.
     #[serde(default = "default_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
+    /// A connection with no request in flight for this long is closed
+    /// (Go's `IdleTimeout`; kube-apiserver uses 90 s). 0 = never.
+    #[serde(default = "default_idle_timeout_ms")]
+    pub idle_timeout_ms: u64,
+    /// Open connections beyond this are closed at accept (and counted in
+    /// `watchcache_api_connections_refused_total`). Keep it below the
+    /// process's file-descriptor limit (`ulimit -n`).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// A watch whose client leaves more than this many bytes unread (beyond
+    /// what the connection's buffers hold) is cut off; the client sees the
+    /// stream end and resumes from its last resourceVersion. Initial events
+    /// are exempt: they wait for the client instead.
+    #[serde(default = "default_watch_max_buffered_bytes")]
+    pub watch_max_buffered_bytes: usize,
     /// Bound of the consistent-read wait before falling back to etcd.
     #[serde(default = "default_consistent_read_timeout_ms")]
     pub consistent_read_timeout_ms: u64,
@@ -270,6 +288,15 @@ fn default_max_watches() -> usize {
 fn default_header_read_timeout_ms() -> u64 {
     10_000
 }
+fn default_idle_timeout_ms() -> u64 {
+    90_000
+}
+fn default_max_connections() -> usize {
+    10_000
+}
+fn default_watch_max_buffered_bytes() -> usize {
+    256 * 1024
+}
 fn default_consistent_read_timeout_ms() -> u64 {
     3_000
 }
@@ -311,6 +338,9 @@ impl Default for ServerConfig {
             max_body_bytes: default_max_body_bytes(),
             max_watches: default_max_watches(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
+            idle_timeout_ms: default_idle_timeout_ms(),
+            max_connections: default_max_connections(),
+            watch_max_buffered_bytes: default_watch_max_buffered_bytes(),
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),
             min_request_timeout_seconds: default_min_request_timeout_seconds(),
@@ -482,6 +512,20 @@ impl Config {
             return Err(ConfigError::invalid(
                 file,
                 "server.max_watches",
+                "must be greater than 0",
+            ));
+        }
+        if self.server.max_connections == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "server.max_connections",
+                "must be greater than 0",
+            ));
+        }
+        if self.server.watch_max_buffered_bytes == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "server.watch_max_buffered_bytes",
                 "must be greater than 0",
             ));
         }

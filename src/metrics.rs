@@ -8,7 +8,8 @@
 use std::sync::OnceLock;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
 
 /// Buckets from 50 µs to 10 s: watch delivery and cache reads are sub-ms,
@@ -40,6 +41,13 @@ pub struct Metrics {
     pub transformation_operations: IntCounterVec,
     pub transformation_failures: IntCounterVec,
     pub etcd_tls_handshake_errors: IntCounterVec,
+    /// Open client connections (limited by `server.max_connections`).
+    pub api_open_connections: IntGauge,
+    /// Connections closed at accept because `server.max_connections` were open.
+    pub api_connections_refused: IntCounter,
+    /// Connections the server closed on a client that held them without use:
+    /// `first_request_timeout`, `idle_timeout`, `stalled_watch`.
+    pub api_connections_closed: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -158,6 +166,32 @@ impl Metrics {
                 "watchcache_etcd_tls_handshake_errors_total",
                 "Failed TLS handshakes with etcd, by endpoint.",
                 &["endpoint"],
+            ),
+            api_open_connections: {
+                let g = IntGauge::new(
+                    "watchcache_api_open_connections",
+                    "Open client connections of the REST API (limited by server.max_connections).",
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
+            api_connections_refused: {
+                let c = IntCounter::new(
+                    "watchcache_api_connections_refused_total",
+                    "Connections closed at accept because server.max_connections were open.",
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(c.clone()))
+                    .expect("metric registered once");
+                c
+            },
+            api_connections_closed: counter(
+                &r,
+                "watchcache_api_connections_closed_total",
+                "Connections closed by the server, by reason (first_request_timeout, idle_timeout, stalled_watch).",
+                &["reason"],
             ),
             registry: r,
         }

@@ -392,6 +392,7 @@ async fn sigterm_with_open_watches_exits_within_5s() {
 async fn json_logs_with_one_line_per_request() {
     let cfg = daemon_config(common::etcd(), &unique_prefix("logs"), "");
     let d = Daemon::start(&cfg, &["--log-format", "json"]).await;
+    d.wait_ready().await;
     let r = reqwest::get(d.url("/api/v1/namespaces/default/pods"))
         .await
         .unwrap();

@@ -18,9 +18,8 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -33,6 +32,7 @@ use crate::config::{Config, ResourceConfig};
 use crate::storage::Storage;
 use params::Query;
 
+mod connection;
 pub mod discovery;
 mod errors;
 pub mod k8s;
@@ -45,6 +45,7 @@ pub mod secure;
 mod smp;
 pub mod status;
 pub mod table;
+mod watch_stream;
 mod writes;
 
 pub use request_info::{RequestInfo, RequestInfoError};
@@ -186,6 +187,14 @@ impl Server {
             .keep_alive_timeout(Duration::from_secs(20));
         let builder = Arc::new(builder);
 
+        let limits = connection::ConnectionLimits::from_config(&state.config.server);
+        let conn_slots = Arc::new(Semaphore::new(
+            state
+                .config
+                .server
+                .max_connections
+                .min(Semaphore::MAX_PERMITS),
+        ));
         let (close_tx, close_rx) = tokio::sync::watch::channel(false);
         let mut conns = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
@@ -209,8 +218,6 @@ impl Server {
         let acceptor = tls
             .as_ref()
             .map(|t| tokio_rustls::TlsAcceptor::from(Arc::clone(&t.config)));
-        let handshake_timeout =
-            Duration::from_millis(state.config.server.header_read_timeout_ms.max(1));
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -225,31 +232,25 @@ impl Server {
                             continue;
                         }
                     };
+                    let Ok(permit) = Arc::clone(&conn_slots).try_acquire_owned() else {
+                        // At the cap: close at once, so the connections
+                        // already open (and /readyz) keep working.
+                        crate::metrics::metrics().api_connections_refused.inc();
+                        debug!(%peer, "connection refused: server.max_connections open");
+                        drop(stream);
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
-                    let state = Arc::clone(&state);
-                    let builder = Arc::clone(&builder);
-                    let close_rx = close_rx.clone();
-                    let acceptor = acceptor.clone();
-                    conns.spawn(async move {
-                        let Some(acceptor) = acceptor else {
-                            let conn = secure::Connection::default();
-                            serve_connection(&builder, TokioIo::new(stream), state, conn, close_rx, peer).await;
-                            return;
-                        };
-                        let Some(tls) = tls_handshake(&acceptor, stream, handshake_timeout, peer).await else {
-                            return;
-                        };
-                        // The client certificate is verified once per
-                        // connection; every request on it reuses the result.
-                        let identity = state
-                            .security
-                            .authenticator
-                            .authenticate_connection(tls.get_ref().1.peer_certificates());
-                        let conn = secure::Connection {
-                            identity: Arc::new(identity),
-                        };
-                        serve_connection(&builder, TokioIo::new(tls), state, conn, close_rx, peer).await;
-                    });
+                    conns.spawn(connection::serve(
+                        stream,
+                        peer,
+                        Arc::clone(&builder),
+                        Arc::clone(&state),
+                        limits,
+                        acceptor.clone(),
+                        close_rx.clone(),
+                        permit,
+                    ));
                 }
             }
         }
@@ -273,90 +274,6 @@ impl Server {
             conns.abort_all();
         }
         Ok(())
-    }
-}
-
-/// Serves one connection (plain or TLS) until it ends or the server closes.
-async fn serve_connection<I>(
-    builder: &auto::Builder<TokioExecutor>,
-    io: I,
-    state: Arc<State>,
-    conn_info: secure::Connection,
-    mut close_rx: tokio::sync::watch::Receiver<bool>,
-    peer: std::net::SocketAddr,
-) where
-    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
-{
-    let svc = service_fn(move |mut req: Request<Incoming>| {
-        let state = Arc::clone(&state);
-        req.extensions_mut().insert(conn_info.clone());
-        // Boxed: hyper sizes each stream's task by this future, and a
-        // watch's task lives as long as the watch; boxed, it shrinks to the
-        // body pipe once the response head is out.
-        let fut = Box::pin(handle(state, req));
-        async move { Ok::<_, Infallible>(fut.await) }
-    });
-    let conn = builder.serve_connection(io, svc);
-    let mut conn = std::pin::pin!(conn);
-    tokio::select! {
-        res = conn.as_mut() => {
-            if let Err(e) = res {
-                debug!(%peer, error = %e, "connection ended with an error");
-            }
-        }
-        _ = close_rx.changed() => {
-            conn.as_mut().graceful_shutdown();
-            let _ = conn.await;
-        }
-    }
-}
-
-/// What Go's TLS server answers a plain-HTTP request on a TLS port (and so
-/// kube-apiserver): readable by curl and kubectl instead of a reset.
-const PLAIN_HTTP_ON_TLS: &[u8] =
-    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
-
-/// The TLS handshake of one connection, bounded by `timeout`. A client that
-/// speaks plain HTTP gets [`PLAIN_HTTP_ON_TLS`]; failures end the
-/// connection (logged at debug: scanners and health checkers are noisy).
-async fn tls_handshake(
-    acceptor: &tokio_rustls::TlsAcceptor,
-    mut stream: tokio::net::TcpStream,
-    timeout: Duration,
-    peer: std::net::SocketAddr,
-) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
-        Ok(Ok(1)) => {}
-        _ => return None,
-    }
-    // 0x16: a TLS handshake record.
-    if first[0] != 0x16 {
-        debug!(%peer, "plain HTTP (or garbage) on the TLS port");
-        if first[0].is_ascii_uppercase() {
-            let _ = stream.write_all(PLAIN_HTTP_ON_TLS).await;
-            let _ = stream.shutdown().await;
-            // Drain what the client sent so closing does not reset the
-            // connection before it reads the answer.
-            let mut sink = [0u8; 4096];
-            let _ = tokio::time::timeout(Duration::from_secs(1), async {
-                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
-            })
-            .await;
-        }
-        return None;
-    }
-    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-        Ok(Ok(tls)) => Some(tls),
-        Ok(Err(e)) => {
-            debug!(%peer, error = %e, "TLS handshake failed");
-            None
-        }
-        Err(_) => {
-            debug!(%peer, "TLS handshake timed out");
-            None
-        }
     }
 }
 

@@ -12,13 +12,15 @@ use hyper::{Request, Response};
 use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::cacher::{GetRequest, ListRequest, WatchChunk, WatchRequest};
+use crate::cacher::{GetRequest, ListRequest, WatchRequest};
 use crate::object::{FieldSelector, LabelSelector, Object, metadata_str};
 
-use super::errors::{What, cacher_status};
+use super::connection::ConnectionHandle;
+use super::errors::cacher_status;
 use super::k8s::{Target, json_value};
 use super::params::{Query, wants_table};
 use super::table::{self, IncludeObject};
+use super::watch_stream::{self, WatchStreamParams};
 use super::{ApiStatus, Body, Resource, State, json_response, response};
 
 /// Frames of a List body are at most about this large (small objects are
@@ -217,14 +219,14 @@ fn acquire_watch_slot(state: &State) -> Result<OwnedSemaphorePermit, ApiStatus> 
 }
 
 /// Turns watch lines into Table watch lines (kubectl `get -w`).
-struct TableWatch {
+pub(crate) struct TableWatch {
     paths: Vec<Arc<str>>,
     include: IncludeObject,
     first: bool,
 }
 
 impl TableWatch {
-    fn convert(&mut self, data: &[u8]) -> Bytes {
+    pub(crate) fn convert(&mut self, data: &[u8]) -> Bytes {
         let mut out = BytesMut::with_capacity(data.len());
         for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let converted = serde_json::from_slice::<Value>(line).ok().and_then(|ev| {
@@ -294,7 +296,7 @@ pub(crate) async fn watch(
         },
         timeout,
     };
-    let slot = acquire_watch_slot(state)?;
+    let permit = acquire_watch_slot(state)?;
     let what = target.what();
     // A watch that cannot be served from history still gets a Watcher,
     // whose only item is the 410: a 200 with an ERROR event, as Kubernetes.
@@ -303,72 +305,31 @@ pub(crate) async fn watch(
         .watch(watch)
         .await
         .map_err(|e| cacher_status(e, &what))?;
-    // The cacher ends the stream at `timeoutSeconds` (after a last
-    // bookmark); this deadline is only a backstop. It is made once per
-    // stream, like everything else in `St`: nothing is allocated or
-    // registered per chunk.
-    let backstop = timeout.map(|t| {
-        Box::pin(tokio::time::sleep_until(
-            tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE,
-        ))
-    });
-    let mut table_watch = table.map(|include| TableWatch {
+    let table = table.map(|include| TableWatch {
         paths: res.cacher.codec().index_paths().to_vec(),
         include,
         first: true,
     });
-    struct St {
-        watcher: crate::cacher::Watcher,
-        shutdown: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
-        backstop: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
-        what: What,
-        _slot: OwnedSemaphorePermit,
-    }
-    let st = St {
+    // HTTP/2 streams end through flow control; only an HTTP/1.1 connection
+    // is closed when its watch's end cannot be written.
+    let http1_connection = (req.version() < hyper::Version::HTTP_2)
+        .then(|| req.extensions().get::<ConnectionHandle>().cloned())
+        .flatten();
+    let body = watch_stream::spawn(
         watcher,
-        shutdown: Box::pin(state.shutdown.clone().cancelled_owned()),
-        backstop,
-        what,
-        _slot: slot,
-    };
-    let stream = futures::stream::unfold(Some(st), |st| async move {
-        let mut st = st?;
-        let St {
-            watcher,
-            shutdown,
-            backstop,
-            ..
-        } = &mut st;
-        let backstop = async {
-            match backstop {
-                Some(b) => b.as_mut().await,
-                None => std::future::pending().await,
-            }
-        };
-        let item = tokio::select! {
-            _ = shutdown.as_mut() => None,
-            _ = backstop => None,
-            chunk = watcher.next() => chunk,
-        };
-        match item? {
-            WatchChunk::Data(b) => Some((b, Some(st))),
-            WatchChunk::Error(crate::cacher::CacherError::ShuttingDown) => None,
-            WatchChunk::Error(e) => Some((cacher_status(e, &st.what).error_line(), None)),
-        }
-    });
-    // Table conversion happens outside the unfold so its state lives once.
-    let stream = futures::StreamExt::map(stream, move |b| {
-        let b = match table_watch.as_mut() {
-            Some(tw) => tw.convert(&b),
-            None => b,
-        };
-        Ok::<_, std::convert::Infallible>(Frame::data(b))
-    });
-    let mut resp = response(
-        200,
-        "application/json",
-        StreamBody::new(stream).boxed_unsync(),
+        WatchStreamParams {
+            max_buffered_bytes: state.config.server.watch_max_buffered_bytes.max(1),
+            // The cacher ends the stream at `timeoutSeconds` (after a last
+            // bookmark); this deadline is only a backstop.
+            backstop: timeout.map(|t| tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE),
+            shutdown: state.shutdown.clone(),
+            what,
+            table,
+            permit,
+            http1_connection,
+        },
     );
+    let mut resp = response(200, "application/json", body);
     resp.headers_mut().insert(
         hyper::header::CACHE_CONTROL,
         hyper::header::HeaderValue::from_static("no-cache, private"),

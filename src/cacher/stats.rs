@@ -30,14 +30,18 @@ pub(crate) enum WatchEnd {
     Shutdown,
     /// The client went away.
     Closed,
+    /// Cut off by the API: its client did not read what it was sent
+    /// (`server.watch_max_buffered_bytes`).
+    Unresponsive,
 }
 
 impl WatchEnd {
-    const ALL: [WatchEnd; 4] = [
+    const ALL: [WatchEnd; 5] = [
         WatchEnd::Expired,
         WatchEnd::Timeout,
         WatchEnd::Shutdown,
         WatchEnd::Closed,
+        WatchEnd::Unresponsive,
     ];
 
     fn label(self) -> &'static str {
@@ -46,6 +50,7 @@ impl WatchEnd {
             WatchEnd::Timeout => "timeout",
             WatchEnd::Shutdown => "shutdown",
             WatchEnd::Closed => "closed",
+            WatchEnd::Unresponsive => "unresponsive",
         }
     }
 }
@@ -79,7 +84,7 @@ pub struct CacherStats {
     /// Gauge: open watchers.
     pub watchers: AtomicI64,
     /// Watchers ended, by [`WatchEnd`] (in `WatchEnd::ALL` order).
-    terminated: [AtomicU64; 4],
+    terminated: [AtomicU64; 5],
     pub events_dispatched: AtomicU64,
     /// Gauges of the published state.
     pub resource_version: AtomicI64,
@@ -298,7 +303,7 @@ const COUNTERS: [(&str, &str, Option<&str>); 10] = [
     ),
     (
         "watchcache_terminated_watchers_total",
-        "Watchers ended, by reason (expired, timeout, shutdown, closed).",
+        "Watchers ended, by reason (expired, timeout, shutdown, closed, unresponsive).",
         Some("reason"),
     ),
     (

@@ -162,6 +162,19 @@ impl Watcher {
         ))
     }
 
+    /// Whether the stream is still sending its initial events: a burst a
+    /// client reads at network speed, not a backlog it failed to read.
+    pub fn sending_initial_events(&self) -> bool {
+        self.initial.is_some()
+    }
+
+    /// Ends the stream because its client does not read what it is sent
+    /// (counted as `unresponsive`); the client resumes from the last
+    /// resourceVersion it received.
+    pub fn end_unresponsive(&mut self) {
+        self.end_by(WatchEnd::Unresponsive);
+    }
+
     /// The RV of the last event or bookmark sent (for resuming elsewhere).
     pub fn resource_version(&self) -> i64 {
         self.last_rv

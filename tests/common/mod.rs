@@ -276,6 +276,18 @@ impl Daemon {
         Daemon::start(&daemon_config(endpoint, prefix, ""), &[]).await
     }
 
+    /// Waits until `/readyz` answers 200 (every cache listed); fails the
+    /// test after 30 s.
+    pub async fn wait_ready(&self) {
+        let url = self.url("/readyz");
+        let ready = eventually(Duration::from_secs(30), || {
+            let url = url.clone();
+            async move { matches!(reqwest::get(&url).await, Ok(r) if r.status().is_success()) }
+        })
+        .await;
+        assert!(ready, "watchcache became ready; log:\n{}", self.log());
+    }
+
     /// Everything the daemon logged to stderr so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self._dir.path().join("watchcache.log")).unwrap_or_default()

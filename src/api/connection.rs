@@ -1,0 +1,355 @@
+//! One client connection, from accept to close, with the limits that keep a
+//! client from holding it (and a file descriptor) without using it:
+//! - the first request must arrive within `server.header_read_timeout_ms` of
+//!   accept. This covers what hyper's own header timeout does not: the wait
+//!   for the first bytes (the HTTP/1-or-2 detection has no timer) and the
+//!   HTTP/2 preface and SETTINGS;
+//! - a connection with no request in flight for `server.idle_timeout_ms` is
+//!   shut down gracefully (HTTP/2: GOAWAY), like Go's `http.Server.IdleTimeout`;
+//! - a watch whose stream cannot be ended on an HTTP/1.1 connection (its
+//!   client does not read) closes the connection through [`ConnectionHandle`].
+//!
+//! The cap on open connections (`server.max_connections`) is applied at
+//! accept, in [`super::Server::serve`], with the permit this task holds.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hyper::Request;
+use hyper::body::{Frame, Incoming, SizeHint};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use tokio::net::TcpStream;
+use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::debug;
+
+use super::{Body, State, secure};
+
+/// How long a connection being shut down (idle, or the server stopping) may
+/// take to finish before it is closed.
+const CLOSE_GRACE: Duration = Duration::from_secs(4);
+
+/// The connection limits of `server.*`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ConnectionLimits {
+    /// From accept to the first request (`header_read_timeout_ms`).
+    pub first_request_timeout: Duration,
+    /// Without a request in flight (`idle_timeout_ms`); `None` = never.
+    pub idle_timeout: Option<Duration>,
+}
+
+impl ConnectionLimits {
+    pub(crate) fn from_config(cfg: &crate::config::ServerConfig) -> ConnectionLimits {
+        ConnectionLimits {
+            first_request_timeout: Duration::from_millis(cfg.header_read_timeout_ms.max(1)),
+            idle_timeout: (cfg.idle_timeout_ms > 0)
+                .then(|| Duration::from_millis(cfg.idle_timeout_ms)),
+        }
+    }
+}
+
+/// A connection's shared state, in every request's extensions: its request
+/// activity, and the switch that closes it.
+#[derive(Clone, Default)]
+pub(crate) struct ConnectionHandle {
+    inner: Arc<HandleInner>,
+}
+
+#[derive(Default)]
+struct HandleInner {
+    /// Requests whose response has not been fully sent.
+    in_flight: AtomicUsize,
+    /// Requests received so far.
+    requests: AtomicU64,
+    /// Signalled when `in_flight` changes.
+    changed: Notify,
+    /// Cancelled to close the connection at once.
+    close: CancellationToken,
+}
+
+impl ConnectionHandle {
+    /// Closes the connection at once: a watch stream ended but its client
+    /// does not read, so its response cannot be finished.
+    pub(crate) fn close_stalled(&self) {
+        self.inner.close.cancel();
+    }
+
+    fn request_started(&self) -> InFlight {
+        self.inner.requests.fetch_add(1, Ordering::Relaxed);
+        self.inner.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.inner.changed.notify_waiters();
+        InFlight(self.clone())
+    }
+
+    fn requests(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once no request has been in flight for `after`.
+    async fn idle(&self, after: Duration) {
+        loop {
+            let changed = self.inner.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if self.inner.in_flight.load(Ordering::Acquire) == 0 {
+                tokio::select! {
+                    _ = tokio::time::sleep(after) => return,
+                    _ = changed => {}
+                }
+            } else {
+                changed.await;
+            }
+        }
+    }
+}
+
+/// A request in flight until its response body is dropped.
+struct InFlight(ConnectionHandle);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.inner.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.0.inner.changed.notify_waiters();
+    }
+}
+
+/// A response body that keeps its request in flight while it lives.
+pub(crate) struct InFlightBody {
+    inner: Body,
+    _in_flight: InFlight,
+}
+
+impl hyper::body::Body for InFlightBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Keeps `watchcache_api_open_connections` while the connection lives.
+struct Open;
+
+impl Open {
+    fn new() -> Open {
+        crate::metrics::metrics().api_open_connections.inc();
+        Open
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        crate::metrics::metrics().api_open_connections.dec();
+    }
+}
+
+fn closed(reason: &str) {
+    crate::metrics::metrics()
+        .api_connections_closed
+        .with_label_values(&[reason])
+        .inc();
+}
+
+/// Serves one accepted connection until it ends, is closed by a limit, or
+/// the server shuts down (`close_rx`). `_permit` is its slot of
+/// `server.max_connections`. With `tls`, the TLS handshake comes first and
+/// counts against the first-request deadline.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    state: Arc<State>,
+    limits: ConnectionLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    close_rx: tokio::sync::watch::Receiver<bool>,
+    _permit: OwnedSemaphorePermit,
+) {
+    let _open = Open::new();
+    let first_request_deadline = Instant::now() + limits.first_request_timeout;
+    let Some(acceptor) = tls else {
+        let io = TokioIo::new(stream);
+        let conn = secure::Connection::default();
+        let at = first_request_deadline;
+        serve_io(io, conn, peer, &builder, state, limits, at, close_rx).await;
+        return;
+    };
+    let Some(tls) = tls_handshake(&acceptor, stream, limits.first_request_timeout, peer).await
+    else {
+        return;
+    };
+    // The client certificate is verified once per connection; every request
+    // on it reuses the result.
+    let identity = state
+        .security
+        .authenticator
+        .authenticate_connection(tls.get_ref().1.peer_certificates());
+    let conn = secure::Connection {
+        identity: Arc::new(identity),
+    };
+    let io = TokioIo::new(tls);
+    serve_io(
+        io,
+        conn,
+        peer,
+        &builder,
+        state,
+        limits,
+        first_request_deadline,
+        close_rx,
+    )
+    .await;
+}
+
+/// The HTTP part of [`serve`], over a plain or TLS stream.
+#[allow(clippy::too_many_arguments)]
+async fn serve_io<I>(
+    io: I,
+    conn_info: secure::Connection,
+    peer: SocketAddr,
+    builder: &auto::Builder<TokioExecutor>,
+    state: Arc<State>,
+    limits: ConnectionLimits,
+    first_request_deadline: Instant,
+    mut close_rx: tokio::sync::watch::Receiver<bool>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let handle = ConnectionHandle::default();
+    let svc = {
+        let handle = handle.clone();
+        service_fn(move |mut req: Request<Incoming>| {
+            let in_flight = handle.request_started();
+            req.extensions_mut().insert(handle.clone());
+            req.extensions_mut().insert(conn_info.clone());
+            let state = Arc::clone(&state);
+            // Boxed: hyper sizes each stream's task by this future, and a
+            // watch's task lives as long as the watch; boxed, it shrinks to
+            // the body pipe once the response head is out.
+            let fut = Box::pin(super::handle(state, req));
+            async move {
+                let resp = fut.await;
+                Ok::<_, Infallible>(resp.map(|inner| InFlightBody {
+                    inner,
+                    _in_flight: in_flight,
+                }))
+            }
+        })
+    };
+    let conn = builder.serve_connection(io, svc);
+    let mut conn = std::pin::pin!(conn);
+    let mut closing: Option<Instant> = None;
+    loop {
+        tokio::select! {
+            res = conn.as_mut() => {
+                if let Err(e) = res {
+                    debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            _ = handle.inner.close.cancelled() => {
+                debug!(%peer, "closing a connection whose watch stream cannot end");
+                closed("stalled_watch");
+                return;
+            }
+            _ = tokio::time::sleep_until(first_request_deadline), if handle.requests() == 0 => {
+                if handle.requests() == 0 {
+                    debug!(%peer, "no request within the header read timeout; closing");
+                    closed("first_request_timeout");
+                    return;
+                }
+            }
+            _ = idle(&handle, limits.idle_timeout), if closing.is_none() => {
+                debug!(%peer, "idle connection; closing");
+                closed("idle_timeout");
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now() + CLOSE_GRACE);
+            }
+            _ = close_rx.changed(), if closing.is_none() => {
+                conn.as_mut().graceful_shutdown();
+                closing = Some(Instant::now() + CLOSE_GRACE);
+            }
+            _ = tokio::time::sleep_until(closing.unwrap_or(first_request_deadline)), if closing.is_some() => {
+                return;
+            }
+        }
+    }
+}
+
+/// What Go's TLS server answers a plain-HTTP request on a TLS port (and so
+/// kube-apiserver): readable by curl and kubectl instead of a reset.
+const PLAIN_HTTP_ON_TLS: &[u8] =
+    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+
+/// The TLS handshake of one connection, bounded by `timeout`. A client that
+/// speaks plain HTTP gets [`PLAIN_HTTP_ON_TLS`]; failures end the
+/// connection (logged at debug: scanners and health checkers are noisy).
+async fn tls_handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    mut stream: tokio::net::TcpStream,
+    timeout: Duration,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return None,
+    }
+    // 0x16: a TLS handshake record.
+    if first[0] != 0x16 {
+        debug!(%peer, "plain HTTP (or garbage) on the TLS port");
+        if first[0].is_ascii_uppercase() {
+            let _ = stream.write_all(PLAIN_HTTP_ON_TLS).await;
+            let _ = stream.shutdown().await;
+            // Drain what the client sent so closing does not reset the
+            // connection before it reads the answer.
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+            })
+            .await;
+        }
+        return None;
+    }
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            debug!(%peer, "TLS handshake timed out");
+            None
+        }
+    }
+}
+
+/// [`ConnectionHandle::idle`], or never without an idle timeout.
+async fn idle(handle: &ConnectionHandle, after: Option<Duration>) {
+    match after {
+        Some(after) => handle.idle(after).await,
+        None => std::future::pending().await,
+    }
+}
