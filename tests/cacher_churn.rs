@@ -172,13 +172,29 @@ async fn etcd_history(endpoint: &str, codec: &ObjectCodec, from: i64, to: i64) -
         .expect("watch");
     let mut out = Vec::new();
     let mut last = from;
+    // `to` is etcd's revision, which other tests' writes to the shared etcd
+    // move too: the prefix's own events may stop short of it. A progress
+    // notification at or past `to` says every event up to it was delivered.
+    let deadline = tokio::time::Instant::now() + WAIT;
     while last < to {
-        let resp = tokio::time::timeout(WAIT, stream.message())
-            .await
-            .expect("etcd history in time")
-            .expect("watch ok")
-            .expect("stream open");
+        let resp = match tokio::time::timeout(Duration::from_secs(1), stream.message()).await {
+            Ok(r) => r.expect("watch ok").expect("stream open"),
+            Err(_) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "etcd history in time (at {last} of {to})"
+                );
+                stream.request_progress().await.expect("progress request");
+                continue;
+            }
+        };
         assert!(!resp.canceled(), "history watch canceled");
+        if resp.events().is_empty() && !resp.created() {
+            if resp.header().is_some_and(|h| h.revision() >= to) {
+                break;
+            }
+            continue;
+        }
         for ev in resp.events() {
             let kv = ev.kv().expect("kv");
             let key = kv.key_str().expect("utf8 key");

@@ -122,6 +122,7 @@ pub struct Daemon {
     child: Option<Child>,
     pub authority: String,
     pub pid: u32,
+    bin: PathBuf,
     dir: tempfile::TempDir,
 }
 
@@ -241,16 +242,30 @@ impl Daemon {
         let dir = tempfile::Builder::new()
             .prefix("watchcache-bench-")
             .tempdir()?;
-        let config = dir.path().join("watchcache.toml");
-        std::fs::write(&config, config_text)?;
-        let log = std::fs::File::create(dir.path().join("watchcache.log"))?;
+        std::fs::write(dir.path().join("watchcache.toml"), config_text)?;
         let port = free_port()?;
-        let authority = format!("127.0.0.1:{port}");
-        let mut cmd = Command::new(bin);
+        let mut d = Daemon {
+            child: None,
+            authority: format!("127.0.0.1:{port}"),
+            pid: 0,
+            bin: bin.to_path_buf(),
+            dir,
+        };
+        d.start_child()?;
+        Ok(d)
+    }
+
+    /// Starts the daemon process (its log is appended to).
+    fn start_child(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("watchcache.log"))?;
+        let mut cmd = Command::new(&self.bin);
         cmd.arg("--config")
-            .arg(&config)
+            .arg(self.dir.path().join("watchcache.toml"))
             .arg("--listen")
-            .arg(&authority)
+            .arg(&self.authority)
             .env(
                 "RUST_LOG",
                 std::env::var("WATCHCACHE_LOG").unwrap_or_else(|_| "warn".into()),
@@ -261,14 +276,25 @@ impl Daemon {
         watchcache::etcd_server::kill_with_parent(&mut cmd);
         let child = cmd
             .spawn()
-            .with_context(|| format!("spawning {}", bin.display()))?;
-        let pid = child.id();
-        Ok(Daemon {
-            child: Some(child),
-            authority,
-            pid,
-            dir,
-        })
+            .with_context(|| format!("spawning {}", self.bin.display()))?;
+        self.pid = child.id();
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs the daemon (a crash: no shutdown).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts the daemon again with the same config on the same address.
+    /// Call it from the thread that spawned it (PDEATHSIG).
+    pub fn restart(&mut self) -> Result<()> {
+        self.kill();
+        self.start_child()
     }
 
     fn log_tail(&self) -> String {

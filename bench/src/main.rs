@@ -7,6 +7,7 @@
 //! daemon (the `watchcache` binary next to this one); `--etcd URL` and
 //! `--proxy URL` use running ones. See docs/BENCHMARKS.md.
 
+mod chaos;
 mod check;
 mod env;
 mod http;
@@ -40,6 +41,9 @@ enum Scenario {
     Startup,
     /// M1: RSS per idle watcher.
     Idle,
+    /// Faults against etcd and the daemon under load, every stream checked
+    /// against etcd's own history (docs/RELIABILITY.md). Exits 1 on a violation.
+    Chaos,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -78,7 +82,7 @@ struct Cli {
     etcd_pid: Option<u32>,
     /// Use this running watchcache instead of starting one (e.g. http://127.0.0.1:8080).
     /// It must serve core/v1 pods from the same etcd with the default prefix.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, visible_alias = "daemon", value_name = "URL")]
     proxy: Option<String>,
     /// pid of the watchcache at --proxy, for its CPU and RSS figures.
     #[arg(long, value_name = "PID")]
@@ -86,21 +90,28 @@ struct Cli {
     /// The watchcache binary to start (default: `watchcache` next to this binary).
     #[arg(long, value_name = "PATH")]
     watchcache_bin: Option<PathBuf>,
-    /// Watchers (fanout, idle).
-    #[arg(short = 'w', long, default_value_t = 100)]
-    watchers: usize,
-    /// Writes per second (fanout).
-    #[arg(short = 'r', long, default_value_t = 100.0)]
-    rate: f64,
-    /// Seconds of writes (fanout) or of gets (get).
-    #[arg(short = 'd', long, default_value_t = 10.0)]
-    duration: f64,
+    /// Watchers (fanout, idle: 100; chaos: 12).
+    #[arg(short = 'w', long)]
+    watchers: Option<usize>,
+    /// Writes per second (fanout: 100; chaos: 30, all writers together).
+    #[arg(short = 'r', long)]
+    rate: Option<f64>,
+    /// Seconds of writes (fanout), of gets (get) or of faults (chaos):
+    /// `30`, `30s`, `2m` (default 10; chaos: 120).
+    #[arg(short = 'd', long, value_parser = parse_seconds)]
+    duration: Option<f64>,
+    /// Seed of the chaos run's fault schedule and client choices.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Clients paging through Lists (chaos).
+    #[arg(long, default_value_t = 2)]
+    listers: usize,
     /// Object size in bytes (JSON).
     #[arg(short = 's', long, default_value_t = 1024)]
     size: usize,
-    /// Distinct objects the fanout writes cycle over.
-    #[arg(long, default_value_t = 100)]
-    keys: usize,
+    /// Distinct objects the writes cycle over (fanout: 100; chaos: 20).
+    #[arg(long)]
+    keys: Option<usize>,
     /// Connections: etcd clients for etcd watchers and gets; HTTP/2
     /// connections to the proxy (at least; see --streams-per-conn).
     #[arg(short = 'c', long, default_value_t = 10)]
@@ -160,7 +171,7 @@ struct Cli {
 fn main() -> Result<()> {
     let nofile = procfs::raise_nofile_limit();
     let cli = Cli::parse();
-    if cli.rate <= 0.0 || cli.duration <= 0.0 {
+    if cli.rate.is_some_and(|r| r <= 0.0) || cli.duration.is_some_and(|d| d <= 0.0) {
         bail!("--rate and --duration must be positive");
     }
     if cli.proxy.is_some() && cli.etcd.is_none() {
@@ -181,6 +192,18 @@ fn main() -> Result<()> {
     r
 }
 
+/// `30`, `30s`, `1.5s`, `2m`: seconds.
+fn parse_seconds(s: &str) -> Result<f64, String> {
+    let (num, mul) = match s.strip_suffix('m') {
+        Some(n) => (n, 60.0),
+        None => (s.strip_suffix('s').unwrap_or(s), 1.0),
+    };
+    num.trim()
+        .parse::<f64>()
+        .map(|v| v * mul)
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 30, 30s, 2m)"))
+}
+
 async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
     let started = chrono::Utc::now();
     let etcd_endpoint = match (&cli.etcd, &keeper) {
@@ -188,6 +211,11 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         (None, Some(k)) => k.endpoint.clone(),
         (None, None) => bail!("no etcd"),
     };
+    if cli.scenario == Scenario::Chaos {
+        return run_chaos(cli, keeper, etcd_endpoint, nofile, started).await;
+    }
+    let duration = cli.duration.unwrap_or(10.0);
+    let rate = cli.rate.unwrap_or(100.0);
     let targets: Vec<Target> = if cli.compare {
         vec![Target::Proxy, Target::Etcd]
     } else if cli.target == TargetArg::Proxy {
@@ -205,11 +233,11 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         _ => 10,
     };
     let p = Params {
-        watchers: cli.watchers,
-        rate: cli.rate,
-        duration_s: cli.duration,
+        watchers: cli.watchers.unwrap_or(100),
+        rate,
+        duration_s: duration,
         size: cli.size,
-        keys: cli.keys.max(1),
+        keys: cli.keys.unwrap_or(100).max(1),
         connections: cli.connections.max(1),
         streams_per_conn: cli.streams_per_conn.max(1),
         http1: cli.http1,
@@ -248,7 +276,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
     };
     if needs_daemon && ctx.proxy_authority.is_none() {
         // History large enough for every write of the run plus the setup.
-        let history = ((cli.rate * cli.duration) as usize + ctx.p.objects + 1000).max(10_000);
+        let history = ((rate * duration) as usize + ctx.p.objects + 1000).max(10_000);
         let cfg = daemon_config(
             &etcd_endpoint,
             &ctx.p.etcd_prefix,
@@ -296,6 +324,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
                 Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
                 Scenario::Startup => scenarios::startup(&ctx, t).await,
                 Scenario::Idle => scenarios::idle(&ctx, t).await,
+                Scenario::Chaos => bail!("chaos runs on its own path"),
             };
             let (value, _h) = r.with_context(|| format!("{:?} against {v}", cli.scenario))?;
             if let Some(d) = value.get("latency_distribution").and_then(|d| d.as_array()) {
@@ -458,6 +487,7 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             }),
             json!({}),
         ),
+        Scenario::Chaos => (json!({}), json!({})),
         Scenario::Idle => {
             let pp = num(proxy, &["rss_per_watcher_bytes"]);
             (
@@ -629,6 +659,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
                 &rows,
             );
         }
+        Scenario::Chaos => {}
         Scenario::Idle => {
             let rows: Vec<Vec<String>> = map
                 .iter()
@@ -679,4 +710,85 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
             }
         }
     }
+}
+
+/// `chaos`: faults against etcd and the daemon, every stream checked against
+/// etcd's history; an error (exit 1) on any violation, after the report.
+async fn run_chaos(
+    cli: Cli,
+    keeper: Option<EtcdKeeper>,
+    etcd_endpoint: String,
+    nofile: u64,
+    started: chrono::DateTime<chrono::Utc>,
+) -> Result<()> {
+    let watchcache_bin = match (&cli.watchcache_bin, &cli.proxy) {
+        (Some(p), _) => p.clone(),
+        (None, Some(_)) => PathBuf::new(),
+        (None, None) => default_watchcache_bin()?,
+    };
+    let p = chaos::ChaosParams {
+        duration: Duration::from_secs_f64(cli.duration.unwrap_or(120.0)),
+        seed: cli.seed,
+        watchers: cli.watchers.unwrap_or(12),
+        listers: cli.listers,
+        rate: cli.rate.unwrap_or(30.0),
+        keys: cli.keys.unwrap_or(20).max(1),
+        namespace: cli.namespace.clone(),
+        etcd_prefix: cli.etcd_prefix.clone(),
+        etcd_endpoint: etcd_endpoint.clone(),
+        etcd_pid: cli.etcd_pid,
+        daemon_authority: cli.proxy.as_ref().map(|u| {
+            u.trim_start_matches("http://")
+                .trim_end_matches('/')
+                .to_string()
+        }),
+        watchcache_bin,
+    };
+    eprintln!(
+        "watchcache-bench chaos: seed {}, {:?}, etcd {etcd_endpoint}",
+        p.seed, p.duration
+    );
+    let out = chaos::run(p, keeper.as_ref()).await?;
+    let r = &out.report;
+    println!("chaos (seed {})", cli.seed);
+    println!("  faults injected       {}", out.faults.len());
+    for (k, v) in out.json["faults_by_kind"].as_object().into_iter().flatten() {
+        println!("    {k:<20} {v}");
+    }
+    println!("  writes acknowledged   {}", r.writes_acknowledged);
+    println!(
+        "    (409 retried {}, failed during faults {})",
+        out.json["write_conflicts"], out.json["write_errors"]
+    );
+    println!("  events checked        {}", r.events_checked);
+    println!("  bookmarks checked     {}", r.bookmarks_checked);
+    println!("  lists checked         {}", r.lists_checked);
+    println!("  watches expired (410) {}", r.expired);
+    println!("  relist events         {}", r.relist_events);
+    println!("  violations            {}", r.violations.len());
+    for v in r.violations.iter().take(20) {
+        println!("    {:?} {}: {}", v.kind, v.client, v.detail);
+    }
+    if let Some(path) = &cli.json {
+        let argv: Vec<String> = std::env::args().collect();
+        let report = json!({
+            "tool": "watchcache-bench",
+            "version": env!("CARGO_PKG_VERSION"),
+            "scenario": "chaos",
+            "command": argv.join(" "),
+            "started_at": started.to_rfc3339(),
+            "finished_at": chrono::Utc::now().to_rfc3339(),
+            "machine": procfs::machine_info(nofile),
+            "etcd_version": env::etcd_version(&etcd_endpoint).await,
+            "etcd_endpoint": etcd_endpoint,
+            "results": out.json,
+        });
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if !r.violations.is_empty() {
+        bail!("{} consistency violations", r.violations.len());
+    }
+    Ok(())
 }

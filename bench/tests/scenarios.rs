@@ -2,29 +2,11 @@
 //! its own etcd and watchcache), checking that the JSON report carries every
 //! figure. The pure checker is unit tested in src/check.rs.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
 use serde_json::Value;
 
-fn bench(args: &[&str], json: &Path) -> Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_watchcache-bench"))
-        .args(args)
-        .arg("--no-progress")
-        .arg("--json")
-        .arg(json)
-        .output()
-        .expect("run watchcache-bench");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "watchcache-bench {args:?} failed: {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
-        out.status
-    );
-    let text = std::fs::read_to_string(json).expect("JSON report written");
-    serde_json::from_str(&text).expect("JSON report parses")
-}
+use common::bench;
 
 /// Asserts that `v` has every dotted path in `paths` (null allowed only if `allow_null`).
 fn has_fields(v: &Value, paths: &[&str], allow_null: bool, what: &str) {
