@@ -148,10 +148,88 @@ pub struct ServerConfig {
     /// `[min, 2*min)` seconds, like kube-apiserver's `--min-request-timeout`.
     #[serde(default = "default_min_request_timeout_seconds")]
     pub min_request_timeout_seconds: u64,
+    /// Serving TLS; plain HTTP without it.
+    #[serde(default)]
+    pub tls: Option<TlsConfig>,
+    #[serde(default)]
+    pub authentication: AuthenticationConfig,
+    #[serde(default)]
+    pub authorization: AuthorizationConfig,
     /// Every this many seconds each resource's cache is compared with etcd
     /// at one revision (and relisted on a mismatch); 0 turns it off.
     #[serde(default = "default_consistency_check_interval_seconds")]
     pub consistency_check_interval_seconds: u64,
+}
+
+/// `[server.tls]` (kube-apiserver's `--tls-cert-file`,
+/// `--tls-private-key-file`, `--tls-min-version`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// PEM certificate chain, serving certificate first. Re-read on change.
+    pub cert_file: PathBuf,
+    /// PEM private key of the certificate.
+    pub private_key_file: PathBuf,
+    /// `VersionTLS12` (default) or `VersionTLS13`.
+    #[serde(default = "default_tls_min_version")]
+    pub min_version: String,
+}
+
+/// `[server.authentication]`: the authenticators, tried in kube-apiserver's
+/// order (client certificate, bearer token, anonymous).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthenticationConfig {
+    /// `--client-ca-file`: PEM CA bundle for client certificates (needs TLS).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+    /// `--token-auth-file`: CSV `token,user,uid,"group1,group2"`.
+    #[serde(default)]
+    pub token_auth_file: Option<PathBuf>,
+    /// `--anonymous-auth`: requests without credentials are
+    /// `system:anonymous`. Default: true only when no authenticator is set.
+    #[serde(default)]
+    pub anonymous: Option<bool>,
+}
+
+impl AuthenticationConfig {
+    /// Whether requests without credentials are let in as anonymous.
+    pub fn anonymous_enabled(&self) -> bool {
+        self.anonymous
+            .unwrap_or(self.client_ca_file.is_none() && self.token_auth_file.is_none())
+    }
+}
+
+/// `--authorization-mode`.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub enum AuthorizationMode {
+    #[default]
+    AlwaysAllow,
+    #[serde(rename = "RBAC")]
+    Rbac,
+}
+
+impl AuthorizationMode {
+    pub fn parse(s: &str) -> Result<AuthorizationMode, String> {
+        match s {
+            "AlwaysAllow" => Ok(AuthorizationMode::AlwaysAllow),
+            "RBAC" => Ok(AuthorizationMode::Rbac),
+            _ => Err(format!(
+                "unsupported authorization mode {s:?}: want AlwaysAllow or RBAC"
+            )),
+        }
+    }
+}
+
+/// `[server.authorization]`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuthorizationConfig {
+    #[serde(default)]
+    pub mode: AuthorizationMode,
+    /// `--rbac-policy-file`: YAML files of Roles, ClusterRoles and bindings.
+    #[serde(default)]
+    pub policy_files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -228,6 +306,9 @@ fn default_bookmark_interval_ms() -> u64 {
 fn default_min_request_timeout_seconds() -> u64 {
     1800
 }
+fn default_tls_min_version() -> String {
+    "VersionTLS12".into()
+}
 fn default_consistency_check_interval_seconds() -> u64 {
     300
 }
@@ -263,6 +344,9 @@ impl Default for ServerConfig {
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),
             min_request_timeout_seconds: default_min_request_timeout_seconds(),
+            tls: None,
+            authentication: AuthenticationConfig::default(),
+            authorization: AuthorizationConfig::default(),
             consistency_check_interval_seconds: default_consistency_check_interval_seconds(),
         }
     }
@@ -445,6 +529,7 @@ impl Config {
                 "must be greater than 0",
             ));
         }
+        self.validate_security(file)?;
         if self.resources.is_empty() {
             return Err(ConfigError::invalid(
                 file,
@@ -517,6 +602,41 @@ impl Config {
                 validate_duration(ttl, false, MAX_LEASE_TTL_SECONDS)
                     .map_err(|m| ConfigError::invalid(file, at("ttl_seconds"), m))?;
             }
+        }
+        Ok(())
+    }
+
+    /// `[server.tls]`, `[server.authentication]`, `[server.authorization]`:
+    /// the combinations that make sense (the files are read at start).
+    fn validate_security(&self, file: &str) -> Result<(), ConfigError> {
+        let s = &self.server;
+        if let Some(tls) = &s.tls {
+            for (field, p) in [
+                ("server.tls.cert_file", &tls.cert_file),
+                ("server.tls.private_key_file", &tls.private_key_file),
+            ] {
+                if p.as_os_str().is_empty() {
+                    return Err(ConfigError::invalid(file, field, "must not be empty"));
+                }
+            }
+            crate::server_tls::MinVersion::parse(&tls.min_version)
+                .map_err(|m| ConfigError::invalid(file, "server.tls.min_version", m))?;
+        }
+        if s.authentication.client_ca_file.is_some() && s.tls.is_none() {
+            return Err(ConfigError::invalid(
+                file,
+                "server.authentication.client_ca_file",
+                "client certificates need TLS: set server.tls (--tls-cert-file, --tls-private-key-file)",
+            ));
+        }
+        if s.authorization.mode == AuthorizationMode::AlwaysAllow
+            && !s.authorization.policy_files.is_empty()
+        {
+            return Err(ConfigError::invalid(
+                file,
+                "server.authorization.policy_files",
+                "RBAC policy files need mode = \"RBAC\" (--authorization-mode RBAC)",
+            ));
         }
         Ok(())
     }
@@ -916,6 +1036,52 @@ indexes = ["spec.nodeName"]
         error_naming(
             &GOOD.replace("[etcd]", "[etcd]\nprefix = \"registry\""),
             "etcd.prefix",
+        );
+    }
+
+    #[test]
+    fn security_sections() {
+        let text = GOOD.replace(
+            "[etcd]",
+            "[server.tls]\ncert_file = \"/tls.crt\"\nprivate_key_file = \"/tls.key\"\n[server.authentication]\nclient_ca_file = \"/ca.crt\"\ntoken_auth_file = \"/tokens.csv\"\n[server.authorization]\nmode = \"RBAC\"\npolicy_files = [\"/rbac.yaml\"]\n[etcd]",
+        );
+        let cfg = Config::parse(&text, "test.toml").unwrap();
+        let tls = cfg.server.tls.as_ref().unwrap();
+        assert_eq!(tls.min_version, "VersionTLS12");
+        assert_eq!(cfg.server.authorization.mode, AuthorizationMode::Rbac);
+        // Authenticators configured: anonymous defaults to off.
+        assert!(!cfg.server.authentication.anonymous_enabled());
+        assert!(
+            Config::parse(GOOD, "t")
+                .unwrap()
+                .server
+                .authentication
+                .anonymous_enabled()
+        );
+        error_naming(
+            &text.replace(
+                "[server.authentication]",
+                "min_version = \"VersionTLS11\"\n[server.authentication]",
+            ),
+            "server.tls.min_version",
+        );
+        error_naming(
+            &GOOD.replace(
+                "[etcd]",
+                "[server.authentication]\nclient_ca_file = \"/ca.crt\"\n[etcd]",
+            ),
+            "server.authentication.client_ca_file",
+        );
+        error_naming(
+            &GOOD.replace(
+                "[etcd]",
+                "[server.authorization]\npolicy_files = [\"/p.yaml\"]\n[etcd]",
+            ),
+            "server.authorization.policy_files",
+        );
+        error_naming(
+            &GOOD.replace("[etcd]", "[server.authorization]\nmode = \"ABAC\"\n[etcd]"),
+            "mode",
         );
     }
 }

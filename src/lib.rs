@@ -5,10 +5,12 @@
 //! come back only through the reflector's watch. See `docs/ARCHITECTURE.md`.
 
 pub mod api;
+pub mod auth;
 pub mod backoff;
 pub mod cacher;
 pub mod config;
 pub mod etcd_server;
 pub mod metrics;
 pub mod object;
+pub mod server_tls;
 pub mod storage;

@@ -10,7 +10,7 @@ use clap::{Parser, ValueEnum};
 use tracing::info;
 
 use watchcache::api::Server;
-use watchcache::config::{Config, ConfigError};
+use watchcache::config::{AuthorizationMode, Config, ConfigError, TlsConfig};
 use watchcache::etcd_server::EtcdServer;
 use watchcache::storage::tls::EtcdTls;
 use watchcache::storage::{EncryptionTransformer, Storage};
@@ -59,6 +59,34 @@ struct Cli {
     /// Log format; the level comes from RUST_LOG (default info).
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// PEM serving certificate (chain); with --tls-private-key-file the API
+    /// is served over HTTPS (overrides `[server.tls]`). Re-read on change.
+    #[arg(long, value_name = "FILE", requires = "tls_private_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key of --tls-cert-file.
+    #[arg(long, value_name = "FILE", requires = "tls_cert_file")]
+    tls_private_key_file: Option<PathBuf>,
+    /// Minimum TLS version: VersionTLS12 (default) or VersionTLS13.
+    #[arg(long, value_name = "VERSION")]
+    tls_min_version: Option<String>,
+    /// PEM CA bundle: client certificates signed by it authenticate as
+    /// user = CN, groups = O.
+    #[arg(long, value_name = "FILE")]
+    client_ca_file: Option<PathBuf>,
+    /// Static bearer tokens, CSV `token,user,uid,"group1,group2"`.
+    #[arg(long, value_name = "FILE")]
+    token_auth_file: Option<PathBuf>,
+    /// Requests without credentials are `system:anonymous` (default: true
+    /// only when no authenticator is configured).
+    #[arg(long, value_name = "BOOL", num_args = 0..=1, default_missing_value = "true")]
+    anonymous_auth: Option<bool>,
+    /// AlwaysAllow (default) or RBAC.
+    #[arg(long, value_name = "MODE")]
+    authorization_mode: Option<String>,
+    /// RBAC policy file (Roles, ClusterRoles, bindings; YAML, several
+    /// documents); repeatable. Replaces `[server.authorization] policy_files`.
+    #[arg(long, value_name = "FILE")]
+    rbac_policy_file: Vec<PathBuf>,
 }
 
 /// A duration like `5m`, `90s`, `1h30m`, or `0`.
@@ -105,6 +133,7 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         cfg.etcd.endpoints = eps.clone();
         overridden = true;
     }
+    overridden |= apply_security_flags(cli, &mut cfg, &file)?;
     if let Some(d) = cli.consistency_check_interval {
         cfg.server.consistency_check_interval_seconds = d.as_secs();
         overridden = true;
@@ -130,6 +159,68 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         cfg.validate(&format!("{file} (with command-line overrides)"))?;
     }
     Ok(cfg)
+}
+
+/// Applies the kube-apiserver-style security flags over the file's
+/// `[server.tls]`, `[server.authentication]` and `[server.authorization]`.
+/// Returns whether anything was overridden.
+fn apply_security_flags(cli: &Cli, cfg: &mut Config, file: &str) -> Result<bool, ConfigError> {
+    let flag_error = |field: &str, message: String| ConfigError::Invalid {
+        file: format!("{file} (with command-line overrides)"),
+        field: field.into(),
+        message,
+    };
+    let mut overridden = false;
+    let server = &mut cfg.server;
+    if let (Some(cert), Some(key)) = (&cli.tls_cert_file, &cli.tls_private_key_file) {
+        let min_version = server
+            .tls
+            .as_ref()
+            .map(|t| t.min_version.clone())
+            .unwrap_or_else(|| "VersionTLS12".into());
+        server.tls = Some(TlsConfig {
+            cert_file: cert.clone(),
+            private_key_file: key.clone(),
+            min_version,
+        });
+        overridden = true;
+    }
+    if let Some(v) = &cli.tls_min_version {
+        match &mut server.tls {
+            Some(t) => t.min_version = v.clone(),
+            None => {
+                return Err(flag_error(
+                    "--tls-min-version",
+                    "needs --tls-cert-file and --tls-private-key-file".into(),
+                ));
+            }
+        }
+        overridden = true;
+    }
+    let authn = &mut server.authentication;
+    if let Some(ca) = &cli.client_ca_file {
+        authn.client_ca_file = Some(ca.clone());
+        overridden = true;
+    }
+    if let Some(t) = &cli.token_auth_file {
+        authn.token_auth_file = Some(t.clone());
+        overridden = true;
+    }
+    if let Some(a) = cli.anonymous_auth {
+        authn.anonymous = Some(a);
+        overridden = true;
+    }
+    let authz = &mut server.authorization;
+    if let Some(mode) = &cli.authorization_mode {
+        authz.mode =
+            AuthorizationMode::parse(mode).map_err(|m| flag_error("--authorization-mode", m))?;
+        overridden = true;
+    }
+    if !cli.rbac_policy_file.is_empty() {
+        authz.policy_files = cli.rbac_policy_file.clone();
+        overridden = true;
+    }
+    Ok(overridden)
 }
 
 /// Resolves when SIGTERM or SIGINT arrives.
@@ -248,7 +339,7 @@ async fn run(
     if let Some(t) = transformer {
         storage = storage.with_transformer(t);
     }
-    let server = Server::new(cfg, storage);
+    let server = Server::new(cfg, storage)?;
     server.serve(listener, shutdown_signal()).await?;
     info!("watchcache stopped");
     Ok(())

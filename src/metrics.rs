@@ -33,6 +33,11 @@ pub struct Metrics {
     pub http_requests: IntCounterVec,
     pub http_request_duration: HistogramVec,
     pub api_open_watches: prometheus::IntGauge,
+    /// Requests by authentication result: `success`, `failure` (401) or
+    /// `anonymous` (no credentials, anonymous access on).
+    pub authentication_attempts: IntCounterVec,
+    /// Authorization decisions: `allowed` or `denied`.
+    pub authorization_decisions: IntCounterVec,
     pub transformation_operations: IntCounterVec,
     pub transformation_failures: IntCounterVec,
     pub etcd_tls_handshake_errors: IntCounterVec,
@@ -132,6 +137,18 @@ impl Metrics {
                     .expect("metric registered once");
                 g
             },
+            authentication_attempts: counter(
+                &r,
+                "watchcache_authentication_attempts_total",
+                "Requests by authentication result (success, failure, anonymous).",
+                &["result"],
+            ),
+            authorization_decisions: counter(
+                &r,
+                "watchcache_authorization_decisions_total",
+                "Authorization decisions (allowed, denied).",
+                &["decision"],
+            ),
             transformation_operations: counter(
                 &r,
                 "watchcache_transformation_operations_total",

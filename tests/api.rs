@@ -848,7 +848,7 @@ async fn etcd_down_not_ready_and_unavailable() {
         .await
         .expect("connect");
     etcd.kill();
-    let server = watchcache::api::Server::new(cfg, storage);
+    let server = watchcache::api::Server::new(cfg, storage).expect("server");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

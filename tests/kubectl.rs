@@ -3,98 +3,17 @@
 mod common;
 use common::server as api_support;
 
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use api_support::{TestServer, pod};
+use common::kubectl::{KubeUser, Kubectl};
 
-struct Kubectl {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-    kubeconfig: PathBuf,
-}
-
-fn kubectl_binary() -> PathBuf {
-    let candidates = [
-        watchcache::etcd_server::find_kubectl_binary(),
-        Some(PathBuf::from("/usr/bin/kubectl")),
-        Some(PathBuf::from("/usr/local/bin/kubectl")),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "kubectl not found (looked on PATH, /usr/bin, /usr/local/bin and the tools folder): \
-                 install kubectl v1.32 to run these tests"
-            )
-        })
-}
-
-impl Kubectl {
-    fn new(ts: &TestServer) -> Kubectl {
-        let bin = kubectl_binary();
-        let dir = tempfile::tempdir().expect("tempdir");
-        let kubeconfig = dir.path().join("kubeconfig");
-        let text = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: wc\n  cluster:\n    server: {}\n\
-             contexts:\n- name: wc\n  context:\n    cluster: wc\n    user: wc\n    namespace: default\n\
-             current-context: wc\nusers:\n- name: wc\n  user: {{}}\n",
-            ts.base()
-        );
-        std::fs::write(&kubeconfig, text).expect("write kubeconfig");
-        Kubectl {
-            bin,
-            dir,
-            kubeconfig,
-        }
-    }
-
-    fn command(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(&self.bin);
-        cmd.env_clear()
-            .env("HOME", self.dir.path())
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.dir.path().join("cache"))
-            .arg("--request-timeout=20s")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
-        cmd
-    }
-
-    /// Runs kubectl; panics with its output unless it succeeds. Returns stdout.
-    async fn run(&self, args: &[&str]) -> String {
-        let out = tokio::time::timeout(Duration::from_secs(60), self.command(args).output())
-            .await
-            .expect("kubectl finished in time")
-            .expect("run kubectl");
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
-            out.status
-        );
-        stdout
-    }
-
-    fn write_file(&self, name: &str, content: &str) -> String {
-        let p = self.dir.path().join(name);
-        std::fs::write(&p, content).expect("write manifest");
-        p.display().to_string()
-    }
+/// kubectl for the test server over plain HTTP, with no credentials.
+fn kubectl(ts: &TestServer) -> Kubectl {
+    Kubectl::new(&ts.base(), None, KubeUser::Anonymous)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -106,7 +25,7 @@ async fn kubectl_get_pods_all_namespaces() {
             .await;
         assert_eq!(c, 201, "{v}");
     }
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let out = k.run(&["get", "pods", "-A"]).await;
     println!("{out}");
     let lines: Vec<&str> = out.lines().collect();
@@ -137,7 +56,7 @@ async fn kubectl_get_pod_json() {
         .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "web"))
         .await;
     assert_eq!(c, 201);
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let out = k
         .run(&["get", "pod", "web", "-n", "ns1", "-o", "json"])
         .await;
@@ -155,7 +74,7 @@ async fn kubectl_get_pod_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_from_file() {
     let ts = TestServer::start("kc-create", |_| {}).await;
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let file = k.write_file(
         "pod.yaml",
         "apiVersion: v1\nkind: Pod\nmetadata:\n  name: from-file\n  namespace: ns1\n  labels:\n    app: demo\n\
@@ -178,7 +97,7 @@ async fn kubectl_replace_from_file() {
         .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "rep"))
         .await;
     assert_eq!(c, 201);
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let out = k
         .run(&["get", "pod", "rep", "-n", "ns1", "-o", "json"])
         .await;
@@ -198,7 +117,7 @@ async fn kubectl_patch_merge() {
         .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "pat"))
         .await;
     assert_eq!(c, 201);
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let out = k
         .run(&[
             "patch",
@@ -225,7 +144,7 @@ async fn kubectl_delete() {
         .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "gone"))
         .await;
     assert_eq!(c, 201);
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let out = k.run(&["delete", "pod", "gone", "-n", "ns1"]).await;
     assert!(out.contains("pod \"gone\" deleted"), "{out}");
     assert!(ts.etcd_get(&ts.pod_key("ns1", "gone")).await.is_none());
@@ -238,7 +157,7 @@ async fn kubectl_get_watch_shows_new_pod() {
         .post_json("/api/v1/namespaces/ns1/pods", &pod("ns1", "before"))
         .await;
     assert_eq!(c, 201);
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let mut child = k
         .command(&["get", "pods", "-n", "ns1", "-w", "--output-watch-events"])
         .spawn()
@@ -298,7 +217,7 @@ async fn kubectl_get_watch_shows_new_pod() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_creates_then_updates() {
     let ts = TestServer::start("kc-apply", |_| {}).await;
-    let k = Kubectl::new(&ts);
+    let k = kubectl(&ts);
     let manifest = |image: &str, extra: &str| {
         format!(
             "apiVersion: v1\nkind: Pod\nmetadata:\n  name: applied\n  namespace: ns1\n  labels:\n    app: demo\n{extra}\

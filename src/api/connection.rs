@@ -32,7 +32,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use super::{Body, State};
+use super::{Body, State, secure};
 
 /// How long a connection being shut down (idle, or the server stopping) may
 /// take to finish before it is closed.
@@ -173,23 +173,76 @@ fn closed(reason: &str) {
 
 /// Serves one accepted connection until it ends, is closed by a limit, or
 /// the server shuts down (`close_rx`). `_permit` is its slot of
-/// `server.max_connections`.
+/// `server.max_connections`. With `tls`, the TLS handshake comes first and
+/// counts against the first-request deadline.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     builder: Arc<auto::Builder<TokioExecutor>>,
     state: Arc<State>,
     limits: ConnectionLimits,
-    mut close_rx: tokio::sync::watch::Receiver<bool>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    close_rx: tokio::sync::watch::Receiver<bool>,
     _permit: OwnedSemaphorePermit,
 ) {
     let _open = Open::new();
+    let first_request_deadline = Instant::now() + limits.first_request_timeout;
+    let Some(acceptor) = tls else {
+        let io = TokioIo::new(stream);
+        let conn = secure::Connection::default();
+        let at = first_request_deadline;
+        serve_io(io, conn, peer, &builder, state, limits, at, close_rx).await;
+        return;
+    };
+    let Some(tls) = tls_handshake(&acceptor, stream, limits.first_request_timeout, peer).await
+    else {
+        return;
+    };
+    // The client certificate is verified once per connection; every request
+    // on it reuses the result.
+    let identity = state
+        .security
+        .authenticator
+        .authenticate_connection(tls.get_ref().1.peer_certificates());
+    let conn = secure::Connection {
+        identity: Arc::new(identity),
+    };
+    let io = TokioIo::new(tls);
+    serve_io(
+        io,
+        conn,
+        peer,
+        &builder,
+        state,
+        limits,
+        first_request_deadline,
+        close_rx,
+    )
+    .await;
+}
+
+/// The HTTP part of [`serve`], over a plain or TLS stream.
+#[allow(clippy::too_many_arguments)]
+async fn serve_io<I>(
+    io: I,
+    conn_info: secure::Connection,
+    peer: SocketAddr,
+    builder: &auto::Builder<TokioExecutor>,
+    state: Arc<State>,
+    limits: ConnectionLimits,
+    first_request_deadline: Instant,
+    mut close_rx: tokio::sync::watch::Receiver<bool>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let handle = ConnectionHandle::default();
     let svc = {
         let handle = handle.clone();
         service_fn(move |mut req: Request<Incoming>| {
             let in_flight = handle.request_started();
             req.extensions_mut().insert(handle.clone());
+            req.extensions_mut().insert(conn_info.clone());
             let state = Arc::clone(&state);
             // Boxed: hyper sizes each stream's task by this future, and a
             // watch's task lives as long as the watch; boxed, it shrinks to
@@ -204,9 +257,8 @@ pub(crate) async fn serve(
             }
         })
     };
-    let conn = builder.serve_connection(TokioIo::new(stream), svc);
+    let conn = builder.serve_connection(io, svc);
     let mut conn = std::pin::pin!(conn);
-    let first_request_deadline = Instant::now() + limits.first_request_timeout;
     let mut closing: Option<Instant> = None;
     loop {
         tokio::select! {
@@ -241,6 +293,55 @@ pub(crate) async fn serve(
             _ = tokio::time::sleep_until(closing.unwrap_or(first_request_deadline)), if closing.is_some() => {
                 return;
             }
+        }
+    }
+}
+
+/// What Go's TLS server answers a plain-HTTP request on a TLS port (and so
+/// kube-apiserver): readable by curl and kubectl instead of a reset.
+const PLAIN_HTTP_ON_TLS: &[u8] =
+    b"HTTP/1.0 400 Bad Request\r\n\r\nClient sent an HTTP request to an HTTPS server.\n";
+
+/// The TLS handshake of one connection, bounded by `timeout`. A client that
+/// speaks plain HTTP gets [`PLAIN_HTTP_ON_TLS`]; failures end the
+/// connection (logged at debug: scanners and health checkers are noisy).
+async fn tls_handshake(
+    acceptor: &tokio_rustls::TlsAcceptor,
+    mut stream: tokio::net::TcpStream,
+    timeout: Duration,
+    peer: std::net::SocketAddr,
+) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut first = [0u8; 1];
+    match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
+        Ok(Ok(1)) => {}
+        _ => return None,
+    }
+    // 0x16: a TLS handshake record.
+    if first[0] != 0x16 {
+        debug!(%peer, "plain HTTP (or garbage) on the TLS port");
+        if first[0].is_ascii_uppercase() {
+            let _ = stream.write_all(PLAIN_HTTP_ON_TLS).await;
+            let _ = stream.shutdown().await;
+            // Drain what the client sent so closing does not reset the
+            // connection before it reads the answer.
+            let mut sink = [0u8; 4096];
+            let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+            })
+            .await;
+        }
+        return None;
+    }
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            debug!(%peer, error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            debug!(%peer, "TLS handshake timed out");
+            None
         }
     }
 }

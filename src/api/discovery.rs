@@ -65,20 +65,45 @@ fn group_json(name: &str, versions: &[&str]) -> Value {
     json!({"name": name, "versions": vs, "preferredVersion": preferred})
 }
 
-/// `/apis`: every non-core group.
+/// The built-in review groups (`kubectl auth can-i`, `kubectl auth whoami`)
+/// that no configured resource shadows.
+fn review_groups(resources: &[ResourceConfig]) -> Vec<(&'static str, &'static str)> {
+    let configured = groups(resources);
+    let mut out: Vec<(&'static str, &'static str)> = Vec::new();
+    for (g, v, ..) in super::reviews::REVIEW_RESOURCES {
+        if !configured.contains_key(g) && !out.contains(&(g, v)) {
+            out.push((g, v));
+        }
+    }
+    out
+}
+
+/// `/apis`: every non-core group, then the built-in review groups.
 pub fn group_list(resources: &[ResourceConfig]) -> Value {
-    let groups: Vec<Value> = groups(resources)
+    let mut groups: Vec<Value> = groups(resources)
         .iter()
         .map(|(name, versions)| group_json(name, versions))
         .collect();
+    groups.extend(
+        review_groups(resources)
+            .into_iter()
+            .map(|(g, v)| group_json(g, &[v])),
+    );
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 /// `/apis/{group}`: one group, or None when no resource has it.
 pub fn group(resources: &[ResourceConfig], name: &str) -> Option<Value> {
     let groups = groups(resources);
-    let versions = groups.get(name)?;
-    let mut g = group_json(name, versions);
+    let mut g = match groups.get(name) {
+        Some(versions) => group_json(name, versions),
+        None => {
+            let (g, v) = review_groups(resources)
+                .into_iter()
+                .find(|(g, _)| *g == name)?;
+            group_json(g, &[v])
+        }
+    };
     g["kind"] = json!("APIGroup");
     g["apiVersion"] = json!("v1");
     Some(g)
@@ -102,6 +127,28 @@ pub fn resource_list(resources: &[ResourceConfig], group: &str, version: &str) -
             })
         })
         .collect();
+    let list = if list.is_empty() {
+        review_groups(resources)
+            .into_iter()
+            .filter(|(g, v)| *g == group && *v == version)
+            .flat_map(|(g, _)| {
+                super::reviews::REVIEW_RESOURCES
+                    .iter()
+                    .filter(move |r| r.0 == g)
+            })
+            .map(|(_, _, plural, kind)| {
+                json!({
+                    "name": plural,
+                    "singularName": "",
+                    "namespaced": false,
+                    "kind": kind,
+                    "verbs": ["create"],
+                })
+            })
+            .collect()
+    } else {
+        list
+    };
     if list.is_empty() {
         return None;
     }
@@ -220,5 +267,19 @@ mod tests {
         assert!(resource_list(&cfg.resources, "apps", "v2").is_none());
         assert!(group(&cfg.resources, "apps").is_some());
         assert!(group(&cfg.resources, "nope").is_none());
+        // The review groups come after the configured ones.
+        let names: Vec<&str> = apis["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|g| g["name"].as_str())
+            .collect();
+        assert_eq!(
+            names,
+            ["apps", "authentication.k8s.io", "authorization.k8s.io"]
+        );
+        let ssar = resource_list(&cfg.resources, "authorization.k8s.io", "v1").unwrap();
+        assert_eq!(ssar["resources"][0]["name"], "selfsubjectaccessreviews");
+        assert!(group(&cfg.resources, "authentication.k8s.io").is_some());
     }
 }

@@ -40,6 +40,8 @@ pub mod ops;
 pub mod params;
 mod reads;
 pub mod request_info;
+mod reviews;
+pub mod secure;
 mod smp;
 pub mod status;
 pub mod table;
@@ -47,6 +49,7 @@ mod watch_stream;
 mod writes;
 
 pub use request_info::{RequestInfo, RequestInfoError};
+pub use secure::{Security, SecurityError};
 pub use status::ApiStatus;
 
 /// How long [`Server::serve`] waits for connections to drain after shutdown.
@@ -62,6 +65,8 @@ pub type Body = UnsyncBoxBody<Bytes, Infallible>;
 pub enum ApiError {
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
+    #[error("{0}")]
+    Security(#[from] SecurityError),
 }
 
 /// One served resource: its config and its cacher.
@@ -82,6 +87,8 @@ pub struct State {
     pub shutdown: CancellationToken,
     /// Result of the latest etcd probe (see [`probe_etcd`]); part of `/readyz`.
     pub etcd_reachable: AtomicBool,
+    /// TLS, authentication and authorization as configured.
+    pub security: Security,
 }
 
 impl State {
@@ -108,9 +115,11 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts one [`Cacher`] per configured resource. Must be called inside a
-    /// tokio runtime.
-    pub fn new(config: Config, storage: Storage) -> Server {
+    /// Reads the security files the config names (TLS certificates, client
+    /// CA, token file, RBAC policy) and starts one [`Cacher`] per configured
+    /// resource. Must be called inside a tokio runtime.
+    pub fn new(config: Config, storage: Storage) -> Result<Server, ApiError> {
+        let security = Security::from_config(&config.server)?;
         let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
         let max_watches = config.server.max_watches.min(Semaphore::MAX_PERMITS);
         let resources = config
@@ -134,10 +143,11 @@ impl Server {
                 watch_slots: Arc::new(Semaphore::new(max_watches)),
                 shutdown: CancellationToken::new(),
                 etcd_reachable: AtomicBool::new(false),
+                security,
             }),
         };
         tokio::spawn(probe_etcd(Arc::clone(&server.state)));
-        server
+        Ok(server)
     }
 
     /// The shared state (config, storage, cachers).
@@ -188,9 +198,26 @@ impl Server {
         let (close_tx, close_rx) = tokio::sync::watch::channel(false);
         let mut conns = JoinSet::new();
         let mut shutdown = std::pin::pin!(shutdown);
+        let tls = state.security.tls.clone();
         if let Ok(addr) = listener.local_addr() {
-            info!(%addr, "serving the REST API");
+            match &tls {
+                Some(_) => info!(%addr, "serving the REST API over TLS"),
+                None if addr.ip().is_loopback() => info!(%addr, "serving the REST API"),
+                None => warn!(
+                    %addr,
+                    "serving the REST API over plain HTTP on a non-loopback address: anyone who can reach it can read and write through it; set --tls-cert-file and --tls-private-key-file"
+                ),
+            }
         }
+        if let Some(t) = &tls {
+            tokio::spawn(crate::server_tls::watch_files(
+                Arc::clone(&t.cert),
+                state.shutdown.clone(),
+            ));
+        }
+        let acceptor = tls
+            .as_ref()
+            .map(|t| tokio_rustls::TlsAcceptor::from(Arc::clone(&t.config)));
         loop {
             tokio::select! {
                 _ = &mut shutdown => break,
@@ -220,6 +247,7 @@ impl Server {
                         Arc::clone(&builder),
                         Arc::clone(&state),
                         limits,
+                        acceptor.clone(),
                         close_rx.clone(),
                         permit,
                     ));
@@ -274,9 +302,10 @@ async fn probe_etcd(state: Arc<State>) {
     }
 }
 
-/// Resolves the request's [`RequestInfo`] once, routes by it, logs the
-/// request and records the HTTP metrics under its verb.
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
+/// Resolves the request's [`RequestInfo`] once, authenticates and
+/// authorizes it ([`secure`]), routes by it, logs the request and records
+/// the HTTP metrics under its verb.
+async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let method = req.method().clone();
     let query = Query::parse(req.uri().query());
@@ -288,11 +317,16 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     let span = tracing::debug_span!("request", %method, %path, verb);
     let resp = match info {
-        Ok(info) => {
-            route(state, req, info, query)
-                .instrument(span.clone())
-                .await
-        }
+        Ok(info) => match secure::admit(&state, &mut req, &info) {
+            Ok(admitted) => {
+                let resp = route(state, req, info, query)
+                    .instrument(span.clone())
+                    .await;
+                secure::finish(&admitted, resp.status().as_u16());
+                resp
+            }
+            Err(denied) => status_response(&denied),
+        },
         Err(e) => status_response(&errors::request_info_status(&e)),
     };
     let elapsed = start.elapsed();
@@ -324,6 +358,13 @@ async fn route(
 ) -> Response<Body> {
     match info.path.as_str() {
         "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, &req, &query),
+        reviews::SSAR_PATH | reviews::SSR_PATH | reviews::SSRR_PATH => {
+            match reviews::handle(&state, req).await {
+                Some(Ok(resp)) => resp,
+                Some(Err(status)) => status_response(&status),
+                None => status_response(&ApiStatus::not_found("not found")),
+            }
+        }
         _ => k8s::handle(state, req, info, query).await,
     }
 }

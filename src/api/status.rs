@@ -36,6 +36,16 @@ impl ApiStatus {
         ApiStatus::new(400, "BadRequest", message)
     }
 
+    /// 401: the credentials were missing or wrong; deliberately no detail.
+    pub fn unauthorized() -> ApiStatus {
+        ApiStatus::new(401, "Unauthorized", "Unauthorized")
+    }
+
+    /// 403: authenticated, but the authorizer said no.
+    pub fn forbidden(message: impl Into<String>) -> ApiStatus {
+        ApiStatus::new(403, "Forbidden", message)
+    }
+
     pub fn not_found(message: impl Into<String>) -> ApiStatus {
         ApiStatus::new(404, "NotFound", message)
     }

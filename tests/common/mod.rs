@@ -3,8 +3,10 @@
 //! kill or compact, and client helpers. Later layers add the daemon here.
 #![allow(dead_code, unused_imports)]
 
+pub mod kubectl;
 pub mod pki;
 pub mod server;
+pub mod tls;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};

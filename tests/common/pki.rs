@@ -1,13 +1,15 @@
 //! Test certificates made with rcgen: a CA, etcd's serving certificate and a
 //! client certificate (kubeadm's `etcd/ca.crt`, `etcd/server.crt`,
 //! `apiserver-etcd-client.crt`), plus a second, unrelated CA and a client
-//! certificate it signed, for the refusals.
+//! certificate it signed, for the refusals. [`TestCa`] makes certificates on
+//! demand for the API's secure serving tests (users with groups, expired
+//! certificates).
 
 use std::path::{Path, PathBuf};
 
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose,
+    Issuer, KeyPair, KeyUsagePurpose,
 };
 
 use watchcache::etcd_server::EtcdServerTls;
@@ -96,5 +98,86 @@ impl Pki {
             trusted_ca_file: self.path("ca.crt"),
             client_cert_auth: true,
         }
+    }
+}
+
+/// A certificate authority whose key stays in memory.
+pub struct TestCa {
+    pub cert_pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+/// A certificate and its key, as PEM files.
+#[derive(Clone)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> TestCa {
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().expect("ca key");
+        let cert = p.self_signed(&key).expect("ca cert");
+        TestCa {
+            cert_pem: cert.pem(),
+            issuer: Issuer::new(p, key),
+        }
+    }
+
+    /// Writes the CA certificate to `dir/{name}`.
+    pub fn write(&self, dir: &Path, name: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, &self.cert_pem).expect("write ca");
+        p
+    }
+
+    /// A serving certificate for 127.0.0.1 and localhost.
+    pub fn server_cert(&self, dir: &Path, name: &str) -> CertFiles {
+        let mut p = CertificateParams::new(vec!["127.0.0.1".to_string(), "localhost".to_string()])
+            .expect("server params");
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        self.sign(p, dir, name)
+    }
+
+    /// A client certificate: CN = user, O = group (kube-apiserver's mapping).
+    pub fn client_cert(
+        &self,
+        dir: &Path,
+        user: &str,
+        group: Option<&str>,
+        expired: bool,
+    ) -> CertFiles {
+        let mut p = CertificateParams::new(Vec::<String>::new()).expect("client params");
+        p.distinguished_name.push(DnType::CommonName, user);
+        if let Some(g) = group {
+            p.distinguished_name.push(DnType::OrganizationName, g);
+        }
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        if expired {
+            p.not_before = rcgen::date_time_ymd(2001, 1, 1);
+            p.not_after = rcgen::date_time_ymd(2002, 1, 1);
+        }
+        let name = if expired {
+            format!("{user}-expired")
+        } else {
+            user.to_string()
+        };
+        self.sign(p, dir, &name)
+    }
+
+    fn sign(&self, p: CertificateParams, dir: &Path, name: &str) -> CertFiles {
+        let key = KeyPair::generate().expect("key");
+        let cert = p.signed_by(&key, &self.issuer).expect("sign");
+        let files = CertFiles {
+            cert: dir.join(format!("{name}.crt")),
+            key: dir.join(format!("{name}.key")),
+        };
+        std::fs::write(&files.cert, cert.pem()).expect("write cert");
+        std::fs::write(&files.key, key.serialize_pem()).expect("write key");
+        files
     }
 }

@@ -52,8 +52,10 @@ impl TestServer {
     ) -> TestServer {
         let mut cfg = test_config(endpoint, prefix);
         tweak(&mut cfg);
+        let tls = cfg.server.tls.is_some();
         let storage = Storage::connect(&cfg.etcd).await.expect("connect storage");
-        let server = Server::new(cfg, storage);
+        let server = Server::new(cfg, storage).expect("server config loads");
+        let cachers = server.cachers();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -81,7 +83,16 @@ impl TestServer {
             shutdown: Some(tx),
             handle: Some(handle),
         };
-        if wait_ready {
+        if wait_ready && tls {
+            // The plain-HTTP client cannot probe a TLS port: wait on the
+            // cachers themselves.
+            for c in &cachers {
+                assert!(
+                    c.wait_ready(Duration::from_secs(20)).await,
+                    "server did not become ready"
+                );
+            }
+        } else if wait_ready {
             let url = ts.url("/readyz");
             let http = ts.http.clone();
             let ok = common::eventually(Duration::from_secs(20), || {

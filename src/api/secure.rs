@@ -1,0 +1,347 @@
+//! Secure serving: the security settings loaded at start ([`Security`]) and
+//! the filters kube-apiserver runs before every handler, in its order:
+//! authentication (401), authorization (403), then the handler; one audit
+//! line per mutating or denied request.
+
+use std::sync::{Arc, OnceLock};
+
+use prometheus::IntCounter;
+
+use hyper::body::Incoming;
+use hyper::header::AUTHORIZATION;
+use hyper::{Method, Request};
+use tracing::debug;
+
+use super::request_info::RequestInfo;
+use super::{ApiStatus, State};
+use crate::auth::rbac::{Policy, RbacError};
+use crate::auth::token_file::{TokenFile, TokenFileError};
+use crate::auth::x509::{CertAuthenticator, ClientCaError};
+use crate::auth::{
+    Attributes, Authenticator, AuthnError, Authorizer, ConnectionIdentity, UserInfo,
+};
+use crate::config::{AuthorizationMode, ServerConfig};
+use crate::server_tls::{MinVersion, ServerTls, TlsError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecurityError {
+    #[error("TLS: {0}")]
+    Tls(#[from] TlsError),
+    #[error("--client-ca-file: {0}")]
+    ClientCa(#[from] ClientCaError),
+    #[error("--token-auth-file: {0}")]
+    Tokens(#[from] TokenFileError),
+    #[error("--rbac-policy-file: {0}")]
+    Rbac(#[from] RbacError),
+    #[error("{0}")]
+    Config(String),
+}
+
+/// Authentication, authorization and TLS as configured.
+pub struct Security {
+    pub authenticator: Authenticator,
+    pub authorizer: Authorizer,
+    pub tls: Option<ServerTls>,
+}
+
+impl Security {
+    /// Today's default: plain HTTP, everyone anonymous and allowed.
+    pub fn insecure() -> Security {
+        Security {
+            authenticator: Authenticator::anonymous_only(),
+            authorizer: Authorizer::AlwaysAllow,
+            tls: None,
+        }
+    }
+
+    /// Reads every file the config names (certificates, token file, policy
+    /// files); each error names its file.
+    pub fn from_config(cfg: &ServerConfig) -> Result<Security, SecurityError> {
+        let authn = &cfg.authentication;
+        let x509 = authn
+            .client_ca_file
+            .as_deref()
+            .map(CertAuthenticator::load)
+            .transpose()?;
+        let tokens = authn
+            .token_auth_file
+            .as_deref()
+            .map(TokenFile::load)
+            .transpose()?;
+        let tls = match &cfg.tls {
+            Some(t) => {
+                let min = MinVersion::parse(&t.min_version).map_err(SecurityError::Config)?;
+                Some(ServerTls::new(
+                    &t.cert_file,
+                    &t.private_key_file,
+                    min,
+                    x509.as_ref(),
+                )?)
+            }
+            None if x509.is_some() => {
+                return Err(SecurityError::Config(
+                    "--client-ca-file needs TLS (--tls-cert-file, --tls-private-key-file)".into(),
+                ));
+            }
+            None => None,
+        };
+        let authorizer = match cfg.authorization.mode {
+            AuthorizationMode::AlwaysAllow => Authorizer::AlwaysAllow,
+            AuthorizationMode::Rbac => {
+                Authorizer::Rbac(Arc::new(Policy::load(&cfg.authorization.policy_files)?))
+            }
+        };
+        tracing::info!(
+            tls = tls.is_some(),
+            client_certificates = x509.is_some(),
+            tokens = tokens.as_ref().map_or(0, TokenFile::len),
+            anonymous = authn.anonymous_enabled(),
+            authorization = if authorizer.is_rbac() {
+                "RBAC"
+            } else {
+                "AlwaysAllow"
+            },
+            "secure serving"
+        );
+        Ok(Security {
+            authenticator: Authenticator::new(x509, tokens, authn.anonymous_enabled()),
+            authorizer,
+            tls,
+        })
+    }
+}
+
+/// The authentication and authorization counters with their labels bound
+/// once: every request touches them.
+struct Counters {
+    authn_success: IntCounter,
+    authn_failure: IntCounter,
+    authn_anonymous: IntCounter,
+    allowed: IntCounter,
+    denied: IntCounter,
+}
+
+fn counters() -> &'static Counters {
+    static COUNTERS: OnceLock<Counters> = OnceLock::new();
+    COUNTERS.get_or_init(|| {
+        let m = crate::metrics::metrics();
+        let authn = |r: &str| m.authentication_attempts.with_label_values(&[r]);
+        let authz = |d: &str| m.authorization_decisions.with_label_values(&[d]);
+        Counters {
+            authn_success: authn("success"),
+            authn_failure: authn("failure"),
+            authn_anonymous: authn("anonymous"),
+            allowed: authz("allowed"),
+            denied: authz("denied"),
+        }
+    })
+}
+
+/// Per-connection facts, put into every request's extensions by the
+/// connection task: what the client certificate proved.
+#[derive(Clone, Default)]
+pub struct Connection {
+    pub identity: Arc<ConnectionIdentity>,
+}
+
+/// A request that passed authentication and authorization.
+pub(crate) struct Admitted {
+    pub user: Option<UserInfo>,
+    pub attrs: Attributes,
+}
+
+/// Paths probes reach without credentials even when anonymous access is off
+/// (kube's always-allow health paths).
+fn is_health_path(path: &str) -> bool {
+    ["/healthz", "/livez", "/readyz"]
+        .iter()
+        .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
+}
+
+/// Authenticates and authorizes `req`; the user is put into the request's
+/// extensions for the handlers (self reviews). `Err` is the 401 or 403
+/// `Status`, already counted and audited.
+pub(crate) fn admit(
+    state: &State,
+    req: &mut Request<Incoming>,
+    info: &RequestInfo,
+) -> Result<Admitted, ApiStatus> {
+    let attrs = attributes(info);
+    let m = counters();
+    let identity = req
+        .extensions()
+        .get::<Connection>()
+        .map(|c| Arc::clone(&c.identity));
+    let none: ConnectionIdentity = None;
+    let result = state.security.authenticator.authenticate(
+        identity.as_deref().unwrap_or(&none),
+        req.headers().get(AUTHORIZATION).map(|v| v.as_bytes()),
+    );
+    let user = match result {
+        Ok(user) => {
+            if user.is_anonymous() {
+                m.authn_anonymous.inc();
+            } else {
+                m.authn_success.inc();
+            }
+            user
+        }
+        Err(AuthnError::NoCredentials)
+            if is_health_path(&attrs.path)
+                && (req.method() == Method::GET || req.method() == Method::HEAD) =>
+        {
+            m.authn_anonymous.inc();
+            return Ok(Admitted { user: None, attrs });
+        }
+        Err(e) => {
+            m.authn_failure.inc();
+            debug!(error = %e, path = %attrs.path, "authentication failed");
+            audit(None, &attrs, 401);
+            return Err(ApiStatus::unauthorized());
+        }
+    };
+    let decision = state.security.authorizer.authorize(&user, &attrs);
+    if !decision.allowed {
+        m.denied.inc();
+        audit(Some(&user), &attrs, 403);
+        let mut status = ApiStatus::forbidden(attrs.forbidden_message(&user, &decision.reason));
+        if attrs.is_resource_request && !attrs.name.is_empty() {
+            status = status.with_details(attrs.name.clone(), attrs.resource.clone());
+        }
+        return Err(status);
+    }
+    m.allowed.inc();
+    req.extensions_mut().insert(user.clone());
+    Ok(Admitted {
+        user: Some(user),
+        attrs,
+    })
+}
+
+/// After the handler: the audit line of a mutating request.
+pub(crate) fn finish(admitted: &Admitted, code: u16) {
+    if admitted.attrs.is_mutating() {
+        audit(admitted.user.as_ref(), &admitted.attrs, code);
+    }
+}
+
+/// One structured line, target `audit`: who did what to which object and
+/// the answer's code. Never bodies or credentials.
+fn audit(user: Option<&UserInfo>, attrs: &Attributes, code: u16) {
+    let (name, groups) = match user {
+        Some(u) => (u.name.as_str(), u.groups.join(",")),
+        None => ("", String::new()),
+    };
+    tracing::info!(
+        target: "audit",
+        user = name,
+        groups = %groups,
+        verb = %attrs.verb,
+        api_group = %attrs.api_group,
+        resource = %attrs.resource,
+        subresource = %attrs.subresource,
+        namespace = %attrs.namespace,
+        name = %attrs.name,
+        path = %attrs.path,
+        code,
+        "audit"
+    );
+}
+
+/// The authorizer's view of a request: kube's `authorizer.Attributes` are
+/// built from its `RequestInfo` the same way.
+pub(crate) fn attributes(info: &RequestInfo) -> Attributes {
+    Attributes {
+        verb: info.verb.clone(),
+        is_resource_request: info.is_resource_request,
+        path: info.path.clone(),
+        namespace: info.namespace.clone().unwrap_or_default(),
+        api_group: info.api_group.clone(),
+        api_version: info.api_version.clone(),
+        resource: info.resource.clone(),
+        subresource: info.subresource.clone().unwrap_or_default(),
+        name: info.name.clone().unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attrs(method: &str, uri: &str) -> Attributes {
+        let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
+        let method = Method::from_bytes(method.as_bytes()).unwrap();
+        let info = RequestInfo::new(
+            &method,
+            path,
+            &super::super::params::Query::parse(Some(query)),
+        )
+        .unwrap();
+        attributes(&info)
+    }
+
+    #[test]
+    fn request_attributes_like_kube() {
+        let a = attrs("GET", "/api/v1/namespaces/ns1/pods");
+        assert_eq!(
+            (
+                a.verb.as_str(),
+                a.namespace.as_str(),
+                a.resource.as_str(),
+                a.is_resource_request
+            ),
+            ("list", "ns1", "pods", true)
+        );
+        assert_eq!(attrs("GET", "/api/v1/pods?watch=true").verb, "watch");
+        let a = attrs("GET", "/apis/apps/v1/namespaces/ns1/deployments/web/status");
+        assert_eq!(
+            (
+                a.api_group.as_str(),
+                a.name.as_str(),
+                a.subresource.as_str(),
+                a.verb.as_str()
+            ),
+            ("apps", "web", "status", "get")
+        );
+        assert_eq!(
+            attrs("DELETE", "/api/v1/namespaces/a/pods").verb,
+            "deletecollection"
+        );
+        assert_eq!(
+            attrs("DELETE", "/api/v1/namespaces/a/pods/p").verb,
+            "delete"
+        );
+        assert_eq!(attrs("PATCH", "/api/v1/nodes/n").verb, "patch");
+        let a = attrs("GET", "/api/v1/namespaces/foo");
+        assert_eq!(
+            (a.resource.as_str(), a.name.as_str(), a.namespace.as_str()),
+            ("namespaces", "foo", "foo")
+        );
+        let a = attrs(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        );
+        assert_eq!(
+            (a.verb.as_str(), a.resource.as_str()),
+            ("create", "selfsubjectaccessreviews")
+        );
+        for (m, p) in [
+            ("GET", "/metrics"),
+            ("GET", "/api/v1"),
+            ("GET", "/apis/apps"),
+            ("GET", "/version"),
+        ] {
+            let a = attrs(m, p);
+            assert!(!a.is_resource_request, "{p}");
+            assert_eq!((a.verb.as_str(), a.path.as_str()), ("get", p));
+        }
+    }
+
+    #[test]
+    fn health_paths() {
+        assert!(is_health_path("/readyz"));
+        assert!(is_health_path("/readyz/etcd"));
+        assert!(!is_health_path("/readyzz"));
+        assert!(!is_health_path("/metrics"));
+    }
+}

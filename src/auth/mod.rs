@@ -1,0 +1,418 @@
+//! Authentication and authorization of API requests, after kube-apiserver.
+//!
+//! Authentication turns a request's credentials into a [`UserInfo`] with the
+//! kube-apiserver chain: client certificate ([`x509`]), then bearer token
+//! ([`token_file`]), then, when no credential was presented and anonymous
+//! access is on, `system:anonymous`. A credential that is presented but
+//! invalid is a 401 even when anonymous access is on (kube-apiserver's
+//! "fail on error" before the anonymous authenticator).
+//!
+//! Authorization decides on [`Attributes`] (kube's `authorizer.Attributes`):
+//! `AlwaysAllow` or [`rbac`] from policy files.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+
+pub mod rbac;
+pub mod token_file;
+pub mod x509;
+
+/// The user name of requests without credentials.
+pub const ANONYMOUS_USER: &str = "system:anonymous";
+/// The group of requests without credentials.
+pub const UNAUTHENTICATED_GROUP: &str = "system:unauthenticated";
+/// The group every authenticated user is in.
+pub const AUTHENTICATED_GROUP: &str = "system:authenticated";
+
+/// Who made a request (kube's `user.Info`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct UserInfo {
+    pub name: String,
+    pub uid: String,
+    pub groups: Vec<String>,
+}
+
+impl UserInfo {
+    /// The user of requests without credentials.
+    pub fn anonymous() -> UserInfo {
+        UserInfo {
+            name: ANONYMOUS_USER.into(),
+            uid: String::new(),
+            groups: vec![UNAUTHENTICATED_GROUP.into()],
+        }
+    }
+
+    pub fn is_anonymous(&self) -> bool {
+        self.name == ANONYMOUS_USER
+    }
+
+    /// Adds `system:authenticated` (kube's group adder on every authenticator
+    /// except anonymous).
+    fn authenticated(mut self) -> UserInfo {
+        if !self.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
+            self.groups.push(AUTHENTICATED_GROUP.into());
+        }
+        self
+    }
+}
+
+/// Why a request is not authenticated. Logged, never sent: a client only
+/// learns `Unauthorized`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthnError {
+    #[error("invalid client certificate: {0}")]
+    InvalidCertificate(String),
+    #[error("invalid bearer token")]
+    InvalidToken,
+    #[error("no credentials and anonymous access is disabled")]
+    NoCredentials,
+}
+
+/// What one TLS connection proved: the verified user of its client
+/// certificate, the verification error, or nothing (no certificate or no
+/// `--client-ca-file`). Computed once per connection.
+pub type ConnectionIdentity = Option<Result<UserInfo, AuthnError>>;
+
+/// The authenticator chain.
+#[derive(Debug, Default)]
+pub struct Authenticator {
+    x509: Option<x509::CertAuthenticator>,
+    tokens: Option<token_file::TokenFile>,
+    anonymous: bool,
+}
+
+impl Authenticator {
+    pub fn new(
+        x509: Option<x509::CertAuthenticator>,
+        tokens: Option<token_file::TokenFile>,
+        anonymous: bool,
+    ) -> Authenticator {
+        Authenticator {
+            x509,
+            tokens,
+            anonymous,
+        }
+    }
+
+    /// Everyone is anonymous and allowed in: the behaviour without any
+    /// authentication configured.
+    pub fn anonymous_only() -> Authenticator {
+        Authenticator::new(None, None, true)
+    }
+
+    /// The client-certificate authenticator, for the TLS layer.
+    pub fn x509(&self) -> Option<&x509::CertAuthenticator> {
+        self.x509.as_ref()
+    }
+
+    /// Whether any authenticator other than anonymous is configured.
+    pub fn has_authenticators(&self) -> bool {
+        self.x509.is_some() || self.tokens.is_some()
+    }
+
+    pub fn anonymous_enabled(&self) -> bool {
+        self.anonymous
+    }
+
+    /// Verifies a client certificate chain (end entity first) once per
+    /// connection.
+    pub fn authenticate_connection(
+        &self,
+        chain: Option<&[rustls_pki_types::CertificateDer<'static>]>,
+    ) -> ConnectionIdentity {
+        let chain = chain.filter(|c| !c.is_empty())?;
+        self.x509.as_ref()?.authenticate(chain)
+    }
+
+    /// Runs the chain for one request: the connection's certificate user,
+    /// then the `Authorization: Bearer` token, then anonymous. Any
+    /// authenticator that succeeds wins; errors only count when none does.
+    pub fn authenticate(
+        &self,
+        connection: &ConnectionIdentity,
+        authorization: Option<&[u8]>,
+    ) -> Result<UserInfo, AuthnError> {
+        let mut error = None;
+        match connection {
+            Some(Ok(user)) => return Ok(user.clone().authenticated()),
+            Some(Err(e)) => error = Some(e.clone()),
+            None => {}
+        }
+        if let Some(tokens) = &self.tokens
+            && let Some(token) = authorization.and_then(bearer_token)
+        {
+            match tokens.lookup(token) {
+                Some(user) => return Ok(user.clone().authenticated()),
+                None => error = Some(AuthnError::InvalidToken),
+            }
+        }
+        match error {
+            Some(e) => Err(e),
+            None if self.anonymous => Ok(UserInfo::anonymous()),
+            None => Err(AuthnError::NoCredentials),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` header (scheme
+/// case-insensitive, as kube's bearertoken authenticator); None for other
+/// schemes or an empty token.
+fn bearer_token(header: &[u8]) -> Option<&str> {
+    let header = std::str::from_utf8(header).ok()?.trim();
+    let (scheme, token) = header.split_once(' ')?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = token.trim();
+    (!token.is_empty()).then_some(token)
+}
+
+/// The authorizer's input (kube's `authorizer.Attributes` without the
+/// user): what a request does. Built once per request from its path.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Attributes {
+    /// Kubernetes verb (`get`, `list`, `watch`, `create`, ...) for resource
+    /// requests; the lowercased HTTP method for non-resource requests.
+    pub verb: String,
+    pub is_resource_request: bool,
+    /// The request path (non-resource requests are authorized on it).
+    pub path: String,
+    pub namespace: String,
+    pub api_group: String,
+    pub api_version: String,
+    pub resource: String,
+    pub subresource: String,
+    pub name: String,
+}
+
+impl Attributes {
+    /// A non-resource request on `path`.
+    pub fn non_resource(verb: impl Into<String>, path: impl Into<String>) -> Attributes {
+        Attributes {
+            verb: verb.into(),
+            path: path.into(),
+            ..Attributes::default()
+        }
+    }
+
+    /// Whether the verb changes stored state (these requests are audited).
+    pub fn is_mutating(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
+
+    /// kube-apiserver's forbidden message (`User "alice" cannot list resource
+    /// "pods" in API group "" in the namespace "ns"`), without the
+    /// `pods is forbidden: ` prefix that [`Attributes::forbidden_message`] adds.
+    fn denial(&self, user: &UserInfo) -> String {
+        let name = &user.name;
+        if !self.is_resource_request {
+            return format!("User {name:?} cannot {} path {:?}", self.verb, self.path);
+        }
+        let mut resource = self.resource.clone();
+        if !self.subresource.is_empty() {
+            resource = format!("{resource}/{}", self.subresource);
+        }
+        if self.namespace.is_empty() {
+            format!(
+                "User {name:?} cannot {} resource {resource:?} in API group {:?} at the cluster scope",
+                self.verb, self.api_group
+            )
+        } else {
+            format!(
+                "User {name:?} cannot {} resource {resource:?} in API group {:?} in the namespace {:?}",
+                self.verb, self.api_group, self.namespace
+            )
+        }
+    }
+
+    /// The whole 403 message, as kube's `NewForbidden`: `pods is forbidden:
+    /// ...`, `pods "web" is forbidden: ...`, `deployments.apps is forbidden:
+    /// ...`, or `forbidden: ...` for non-resource requests.
+    pub fn forbidden_message(&self, user: &UserInfo, reason: &str) -> String {
+        let mut detail = self.denial(user);
+        if !reason.is_empty() {
+            detail = format!("{detail}: {reason}");
+        }
+        if !self.is_resource_request || self.resource.is_empty() {
+            return format!("forbidden: {detail}");
+        }
+        let qualified = if self.api_group.is_empty() {
+            self.resource.clone()
+        } else {
+            format!("{}.{}", self.resource, self.api_group)
+        };
+        if self.name.is_empty() {
+            format!("{qualified} is forbidden: {detail}")
+        } else {
+            format!("{qualified} {:?} is forbidden: {detail}", self.name)
+        }
+    }
+}
+
+/// An authorization answer; `reason` says which binding allowed it (RBAC).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decision {
+    pub allowed: bool,
+    pub reason: String,
+}
+
+/// `--authorization-mode`.
+#[derive(Debug, Clone)]
+pub enum Authorizer {
+    AlwaysAllow,
+    Rbac(Arc<rbac::Policy>),
+}
+
+impl Authorizer {
+    pub fn authorize(&self, user: &UserInfo, attrs: &Attributes) -> Decision {
+        match self {
+            Authorizer::AlwaysAllow => Decision {
+                allowed: true,
+                reason: String::new(),
+            },
+            Authorizer::Rbac(policy) => policy.authorize(user, attrs),
+        }
+    }
+
+    /// The rules `user` has in `namespace` (cluster-wide ones included),
+    /// for SelfSubjectRulesReview; AlwaysAllow has one rule for everything.
+    pub fn rules_for(&self, user: &UserInfo, namespace: &str) -> Vec<rbac::PolicyRule> {
+        match self {
+            Authorizer::AlwaysAllow => {
+                let star = vec!["*".to_string()];
+                vec![
+                    rbac::PolicyRule {
+                        verbs: star.clone(),
+                        api_groups: star.clone(),
+                        resources: star.clone(),
+                        ..rbac::PolicyRule::default()
+                    },
+                    rbac::PolicyRule {
+                        verbs: star.clone(),
+                        non_resource_urls: star,
+                        ..rbac::PolicyRule::default()
+                    },
+                ]
+            }
+            Authorizer::Rbac(policy) => policy.rules_for(user, namespace),
+        }
+    }
+
+    pub fn is_rbac(&self) -> bool {
+        matches!(self, Authorizer::Rbac(_))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokens() -> token_file::TokenFile {
+        token_file::TokenFile::parse("t1,alice,u1,\"dev,ops\"\n", "tokens.csv").unwrap()
+    }
+
+    #[test]
+    fn chain_order_and_groups() {
+        let a = Authenticator::new(None, Some(tokens()), true);
+        let cert_user = UserInfo {
+            name: "bob".into(),
+            uid: String::new(),
+            groups: vec!["admins".into()],
+        };
+        // A verified certificate wins over a token.
+        let u = a
+            .authenticate(&Some(Ok(cert_user)), Some(b"Bearer t1"))
+            .unwrap();
+        assert_eq!(u.name, "bob");
+        assert_eq!(u.groups, ["admins", AUTHENTICATED_GROUP]);
+        // Token.
+        let u = a.authenticate(&None, Some(b"bearer  t1 ")).unwrap();
+        assert_eq!(u.name, "alice");
+        assert_eq!(u.uid, "u1");
+        assert_eq!(u.groups, ["dev", "ops", AUTHENTICATED_GROUP]);
+        // A bad certificate does not stop a good token.
+        let bad = Some(Err(AuthnError::InvalidCertificate("expired".into())));
+        assert_eq!(
+            a.authenticate(&bad, Some(b"Bearer t1")).unwrap().name,
+            "alice"
+        );
+        // No credentials: anonymous.
+        let u = a.authenticate(&None, None).unwrap();
+        assert!(u.is_anonymous());
+        assert_eq!(u.groups, [UNAUTHENTICATED_GROUP]);
+        // Other schemes are no credentials.
+        assert!(
+            a.authenticate(&None, Some(b"Basic abc"))
+                .unwrap()
+                .is_anonymous()
+        );
+    }
+
+    #[test]
+    fn invalid_credentials_are_never_anonymous() {
+        let a = Authenticator::new(None, Some(tokens()), true);
+        assert_eq!(
+            a.authenticate(&None, Some(b"Bearer wrong")),
+            Err(AuthnError::InvalidToken)
+        );
+        let bad = Some(Err(AuthnError::InvalidCertificate("unknown CA".into())));
+        assert!(matches!(
+            a.authenticate(&bad, None),
+            Err(AuthnError::InvalidCertificate(_))
+        ));
+        let closed = Authenticator::new(None, Some(tokens()), false);
+        assert_eq!(
+            closed.authenticate(&None, None),
+            Err(AuthnError::NoCredentials)
+        );
+    }
+
+    #[test]
+    fn without_token_file_a_token_is_ignored() {
+        let a = Authenticator::anonymous_only();
+        assert!(
+            a.authenticate(&None, Some(b"Bearer x"))
+                .unwrap()
+                .is_anonymous()
+        );
+    }
+
+    #[test]
+    fn forbidden_messages_like_kube() {
+        let alice = UserInfo {
+            name: "alice".into(),
+            ..UserInfo::default()
+        };
+        let mut a = Attributes {
+            verb: "list".into(),
+            is_resource_request: true,
+            path: "/api/v1/namespaces/kube-system/pods".into(),
+            namespace: "kube-system".into(),
+            resource: "pods".into(),
+            api_version: "v1".into(),
+            ..Attributes::default()
+        };
+        assert_eq!(
+            a.forbidden_message(&alice, ""),
+            r#"pods is forbidden: User "alice" cannot list resource "pods" in API group "" in the namespace "kube-system""#
+        );
+        a.namespace.clear();
+        a.api_group = "apps".into();
+        a.resource = "deployments".into();
+        a.name = "web".into();
+        a.verb = "get".into();
+        assert_eq!(
+            a.forbidden_message(&alice, ""),
+            r#"deployments.apps "web" is forbidden: User "alice" cannot get resource "deployments" in API group "apps" at the cluster scope"#
+        );
+        let m = Attributes::non_resource("get", "/metrics");
+        assert_eq!(
+            m.forbidden_message(&alice, ""),
+            r#"forbidden: User "alice" cannot get path "/metrics""#
+        );
+    }
+}
