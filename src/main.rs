@@ -282,7 +282,10 @@ async fn main() -> Result<()> {
         }
     };
     let transformer = match &cfg.etcd.encryption_provider_config {
-        None => None,
+        None => Some(Arc::new(EncryptionTransformer::identity(
+            &cfg.resources,
+            &cfg.etcd.prefix,
+        ))),
         Some(path) => match EncryptionTransformer::load(path, &cfg.resources, &cfg.etcd.prefix) {
             Ok(t) => {
                 info!(file = %path.display(), "encryption at rest enabled");

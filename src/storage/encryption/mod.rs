@@ -302,6 +302,34 @@ impl EncryptionTransformer {
         Self::parse(&text, &file, resources, etcd_prefix)
     }
 
+    /// No `EncryptionConfiguration`: every resource is stored as is
+    /// (identity, kube-apiserver's default), and its transformations are
+    /// counted like configured ones, so the metrics exist either way.
+    pub fn identity(resources: &[ResourceConfig], etcd_prefix: &str) -> EncryptionTransformer {
+        let mut routes: Vec<Route> = resources
+            .iter()
+            .map(|r| {
+                let resource = group_resource(&r.group, &r.plural);
+                Route {
+                    key_prefix: r.key_prefix(etcd_prefix),
+                    ops: OpCounters::new(&resource),
+                    resource,
+                    chain: Arc::new(Chain::identity()),
+                }
+            })
+            .collect();
+        routes.sort_by_key(|r| std::cmp::Reverse(r.key_prefix.len()));
+        EncryptionTransformer {
+            routes,
+            fallback: Route {
+                key_prefix: String::new(),
+                resource: "unknown".into(),
+                chain: Arc::new(Chain::identity()),
+                ops: OpCounters::new("unknown"),
+            },
+        }
+    }
+
     /// Parses config text (YAML or JSON); `file` names the source in errors.
     pub fn parse(
         text: &str,
