@@ -23,6 +23,7 @@ use serde_json::{Map, Value};
 
 use crate::config::ResourceConfig;
 
+pub mod protobuf;
 pub mod selector;
 pub mod validation;
 pub mod wire;
