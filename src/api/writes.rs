@@ -211,7 +211,7 @@ fn stored_response(code: u16, res: &Resource, stored: &StoredObject) -> Response
         Err(_) => {
             // Not decodable by the codec (should not happen for what we
             // wrote); inject the RV by hand.
-            match serde_json::from_slice::<Value>(&stored.value) {
+            match crate::object::parse_stored_value(&stored.key, &stored.value) {
                 Ok(mut v) => {
                     set_resource_version(&mut v, stored.mod_revision);
                     json_value(code, &v)
@@ -405,12 +405,8 @@ where
 }
 
 fn parse_stored(cur: &StoredObject) -> Result<Value, ApiStatus> {
-    serde_json::from_slice(&cur.value).map_err(|e| {
-        ApiStatus::internal(format!(
-            "the stored object {} is not valid JSON: {e}",
-            cur.key
-        ))
-    })
+    crate::object::parse_stored_value(&cur.key, &cur.value)
+        .map_err(|e| ApiStatus::internal(format!("the stored object cannot be read: {e}")))
 }
 
 const MODIFIED: &str =

@@ -1,0 +1,196 @@
+//! kube-apiserver's protobuf storage encoding end to end: values written
+//! straight into etcd the way kube-apiserver writes them (`k8s\0` +
+//! `runtime.Unknown`) are served as kube-apiserver's JSON by get, list and
+//! watch; a corrupt one is skipped and counted without stopping the reflector.
+mod common;
+use common::server as api_support;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use api_support::{TestServer, rv_of};
+
+/// The shared Kubernetes fixtures (`../shared/fixtures/k8s-api-v1.34`).
+fn fixture(name: &str) -> Vec<u8> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/k8s-api-v1.34");
+    std::fs::read(dir.join(name)).unwrap_or_else(|e| {
+        panic!(
+            "fixture {} is missing ({e}): the protobuf tests need the shared fixtures folder",
+            dir.join(name).display()
+        )
+    })
+}
+
+/// The fixture Pod as kube-apiserver serves it at `rv`.
+fn fixture_pod_json(rv: i64) -> Value {
+    let mut v: Value = serde_json::from_slice(&fixture("core.v1.Pod.json")).expect("fixture JSON");
+    v["metadata"]["resourceVersion"] = json!(rv.to_string());
+    v
+}
+
+/// A protobuf Pod made by the codec (as kube-apiserver would store it).
+fn protobuf_pod(ns: &str, name: &str) -> Vec<u8> {
+    watchcache::object::protobuf::encode(&json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "uid": format!("uid-{name}"), "labels": {"app": "web"}},
+        "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "nginx"}]}
+    }))
+    .expect("encode a Pod")
+}
+
+async fn first_event(ts: &TestServer, path: &str) -> Value {
+    let mut resp = ts
+        .http
+        .get(ts.url(path))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("watch request");
+    assert_eq!(resp.status(), 200);
+    let mut buf = Vec::new();
+    loop {
+        if let Some(pos) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=pos).collect();
+            let ev: Value = serde_json::from_slice(&line).expect("watch line is JSON");
+            if ev["type"] != "BOOKMARK" {
+                return ev;
+            }
+            continue;
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(15), resp.chunk())
+            .await
+            .expect("an event in time")
+            .expect("watch stream")
+            .expect("watch stream open");
+        buf.extend_from_slice(&chunk);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_values_are_served_as_kube_apiserver_json() {
+    let ts = TestServer::start("pb-serve", |_| {}).await;
+    let mut etcd = ts.etcd.clone();
+    // The fixture is byte for byte what kube-apiserver stores for this Pod.
+    let key = ts.pod_key("namespaceValue", "nameValue");
+    let rev = common::etcd_put(&mut etcd, key, fixture("core.v1.Pod.pb")).await;
+
+    // get (at the etcd revision, so the cache has caught up)
+    let path = "/api/v1/namespaces/namespaceValue/pods/nameValue";
+    let ok = common::eventually(Duration::from_secs(10), || async {
+        ts.get_json(path).await.0 == 200
+    })
+    .await;
+    assert!(ok, "the protobuf pod never showed up");
+    let (code, got) = ts.get_json(path).await;
+    assert_eq!(code, 200, "{got}");
+    assert_eq!(got, fixture_pod_json(rev));
+    assert_eq!(rv_of(&got), rev);
+
+    // list
+    let (code, list) = ts
+        .get_json(&format!(
+            "/api/v1/pods?resourceVersion={rev}&resourceVersionMatch=NotOlderThan"
+        ))
+        .await;
+    assert_eq!(code, 200, "{list}");
+    let items = list["items"].as_array().expect("items");
+    assert_eq!(items.len(), 1, "{list}");
+    assert_eq!(items[0]["spec"], fixture_pod_json(rev)["spec"]);
+
+    // watch: a protobuf Pod written after `rev` arrives as JSON.
+    let watch = format!("/api/v1/namespaces/ns1/pods?watch=1&resourceVersion={rev}");
+    let (event, rev2) = tokio::join!(first_event(&ts, &watch), async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        common::etcd_put(
+            &mut etcd,
+            ts.pod_key("ns1", "live"),
+            protobuf_pod("ns1", "live"),
+        )
+        .await
+    });
+    assert_eq!(event["type"], "ADDED", "{event}");
+    assert_eq!(event["object"]["kind"], "Pod");
+    assert_eq!(event["object"]["metadata"]["name"], "live");
+    assert_eq!(event["object"]["metadata"]["uid"], "uid-live");
+    assert_eq!(event["object"]["spec"]["containers"][0]["image"], "nginx");
+    assert_eq!(rv_of(&event["object"]), rev2);
+
+    // A JSON value next to protobuf ones stays JSON.
+    let (code, created) = ts
+        .post_json(
+            "/api/v1/namespaces/ns1/pods",
+            &api_support::pod("ns1", "json-pod"),
+        )
+        .await;
+    assert_eq!(code, 201, "{created}");
+    let (code, list) = ts
+        .get_json(&format!(
+            "/api/v1/namespaces/ns1/pods?resourceVersion={}&resourceVersionMatch=NotOlderThan",
+            rv_of(&created)
+        ))
+        .await;
+    assert_eq!(code, 200);
+    let mut names: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["json-pod", "live"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_protobuf_is_skipped_and_counted() {
+    let ts = TestServer::start("pb-corrupt", |_| {}).await;
+    let mut etcd = ts.etcd.clone();
+    let good = protobuf_pod("ns1", "good");
+    // Truncated, unknown kind (envelope says "Pxd"), garbage after the magic.
+    let mut unknown_kind = good.clone();
+    let at = unknown_kind
+        .windows(3)
+        .position(|w| w == b"Pod")
+        .expect("kind");
+    unknown_kind[at..at + 3].copy_from_slice(b"Pxd");
+    let bad: [(&str, Vec<u8>); 3] = [
+        ("truncated", good[..good.len() - 5].to_vec()),
+        ("unknown-kind", unknown_kind),
+        ("garbage", b"k8s\0\x0a\xff\xff\xff\xff".to_vec()),
+    ];
+    for (name, value) in &bad {
+        common::etcd_put(&mut etcd, ts.pod_key("ns1", name), value.clone()).await;
+    }
+    // The reflector goes on: a good value written afterwards is served.
+    let rev = common::etcd_put(&mut etcd, ts.pod_key("ns1", "good"), good).await;
+    let (code, list) = ts
+        .get_json(&format!(
+            "/api/v1/namespaces/ns1/pods?resourceVersion={rev}&resourceVersionMatch=NotOlderThan"
+        ))
+        .await;
+    assert_eq!(code, 200, "{list}");
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["good"], "{list}");
+    let metrics = ts
+        .http
+        .get(ts.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    let skipped: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("watchcache_undecodable_values_total") && l.contains("pods"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(skipped, 3.0, "{metrics}");
+}
