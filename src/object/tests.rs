@@ -15,6 +15,7 @@ pub(crate) fn resource(namespaced: bool, indexes: &[&str]) -> ResourceConfig {
         history_capacity: 100,
         key_prefix: None,
         ttl_seconds: None,
+        storage_encoding: Default::default(),
     }
 }
 

@@ -82,6 +82,12 @@ pub fn is_protobuf(value: &[u8]) -> bool {
     value.starts_with(MAGIC)
 }
 
+/// Whether `apiVersion`/`kind` is a built-in Kubernetes type of the schema
+/// (which [`encode`] can store as protobuf).
+pub fn is_builtin_type(api_version: &str, kind: &str) -> bool {
+    Schema::get().is_ok_and(|s| s.resolve(api_version, kind).is_some())
+}
+
 /// Decodes a `k8s\0` value into the JSON kube-apiserver serves for it
 /// (`kind` and `apiVersion` first, from the envelope).
 pub fn decode(value: &[u8]) -> Result<Value, ProtobufError> {
