@@ -284,3 +284,116 @@ async fn protobuf_storage_encoding_writes_kube_apiserver_protobuf() {
         .await;
     assert_eq!(code, 200, "{deleted}");
 }
+
+/// `Accept: application/vnd.kubernetes.protobuf` (what client-go's protobuf
+/// clients send, JSON as the fallback): get, list and watch answer in
+/// kube-apiserver's protobuf; custom resources and Table requests stay JSON.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accept_protobuf_serves_get_list_and_watch_in_protobuf() {
+    use watchcache::object::protobuf as pb;
+    const ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+    let ts = TestServer::start("pb-accept", |_| {}).await;
+    let mut etcd = ts.etcd.clone();
+    let key = ts.pod_key("namespaceValue", "nameValue");
+    let rev = common::etcd_put(&mut etcd, key, fixture("core.v1.Pod.pb")).await;
+    let fetch = |path: String| {
+        let req = ts.http.get(ts.url(&path)).header("Accept", ACCEPT);
+        async move {
+            let resp = req.send().await.expect("request");
+            let code = resp.status().as_u16();
+            let ct = resp
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            (code, ct, resp.bytes().await.expect("body").to_vec())
+        }
+    };
+
+    // get: kube-apiserver's bytes for the object at `rev`.
+    let (code, ct, body) = fetch(format!(
+        "/api/v1/namespaces/namespaceValue/pods/nameValue?resourceVersion={rev}"
+    ))
+    .await;
+    assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(ct, "application/vnd.kubernetes.protobuf");
+    let expected = fixture_pod_json(rev);
+    assert_eq!(body, pb::encode(&expected).expect("encode"));
+    assert_eq!(pb::decode(&body).expect("decodes"), expected);
+
+    // list: a PodList.
+    let (code, ct, body) = fetch(format!(
+        "/api/v1/pods?resourceVersion={rev}&resourceVersionMatch=NotOlderThan"
+    ))
+    .await;
+    assert_eq!(code, 200);
+    assert_eq!(ct, "application/vnd.kubernetes.protobuf");
+    let list = pb::decode(&body).expect("list decodes");
+    assert_eq!(list["kind"], "PodList");
+    assert_eq!(list["metadata"]["resourceVersion"], json!(rev.to_string()));
+    let mut item = expected.clone();
+    let item_map = item.as_object_mut().expect("object");
+    item_map.remove("kind");
+    item_map.remove("apiVersion");
+    assert_eq!(list["items"], json!([item]));
+
+    // watch: length-delimited WatchEvent frames.
+    let mut resp = ts
+        .http
+        .get(ts.url(&format!(
+            "/api/v1/namespaces/ns1/pods?watch=1&resourceVersion={rev}"
+        )))
+        .header("Accept", ACCEPT)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("watch");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(
+        resp.headers()["content-type"],
+        "application/vnd.kubernetes.protobuf;stream=watch"
+    );
+    let rev2 = common::etcd_put(
+        &mut etcd,
+        ts.pod_key("ns1", "live"),
+        protobuf_pod("ns1", "live"),
+    )
+    .await;
+    let mut buf = Vec::new();
+    let frame = loop {
+        if buf.len() >= 4 {
+            let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            if buf.len() >= 4 + len {
+                break buf[4..4 + len].to_vec();
+            }
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(15), resp.chunk())
+            .await
+            .expect("a frame in time")
+            .expect("watch stream")
+            .expect("watch stream open");
+        buf.extend_from_slice(&chunk);
+    };
+    let event = pb::decode(&frame).expect("WatchEvent frame decodes");
+    assert_eq!(event["kind"], "WatchEvent");
+    assert_eq!(event["apiVersion"], "v1");
+    assert_eq!(event["type"], "ADDED");
+    assert_eq!(event["object"]["kind"], "Pod");
+    assert_eq!(event["object"]["metadata"]["name"], "live");
+    assert_eq!(rv_of(&event["object"]), rev2);
+
+    // A custom resource stays JSON.
+    let (code, created) = ts
+        .post_json(
+            "/apis/example.com/v1/namespaces/ns1/widgets",
+            &json!({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"}}),
+        )
+        .await;
+    assert_eq!(code, 201, "{created}");
+    let (code, ct, body) = fetch("/apis/example.com/v1/namespaces/ns1/widgets/w".into()).await;
+    assert_eq!(code, 200);
+    assert_eq!(ct, "application/json");
+    let w: Value = serde_json::from_slice(&body).expect("JSON");
+    assert_eq!(w["metadata"]["name"], "w");
+}

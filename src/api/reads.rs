@@ -17,9 +17,10 @@ use crate::object::{FieldSelector, LabelSelector, Object, metadata_str};
 
 use super::errors::{What, cacher_status};
 use super::k8s::{Target, json_value};
-use super::params::{Query, wants_table};
+use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
+use super::protobuf;
 use super::table::{self, IncludeObject};
-use super::{ApiStatus, Body, Resource, State, json_response, response};
+use super::{ApiStatus, Body, Resource, State, full, json_response, response};
 
 /// Frames of a List body are at most about this large (small objects are
 /// coalesced; large ones are written as their own frame without copying).
@@ -69,6 +70,9 @@ pub(crate) async fn get(
         .await
         .map_err(|e| cacher_status(e, &target.what()))?;
     match table {
+        None if protobuf::negotiated(req, res) => {
+            Ok(response(200, PROTOBUF, full(protobuf::object(&obj.wire)?)))
+        }
         None => Ok(json_response(200, obj.wire.clone())),
         Some(include) => {
             let paths = res.cacher.codec().index_paths();
@@ -125,6 +129,10 @@ pub(crate) async fn list(
             .collect();
         let t = table::table(rows, paths, Value::Object(meta), true);
         return Ok(json_value(200, &t));
+    }
+    if protobuf::negotiated(req, res) {
+        let body = protobuf::list(res, meta, result.items.iter().map(|o| &o.wire[..]))?;
+        return Ok(response(200, PROTOBUF, full(body)));
     }
     let head = json!({
         "apiVersion": res.config.api_version(),
@@ -312,6 +320,13 @@ pub(crate) async fn watch(
             tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE,
         ))
     });
+    let protobuf_watch = (table.is_none() && protobuf::negotiated(req, res))
+        .then(|| protobuf::WatchFrames::new(res));
+    let content_type = if protobuf_watch.is_some() {
+        PROTOBUF_WATCH
+    } else {
+        "application/json"
+    };
     let mut table_watch = table.map(|include| TableWatch {
         paths: res.cacher.codec().index_paths().to_vec(),
         include,
@@ -356,19 +371,27 @@ pub(crate) async fn watch(
             WatchChunk::Error(e) => Some((cacher_status(e, &st.what).error_line(), None)),
         }
     });
-    // Table conversion happens outside the unfold so its state lives once.
+    // Table and protobuf conversions happen outside the unfold so their
+    // state lives once. A protobuf event that cannot be encoded (a stored
+    // JSON object with fields outside the schema) ends the stream.
     let stream = futures::StreamExt::map(stream, move |b| {
-        let b = match table_watch.as_mut() {
-            Some(tw) => tw.convert(&b),
-            None => b,
-        };
-        Ok::<_, std::convert::Infallible>(Frame::data(b))
+        match (table_watch.as_mut(), protobuf_watch.as_ref()) {
+            (Some(tw), _) => Some(tw.convert(&b)),
+            (None, Some(pw)) => match pw.convert(&b) {
+                Ok(frames) => Some(frames),
+                Err(status) => {
+                    tracing::warn!(error = %status.message, "cannot encode a watch event as protobuf");
+                    None
+                }
+            },
+            (None, None) => Some(b),
+        }
     });
-    let mut resp = response(
-        200,
-        "application/json",
-        StreamBody::new(stream).boxed_unsync(),
-    );
+    let stream = futures::StreamExt::take_while(stream, |b| std::future::ready(b.is_some()));
+    let stream = futures::StreamExt::map(stream, |b| {
+        Ok::<_, std::convert::Infallible>(Frame::data(b.unwrap_or_default()))
+    });
+    let mut resp = response(200, content_type, StreamBody::new(stream).boxed_unsync());
     resp.headers_mut().insert(
         hyper::header::CACHE_CONTROL,
         hyper::header::HeaderValue::from_static("no-cache, private"),

@@ -29,6 +29,8 @@ pub const MAGIC: &[u8; 4] = b"k8s\0";
 
 const UNKNOWN: &str = "k8s.io.apimachinery.pkg.runtime.Unknown";
 const TYPE_META: &str = "k8s.io.apimachinery.pkg.runtime.TypeMeta";
+const WATCH_EVENT: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.WatchEvent";
+const RAW_EXTENSION: &str = "k8s.io.apimachinery.pkg.runtime.RawExtension";
 
 /// Why a value could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,6 +130,42 @@ pub fn encode_as(object: &Value, api_version: &str, kind: &str) -> Result<Vec<u8
     let message = json::json_to_message(schema, &desc, &body)?;
     let (tm_version, tm_kind) = type_of(object);
     let envelope = envelope(schema, tm_version, tm_kind, message.encode_to_vec())?;
+    let mut out = Vec::with_capacity(MAGIC.len() + envelope.encoded_len());
+    out.extend_from_slice(MAGIC);
+    envelope
+        .encode(&mut out)
+        .map_err(|e| ProtobufError::Schema(e.to_string()))?;
+    Ok(out)
+}
+
+/// One event of a protobuf watch stream as kube-apiserver writes it: a
+/// `meta.v1.WatchEvent` whose object is `object` (itself an encoded `k8s\0`
+/// value) in the `k8s\0` envelope typed `<api_version> WatchEvent`.
+pub fn encode_watch_event(
+    event_type: &str,
+    object: Vec<u8>,
+    api_version: &str,
+) -> Result<Vec<u8>, ProtobufError> {
+    let schema = Schema::get()?;
+    let missing = |name: &str| ProtobufError::Schema(format!("{name} missing"));
+    let event_desc = schema
+        .message(WATCH_EVENT)
+        .ok_or_else(|| missing(WATCH_EVENT))?;
+    let raw_desc = schema
+        .message(RAW_EXTENSION)
+        .ok_or_else(|| missing(RAW_EXTENSION))?;
+    let schema_error = |e: prost_reflect::SetFieldError| ProtobufError::Schema(e.to_string());
+    let mut raw = DynamicMessage::new(raw_desc);
+    raw.try_set_field_by_name("raw", PValue::Bytes(object.into()))
+        .map_err(schema_error)?;
+    let mut event = DynamicMessage::new(event_desc);
+    event
+        .try_set_field_by_name("type", PValue::String(event_type.into()))
+        .map_err(schema_error)?;
+    event
+        .try_set_field_by_name("object", PValue::Message(raw))
+        .map_err(schema_error)?;
+    let envelope = envelope(schema, api_version, "WatchEvent", event.encode_to_vec())?;
     let mut out = Vec::with_capacity(MAGIC.len() + envelope.encoded_len());
     out.extend_from_slice(MAGIC);
     envelope
