@@ -385,6 +385,45 @@ async fn accept_protobuf_serves_get_list_and_watch_in_protobuf() {
     assert_eq!(event["object"]["metadata"]["name"], "live");
     assert_eq!(rv_of(&event["object"]), rev2);
 
+    // Initial events (a watch without resourceVersion) and their closing
+    // bookmark come in protobuf too.
+    let mut resp = ts
+        .http
+        .get(ts.url(
+            "/api/v1/namespaces/ns1/pods?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
+        ))
+        .header("Accept", ACCEPT)
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await
+        .expect("watch");
+    assert_eq!(resp.status(), 200);
+    let mut buf = Vec::new();
+    let mut events = Vec::new();
+    while events.len() < 2 {
+        if buf.len() >= 4 {
+            let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            if buf.len() >= 4 + len {
+                let frame: Vec<u8> = buf.drain(..4 + len).skip(4).collect();
+                events.push(pb::decode(&frame).expect("frame decodes"));
+                continue;
+            }
+        }
+        let chunk = tokio::time::timeout(Duration::from_secs(15), resp.chunk())
+            .await
+            .expect("a frame in time")
+            .expect("watch stream")
+            .expect("watch stream open");
+        buf.extend_from_slice(&chunk);
+    }
+    assert_eq!(events[0]["type"], "ADDED", "{}", events[0]);
+    assert_eq!(events[0]["object"]["metadata"]["name"], "live");
+    assert_eq!(events[1]["type"], "BOOKMARK", "{}", events[1]);
+    assert_eq!(
+        events[1]["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"],
+        "true"
+    );
+
     // A custom resource stays JSON.
     let (code, created) = ts
         .post_json(

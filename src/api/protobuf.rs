@@ -1,13 +1,11 @@
 //! Serving kube-apiserver's protobuf (`Accept: application/vnd.kubernetes.protobuf`)
-//! for get, list and watch of built-in types: the cached JSON is encoded by
-//! the storage codec ([`crate::object::protobuf`]) per response. Watch
-//! events are `WatchEvent` frames, each prefixed by its length (4 bytes, big
-//! endian), as client-go's protobuf watch decoder reads them.
-//!
-//! Cost: unlike the JSON path (cached bytes written as they are), each
-//! protobuf response and each protobuf watcher encodes what it sends.
+//! for get, list and watch of built-in types. Get and list encode the cached
+//! JSON with the storage codec ([`crate::object::protobuf`]) per response;
+//! watches are served by the watcher itself
+//! ([`crate::cacher::Watcher::use_protobuf`]), which shares each history
+//! event's encoding among all protobuf watchers.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use hyper::Request;
 use hyper::body::Incoming;
 use hyper::header::ACCEPT;
@@ -64,36 +62,4 @@ pub(crate) fn list<'a>(
     protobuf::encode(&list)
         .map(Bytes::from)
         .map_err(encode_error)
-}
-
-/// Turns a watcher's JSON lines (`{"type":..,"object":..}`) into protobuf
-/// `WatchEvent` frames.
-pub(crate) struct WatchFrames {
-    api_version: String,
-}
-
-impl WatchFrames {
-    pub(crate) fn new(res: &Resource) -> WatchFrames {
-        WatchFrames {
-            api_version: res.config.api_version(),
-        }
-    }
-
-    pub(crate) fn convert(&self, data: &[u8]) -> Result<Bytes, ApiStatus> {
-        let mut out = BytesMut::with_capacity(data.len());
-        for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let event: Value = serde_json::from_slice(line)
-                .map_err(|e| ApiStatus::internal(format!("watch event is not JSON: {e}")))?;
-            let ty = event.get("type").and_then(Value::as_str).unwrap_or("");
-            let object = event.get("object").cloned().unwrap_or(Value::Null);
-            let object = protobuf::encode(&object).map_err(encode_error)?;
-            let frame = protobuf::encode_watch_event(ty, object, &self.api_version)
-                .map_err(encode_error)?;
-            let len = u32::try_from(frame.len())
-                .map_err(|_| ApiStatus::internal("watch event too large"))?;
-            out.put_u32(len);
-            out.put_slice(&frame);
-        }
-        Ok(out.freeze())
-    }
 }

@@ -21,6 +21,7 @@ use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
 use super::protobuf;
 use super::table::{self, IncludeObject};
 use super::{ApiStatus, Body, Resource, State, full, json_response, response};
+use crate::object::wire::protobuf_watch_frames;
 
 /// Frames of a List body are at most about this large (small objects are
 /// coalesced; large ones are written as their own frame without copying).
@@ -306,11 +307,17 @@ pub(crate) async fn watch(
     let what = target.what();
     // A watch that cannot be served from history still gets a Watcher,
     // whose only item is the 410: a 200 with an ERROR event, as Kubernetes.
-    let watcher = res
+    let mut watcher = res
         .cacher
         .watch(watch)
         .await
         .map_err(|e| cacher_status(e, &what))?;
+    let protobuf_watch = table.is_none() && protobuf::negotiated(req, res);
+    if protobuf_watch {
+        // History events are then encoded once, shared by every such watcher.
+        watcher.use_protobuf();
+    }
+    let api_version = res.config.api_version();
     // The cacher ends the stream at `timeoutSeconds` (after a last
     // bookmark); this deadline is only a backstop. It is made once per
     // stream, like everything else in `St`: nothing is allocated or
@@ -320,9 +327,7 @@ pub(crate) async fn watch(
             tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE,
         ))
     });
-    let protobuf_watch = (table.is_none() && protobuf::negotiated(req, res))
-        .then(|| protobuf::WatchFrames::new(res));
-    let content_type = if protobuf_watch.is_some() {
+    let content_type = if protobuf_watch {
         PROTOBUF_WATCH
     } else {
         "application/json"
@@ -337,6 +342,8 @@ pub(crate) async fn watch(
         shutdown: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
         backstop: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
         what: What,
+        protobuf: bool,
+        api_version: String,
         _slot: OwnedSemaphorePermit,
     }
     let st = St {
@@ -344,6 +351,8 @@ pub(crate) async fn watch(
         shutdown: Box::pin(state.shutdown.clone().cancelled_owned()),
         backstop,
         what,
+        protobuf: protobuf_watch,
+        api_version,
         _slot: slot,
     };
     let stream = futures::stream::unfold(Some(st), |st| async move {
@@ -368,28 +377,31 @@ pub(crate) async fn watch(
         match item? {
             WatchChunk::Data(b) => Some((b, Some(st))),
             WatchChunk::Error(crate::cacher::CacherError::ShuttingDown) => None,
-            WatchChunk::Error(e) => Some((cacher_status(e, &st.what).error_line(), None)),
+            WatchChunk::Error(e) => {
+                let line = cacher_status(e, &st.what).error_line();
+                let last = if st.protobuf {
+                    // The ERROR event's Status in the stream's encoding.
+                    match protobuf_watch_frames(&line, &st.api_version) {
+                        Ok(frames) => frames,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot encode a watch error as protobuf");
+                            Bytes::new()
+                        }
+                    }
+                } else {
+                    line
+                };
+                Some((last, None))
+            }
         }
     });
-    // Table and protobuf conversions happen outside the unfold so their
-    // state lives once. A protobuf event that cannot be encoded (a stored
-    // JSON object with fields outside the schema) ends the stream.
+    // Table conversion happens outside the unfold so its state lives once.
     let stream = futures::StreamExt::map(stream, move |b| {
-        match (table_watch.as_mut(), protobuf_watch.as_ref()) {
-            (Some(tw), _) => Some(tw.convert(&b)),
-            (None, Some(pw)) => match pw.convert(&b) {
-                Ok(frames) => Some(frames),
-                Err(status) => {
-                    tracing::warn!(error = %status.message, "cannot encode a watch event as protobuf");
-                    None
-                }
-            },
-            (None, None) => Some(b),
-        }
-    });
-    let stream = futures::StreamExt::take_while(stream, |b| std::future::ready(b.is_some()));
-    let stream = futures::StreamExt::map(stream, |b| {
-        Ok::<_, std::convert::Infallible>(Frame::data(b.unwrap_or_default()))
+        let b = match table_watch.as_mut() {
+            Some(tw) => tw.convert(&b),
+            None => b,
+        };
+        Ok::<_, std::convert::Infallible>(Frame::data(b))
     });
     let mut resp = response(200, content_type, StreamBody::new(stream).boxed_unsync());
     resp.headers_mut().insert(
