@@ -41,8 +41,9 @@ pub struct HistoryEvent {
     modified: OnceLock<Bytes>,
     deleted: OnceLock<Bytes>,
     /// The protobuf watch frames of the added/modified/deleted lines, for
-    /// protobuf watchers: encoded once, like the lines.
-    frames: [OnceLock<Result<Bytes, ProtobufError>>; 3],
+    /// protobuf watchers: encoded once, like the lines; boxed so that events
+    /// no protobuf watcher reads stay small.
+    frames: OnceLock<Box<[FrameCell; 3]>>,
 }
 
 impl HistoryEvent {
@@ -66,7 +67,7 @@ impl HistoryEvent {
             added: OnceLock::new(),
             modified: OnceLock::new(),
             deleted: OnceLock::new(),
-            frames: Default::default(),
+            frames: OnceLock::new(),
         }
     }
 
@@ -110,12 +111,13 @@ impl HistoryEvent {
     /// [`HistoryEvent::line`] as a protobuf watch frame
     /// ([`protobuf_watch_frames`]); `api_version` is the resource's.
     pub fn frame(&self, ty: EventType, api_version: &str) -> Option<Result<&Bytes, ProtobufError>> {
-        let cell = match ty {
-            EventType::Added => &self.frames[0],
-            EventType::Modified => &self.frames[1],
-            EventType::Deleted => &self.frames[2],
+        let i = match ty {
+            EventType::Added => 0,
+            EventType::Modified => 1,
+            EventType::Deleted => 2,
             EventType::Bookmark | EventType::Error => return None,
         };
+        let cell = &self.frames.get_or_init(Default::default)[i];
         let line = self.line(ty)?;
         Some(
             cell.get_or_init(|| protobuf_watch_frames(line, api_version))
@@ -124,6 +126,9 @@ impl HistoryEvent {
         )
     }
 }
+
+/// One protobuf watch frame, encoded on first use (or why it cannot be).
+type FrameCell = OnceLock<Result<Bytes, ProtobufError>>;
 
 /// The line in `cell`, rendered from `object_json()` on first use.
 fn rendered(cell: &OnceLock<Bytes>, ty: EventType, object_json: impl FnOnce() -> Bytes) -> &Bytes {
