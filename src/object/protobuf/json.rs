@@ -99,6 +99,19 @@ fn fields_to_json(
     embedding: usize,
     out: &mut Map<String, Value>,
 ) -> Result<(), ProtobufError> {
+    // Fields without omitempty are written by Go even when unset: null for
+    // nil slices, maps and pointers (e.g. an aggregated ClusterRole's `"rules": null`).
+    for field in message.descriptor().fields() {
+        if let Some(tag) = schema.field_tag(&field)
+            && tag.keep
+            && !tag.inline
+            && (field.is_list() || tag.pointer)
+            && !message.has_field(&field)
+            && let Some(name) = &tag.json_name
+        {
+            out.insert(name.clone(), Value::Null);
+        }
+    }
     for (field, value) in message.fields() {
         let tag = schema.field_tag(&field);
         if let Some(tag) = tag

@@ -313,3 +313,25 @@ fn mutated_fixtures_never_panic() {
     }
     assert!(checked > 0, "no .pb fixtures in {}", dir.display());
 }
+
+/// Fields without `omitempty` are served even when unset, as Go writes them:
+/// an aggregated ClusterRole's nil `rules` is `"rules": null`.
+#[test]
+fn unset_fields_without_omitempty_are_null() {
+    let role = json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": "admin"},
+        "aggregationRule": {"clusterRoleSelectors": [{"matchLabels": {"a": "b"}}]}
+    });
+    let decoded = decode(&encode(&role).expect("encodes")).expect("decodes");
+    assert_eq!(decoded["rules"], Value::Null);
+    assert!(decoded.as_object().expect("object").contains_key("rules"));
+    // An omitempty one stays absent.
+    assert!(
+        !decoded["metadata"]
+            .as_object()
+            .expect("metadata")
+            .contains_key("labels")
+    );
+}
