@@ -158,9 +158,9 @@ fn field_to_json(
                 Some(other) => scalar_to_json(other)?.to_string(),
                 None => String::new(),
             };
-            let value = match (m.get_field_by_number(2), entry.get_field(2)) {
-                (Some(v), Some(vf)) => single_to_json(schema, &vf, &v, embedding)?,
-                _ => Value::Null,
+            let value = match m.get_field_by_number(2) {
+                Some(v) => single_to_json(schema, &v, embedding)?,
+                None => Value::Null,
             };
             map.insert(key, value);
         }
@@ -169,16 +169,15 @@ fn field_to_json(
     match value {
         PValue::List(items) => items
             .iter()
-            .map(|v| single_to_json(schema, field, v, embedding))
+            .map(|v| single_to_json(schema, v, embedding))
             .collect::<Result<Vec<_>, _>>()
             .map(Value::Array),
-        v => single_to_json(schema, field, v, embedding),
+        v => single_to_json(schema, v, embedding),
     }
 }
 
 fn single_to_json(
     schema: &Schema,
-    _field: &FieldDescriptor,
     value: &PValue,
     embedding: usize,
 ) -> Result<Value, ProtobufError> {
