@@ -6,7 +6,8 @@
 //! `Verbs`, ...) are bare lists. A handful of apimachinery types have their
 //! own Go JSON marshalers and are mapped as Go maps them: `Time`,
 //! `MicroTime`, `Duration`, `Quantity`, `IntOrString`, `RawExtension`,
-//! `FieldsV1`, `GroupVersion`.
+//! `FieldsV1`, `GroupVersion`, and apiextensions' `JSON` and
+//! `JSONSchemaPropsOr{Bool,Array,StringArray}` (CRD schemas).
 //!
 //! Encoding sets the fields present in the JSON, in any order: prost-reflect
 //! writes them in tag order, map entries in key order (maps are lists of
@@ -34,6 +35,8 @@ const QUANTITY: &str = "k8s.io.apimachinery.pkg.api.resource.Quantity";
 const QUANTITY_VALUE: &str = "k8s.io.apimachinery.pkg.api.resource.QuantityValue";
 const INT_OR_STRING: &str = "k8s.io.apimachinery.pkg.util.intstr.IntOrString";
 const RAW_EXTENSION: &str = "k8s.io.apimachinery.pkg.runtime.RawExtension";
+/// Package prefix of the apiextensions.k8s.io (CustomResourceDefinition) types.
+const APIEXTENSIONS_PACKAGE: &str = "k8s.io.apiextensions_apiserver.";
 
 /// Nesting limit for objects embedded in objects (`RawExtension` holding
 /// another `k8s\0` value).
@@ -78,6 +81,9 @@ pub(super) fn message_to_json(
             }));
         }
         _ => {}
+    }
+    if let Some(name) = apiextensions_type(&desc) {
+        return apiextensions_to_json(schema, name, message, embedding);
     }
     if schema.is_slice_wrapper(&desc) {
         return Ok(match message.fields().next() {
@@ -137,6 +143,110 @@ fn fields_to_json(
             name.to_string(),
             field_to_json(schema, &field, value, embedding)?,
         );
+    }
+    Ok(())
+}
+
+/// The apiextensions.k8s.io types with their own Go JSON marshalers (CRD
+/// schemas: `JSON`, `JSONSchemaPropsOr{Bool,Array,StringArray}`), by name.
+fn apiextensions_type(desc: &MessageDescriptor) -> Option<&str> {
+    const NAMES: [&str; 4] = [
+        "JSON",
+        "JSONSchemaPropsOrBool",
+        "JSONSchemaPropsOrArray",
+        "JSONSchemaPropsOrStringArray",
+    ];
+    (desc.package_name().starts_with(APIEXTENSIONS_PACKAGE) && NAMES.contains(&desc.name()))
+        .then(|| desc.name())
+}
+
+/// Go's `MarshalJSON` of the [`apiextensions_type`]s.
+fn apiextensions_to_json(
+    schema: &Schema,
+    name: &str,
+    message: &DynamicMessage,
+    embedding: usize,
+) -> Result<Value, ProtobufError> {
+    let sub_schema = || -> Result<Option<Value>, ProtobufError> {
+        match message.get_field_by_name("schema").as_deref() {
+            Some(PValue::Message(m)) if message.has_field_by_name("schema") => {
+                message_to_json(schema, m, embedding).map(Some)
+            }
+            _ => Ok(None),
+        }
+    };
+    let list = |field: &str| -> Result<Option<Value>, ProtobufError> {
+        match message.get_field_by_name(field).as_deref() {
+            Some(PValue::List(items)) if !items.is_empty() => items
+                .iter()
+                .map(|v| single_to_json(schema, v, embedding))
+                .collect::<Result<Vec<_>, _>>()
+                .map(|v| Some(Value::Array(v))),
+            _ => Ok(None),
+        }
+    };
+    Ok(match name {
+        "JSON" => raw_json(schema, &get_bytes(message, "raw"), embedding)?,
+        "JSONSchemaPropsOrBool" => match sub_schema()? {
+            Some(v) => v,
+            None => Value::Bool(matches!(
+                message.get_field_by_name("allows").as_deref(),
+                Some(PValue::Bool(true))
+            )),
+        },
+        "JSONSchemaPropsOrArray" => match list("jSONSchemas")? {
+            Some(v) => v,
+            None => sub_schema()?.unwrap_or(Value::Null),
+        },
+        _ => match list("property")? {
+            Some(v) => v,
+            None => sub_schema()?.unwrap_or(Value::Null),
+        },
+    })
+}
+
+/// JSON -> one of the [`apiextensions_type`]s, as Go's `UnmarshalJSON` reads it.
+fn apiextensions_from_json(
+    schema: &Schema,
+    name: &str,
+    message: &mut DynamicMessage,
+    json: &Value,
+) -> Result<(), ProtobufError> {
+    let desc = message.descriptor();
+    let field = |n: &str| {
+        desc.get_field_by_name(n)
+            .ok_or_else(|| ProtobufError::Schema(format!("{}.{n} missing", desc.full_name())))
+    };
+    match (name, json) {
+        (_, Value::Null) => {}
+        ("JSON", v) => {
+            let raw = serde_json::to_vec(v).map_err(|e| json_error(e.to_string()))?;
+            set(message, "raw", PValue::Bytes(raw.into()))?;
+        }
+        ("JSONSchemaPropsOrBool", Value::Bool(b)) => set(message, "allows", PValue::Bool(*b))?,
+        ("JSONSchemaPropsOrBool", Value::Object(_)) => {
+            set(message, "allows", PValue::Bool(true))?;
+            let f = field("schema")?;
+            message.set_field(&f, single_value(schema, &f.kind(), json)?);
+        }
+        ("JSONSchemaPropsOrArray", Value::Array(_)) => {
+            let f = field("jSONSchemas")?;
+            message.set_field(&f, list_to_value(schema, &f, json)?);
+        }
+        ("JSONSchemaPropsOrStringArray", Value::Array(_)) => {
+            let f = field("property")?;
+            message.set_field(&f, list_to_value(schema, &f, json)?);
+        }
+        ("JSONSchemaPropsOrArray" | "JSONSchemaPropsOrStringArray", Value::Object(_)) => {
+            let f = field("schema")?;
+            message.set_field(&f, single_value(schema, &f.kind(), json)?);
+        }
+        (_, other) => {
+            return Err(json_error(format!(
+                "{name}: unexpected {}",
+                type_name(other)
+            )));
+        }
     }
     Ok(())
 }
@@ -384,6 +494,10 @@ pub(super) fn json_to_message(
             return Ok(message);
         }
         _ => {}
+    }
+    if let Some(name) = apiextensions_type(desc) {
+        apiextensions_from_json(schema, name, &mut message, json)?;
+        return Ok(message);
     }
     if schema.is_slice_wrapper(desc) {
         if let Some(field) = desc.fields().next()

@@ -40,8 +40,18 @@ const CORE_PACKAGE: &str = "k8s.io.api.core.v1";
 /// ListOptions, APIGroup...), which Go's `metav1.AddToGroupVersion` registers
 /// in every group version.
 const META_PACKAGE: &str = "k8s.io.apimachinery.pkg.apis.meta.v1";
-/// Prefix of the API groups' proto packages: `k8s.io.api.<dir>.<version>`.
-const API_PACKAGE_PREFIX: &str = "k8s.io.api.";
+/// The API groups' proto packages: `k8s.io.api.<dir>.<version>`, and
+/// `<module>.pkg.apis.<dir>.<version>` outside apimachinery (e.g.
+/// `k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1`).
+fn api_group_package(package: &str) -> Option<(&str, &str)> {
+    let rest = match package.strip_prefix("k8s.io.api.") {
+        Some(rest) => rest,
+        None if package.starts_with("k8s.io.apimachinery.") => return None,
+        None => package.split_once(".pkg.apis.")?.1,
+    };
+    let (dir, version) = rest.split_once('.')?;
+    (!version.contains('.')).then_some((dir, version))
+}
 
 /// The loaded schema; built once per process ([`Schema::get`]).
 pub(crate) struct Schema {
@@ -58,6 +68,8 @@ pub(crate) struct Schema {
     /// groups whose name does not start with their package directory
     /// (`internal.apiserver.k8s.io` lives in `apiserverinternal`).
     kinds_by_version: HashMap<(String, String), Vec<String>>,
+    /// (package directory, version) -> proto package of that API group version.
+    group_packages: HashMap<(String, String), String>,
 }
 
 static SCHEMA: OnceLock<Result<Schema, ProtobufError>> = OnceLock::new();
@@ -89,15 +101,18 @@ impl Schema {
         let (field_tags, slice_types) = parse_field_tags(JSON_FIELDS)?;
         let mut slice_wrappers = HashSet::new();
         let mut kinds_by_version: HashMap<(String, String), Vec<String>> = HashMap::new();
+        let mut group_packages = HashMap::new();
         for message in pool.all_messages() {
             if slice_types.contains(message.full_name()) && is_slice_wrapper(&message) {
                 slice_wrappers.insert(message.full_name().to_string());
             }
             let package = message.package_name();
-            if let Some(rest) = package.strip_prefix(API_PACKAGE_PREFIX)
-                && let Some((_, version)) = rest.rsplit_once('.')
+            if let Some((dir, version)) = api_group_package(package)
                 && message.parent_message().is_none()
             {
+                group_packages
+                    .entry((dir.to_string(), version.to_string()))
+                    .or_insert_with(|| package.to_string());
                 kinds_by_version
                     .entry((version.to_string(), message.name().to_string()))
                     .or_default()
@@ -110,6 +125,7 @@ impl Schema {
             slice_wrappers,
             map_entries,
             kinds_by_version,
+            group_packages,
         })
     }
 
@@ -136,7 +152,9 @@ impl Schema {
                 .flatten()
         } else {
             let dir = group.split('.').next().unwrap_or(group);
-            self.message(&format!("{API_PACKAGE_PREFIX}{dir}.{version}.{kind}"))
+            self.group_packages
+                .get(&(dir.to_string(), version.to_string()))
+                .and_then(|package| self.message(&format!("{package}.{kind}")))
                 .or_else(|| {
                     // A built-in group named unlike its package directory: the
                     // kind must be unique among that version's packages.

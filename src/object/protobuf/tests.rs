@@ -104,12 +104,19 @@ fn every_fixture_round_trips_both_ways() {
         }
         match encode_as(&expected, &api_version, &kind) {
             Ok(encoded) if encoded == pb => {}
-            Ok(encoded) => failures.push(format!(
-                "{stem}: encode differs at byte {} (got {} bytes, expected {})",
-                first_difference(&encoded, &pb),
-                encoded.len(),
-                pb.len()
-            )),
+            Ok(encoded) => failures.push({
+                // A debugging aid: the bytes made, to compare with `protoc --decode`.
+                if let Some(dump) = std::env::var_os("WATCHCACHE_K8S_FIXTURES_DUMP") {
+                    let _ =
+                        std::fs::write(PathBuf::from(dump).join(format!("{stem}.pb")), &encoded);
+                }
+                format!(
+                    "{stem}: encode differs at byte {} (got {} bytes, expected {})",
+                    first_difference(&encoded, &pb),
+                    encoded.len(),
+                    pb.len()
+                )
+            }),
             Err(e) => failures.push(format!("{stem}: encode failed: {e}")),
         }
         if KNOWN_FAILURES.iter().any(|(k, _)| k == stem) {
@@ -268,6 +275,10 @@ fn resolves_groups_named_unlike_their_package() {
         name("v1", "Status").as_deref(),
         Some("k8s.io.apimachinery.pkg.apis.meta.v1.Status")
     );
+    assert_eq!(
+        name("apiextensions.k8s.io/v1", "CustomResourceDefinition").as_deref(),
+        Some("k8s.io.apiextensions_apiserver.pkg.apis.apiextensions.v1.CustomResourceDefinition")
+    );
     assert_eq!(name("example.com/v1", "Widget"), None);
     assert_eq!(name("v1", "ObjectMeta"), None);
 }
@@ -334,4 +345,43 @@ fn unset_fields_without_omitempty_are_null() {
             .expect("metadata")
             .contains_key("labels")
     );
+}
+
+/// apiextensions.k8s.io (CustomResourceDefinitions, stored as protobuf by
+/// kube-apiserver too): the CRD schema types with their own Go JSON forms
+/// (`JSON`, `JSONSchemaPropsOr{Bool,Array,StringArray}`, `$ref`) round-trip.
+#[test]
+fn custom_resource_definitions_round_trip() {
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.example.com"},
+        "spec": {
+            "group": "example.com",
+            "names": {"plural": "widgets", "kind": "Widget"},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {
+                    "type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true,
+                    "properties": {
+                        "spec": {
+                            "type": "object",
+                            "additionalProperties": false,
+                            "properties": {
+                                "size": {"type": "integer", "default": 3, "enum": [1, 3, 5]},
+                                "tags": {"type": "array", "items": {"type": "string"}},
+                                "meta": {"type": "object", "additionalProperties": {"type": "string"}},
+                                "ref": {"$ref": "#/definitions/x"}
+                            },
+                            "dependencies": {"size": ["tags"]}
+                        }
+                    }
+                }}
+            }]
+        }
+    });
+    let bytes = encode(&crd).expect("a CRD encodes");
+    assert_eq!(decode(&bytes).expect("decodes"), crd);
 }
