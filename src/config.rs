@@ -253,6 +253,21 @@ pub struct ResourceConfig {
     /// Optional TTL: writes attach a (reused) lease.
     #[serde(default)]
     pub ttl_seconds: Option<u64>,
+    /// How writes store objects: `json` (default) or `protobuf`, kube-apiserver's
+    /// encoding of built-in types. Reads detect the encoding of each value.
+    #[serde(default)]
+    pub storage_encoding: StorageEncoding,
+}
+
+/// The encoding of stored values (kube-apiserver's `--storage-media-type`:
+/// `application/json` or `application/vnd.kubernetes.protobuf`).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageEncoding {
+    #[default]
+    Json,
+    /// `k8s\0` + `runtime.Unknown`; only for built-in Kubernetes types.
+    Protobuf,
 }
 
 fn default_listen() -> String {
@@ -589,6 +604,19 @@ impl Config {
                     ConfigError::invalid(file, format!("resources[{i}].indexes[{j}]"), m)
                 })?;
             }
+            if r.storage_encoding == StorageEncoding::Protobuf
+                && !crate::object::protobuf::is_builtin_type(&r.api_version(), &r.kind)
+            {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("storage_encoding"),
+                    format!(
+                        "\"protobuf\" is only for built-in Kubernetes types; {} {} is not one",
+                        r.api_version(),
+                        r.kind
+                    ),
+                ));
+            }
             if let Some(p) = &r.key_prefix
                 && !p.starts_with('/')
             {
@@ -852,6 +880,20 @@ mod tests {
         assert_eq!(dep.key_prefix("/registry/"), "/registry/apps/deployments/");
         assert_eq!(dep.api_version(), "apps/v1");
         assert_eq!(dep.base_path(), "/apis/apps/v1");
+    }
+
+    #[test]
+    fn storage_encoding_defaults_to_json_and_protobuf_needs_a_builtin_type() {
+        let cfg = Config::parse(GOOD, "test.toml").expect("valid");
+        assert_eq!(cfg.resources[0].storage_encoding, StorageEncoding::Json);
+        let pb = format!("{GOOD}storage_encoding = \"protobuf\"\n");
+        let cfg = Config::parse(&pb, "test.toml").expect("Pod can be stored as protobuf");
+        assert_eq!(cfg.resources[0].storage_encoding, StorageEncoding::Protobuf);
+        let widget = pb.replace("kind = \"Pod\"", "kind = \"Widget\"");
+        let msg = error_naming(&widget, "resources[0].storage_encoding");
+        assert!(msg.contains("v1 Widget"), "{msg}");
+        let bad = format!("{GOOD}storage_encoding = \"yaml\"\n");
+        assert!(Config::parse(&bad, "test.toml").is_err());
     }
 
     const GOOD: &str = r#"

@@ -360,6 +360,7 @@ async fn readyz_follows_the_first_list_and_etcd() {
 async fn sigterm_with_open_watches_exits_within_5s() {
     let prefix = unique_prefix("sigterm");
     let mut d = Daemon::start_default(common::etcd(), &prefix).await;
+    d.wait_ready().await;
     let http = reqwest::Client::new();
     let mut streams = Vec::new();
     for path in [

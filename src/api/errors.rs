@@ -131,5 +131,6 @@ pub fn cacher_status(err: CacherError, what: &What) -> ApiStatus {
         CacherError::Storage(e) => storage_status(e, what),
         CacherError::ShuttingDown => ApiStatus::service_unavailable("the server is shutting down")
             .with_retry_after(RETRY_AFTER_SECS),
+        CacherError::Encoding(m) => ApiStatus::internal(m),
     }
 }

@@ -38,6 +38,7 @@ mod errors;
 pub mod k8s;
 pub mod ops;
 pub mod params;
+mod protobuf;
 mod reads;
 pub mod request_info;
 mod reviews;

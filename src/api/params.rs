@@ -213,6 +213,32 @@ pub fn wants_table(accept: Option<&str>) -> bool {
     })
 }
 
+/// kube-apiserver's protobuf media type (`k8s\0` + `runtime.Unknown` bodies).
+pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+/// The protobuf watch stream: length-delimited `WatchEvent` frames.
+pub const PROTOBUF_WATCH: &str = "application/vnd.kubernetes.protobuf;stream=watch";
+
+/// Whether the `Accept` header prefers protobuf: its first media range this
+/// server can serve is `application/vnd.kubernetes.protobuf` (client-go's
+/// protobuf clients send `application/vnd.kubernetes.protobuf,application/json`).
+pub fn wants_protobuf(accept: Option<&str>) -> bool {
+    let Some(accept) = accept else {
+        return false;
+    };
+    for media in accept.split(',') {
+        let mut parts = media.split(';').map(str::trim);
+        let ty = parts.next().unwrap_or("").to_ascii_lowercase();
+        // Tables and other `as=` conversions are JSON-only here.
+        let converted = parts.any(|p| p.starts_with("as="));
+        match ty.as_str() {
+            PROTOBUF if !converted => return true,
+            "application/json" | "application/*" | "*/*" => return false,
+            _ => {}
+        }
+    }
+    false
+}
+
 /// The media type of a `Content-Type` header, lowercased, without parameters.
 pub fn media_type(content_type: Option<&str>) -> Option<String> {
     content_type.map(|ct| {
@@ -289,5 +315,21 @@ mod tests {
         )));
         assert!(!wants_table(Some("application/json")));
         assert!(!wants_table(None));
+    }
+
+    #[test]
+    fn protobuf_accept() {
+        assert!(wants_protobuf(Some(
+            "application/vnd.kubernetes.protobuf, application/json"
+        )));
+        assert!(wants_protobuf(Some("application/vnd.kubernetes.protobuf")));
+        assert!(!wants_protobuf(Some(
+            "application/json, application/vnd.kubernetes.protobuf"
+        )));
+        assert!(!wants_protobuf(Some(
+            "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"
+        )));
+        assert!(!wants_protobuf(Some("*/*")));
+        assert!(!wants_protobuf(None));
     }
 }

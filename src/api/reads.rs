@@ -18,10 +18,11 @@ use crate::object::{FieldSelector, LabelSelector, Object, metadata_str};
 use super::connection::ConnectionHandle;
 use super::errors::cacher_status;
 use super::k8s::{Target, json_value};
-use super::params::{Query, wants_table};
+use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
+use super::protobuf;
 use super::table::{self, IncludeObject};
 use super::watch_stream::{self, WatchStreamParams};
-use super::{ApiStatus, Body, Resource, State, json_response, response};
+use super::{ApiStatus, Body, Resource, State, full, json_response, response};
 
 /// Frames of a List body are at most about this large (small objects are
 /// coalesced; large ones are written as their own frame without copying).
@@ -71,6 +72,9 @@ pub(crate) async fn get(
         .await
         .map_err(|e| cacher_status(e, &target.what()))?;
     match table {
+        None if protobuf::negotiated(req, res) => {
+            Ok(response(200, PROTOBUF, full(protobuf::object(&obj.wire)?)))
+        }
         None => Ok(json_response(200, obj.wire.clone())),
         Some(include) => {
             let paths = res.cacher.codec().index_paths();
@@ -127,6 +131,10 @@ pub(crate) async fn list(
             .collect();
         let t = table::table(rows, paths, Value::Object(meta), true);
         return Ok(json_value(200, &t));
+    }
+    if protobuf::negotiated(req, res) {
+        let body = protobuf::list(res, meta, result.items.iter().map(|o| &o.wire[..]))?;
+        return Ok(response(200, PROTOBUF, full(body)));
     }
     let head = json!({
         "apiVersion": res.config.api_version(),
@@ -300,11 +308,21 @@ pub(crate) async fn watch(
     let what = target.what();
     // A watch that cannot be served from history still gets a Watcher,
     // whose only item is the 410: a 200 with an ERROR event, as Kubernetes.
-    let watcher = res
+    let mut watcher = res
         .cacher
         .watch(watch)
         .await
         .map_err(|e| cacher_status(e, &what))?;
+    let protobuf_watch = table.is_none() && protobuf::negotiated(req, res);
+    if protobuf_watch {
+        // History events are then encoded once, shared by every such watcher.
+        watcher.use_protobuf();
+    }
+    let content_type = if protobuf_watch {
+        PROTOBUF_WATCH
+    } else {
+        "application/json"
+    };
     let table = table.map(|include| TableWatch {
         paths: res.cacher.codec().index_paths().to_vec(),
         include,
@@ -327,9 +345,10 @@ pub(crate) async fn watch(
             table,
             permit,
             http1_connection,
+            protobuf_api_version: protobuf_watch.then(|| res.config.api_version()),
         },
     );
-    let mut resp = response(200, "application/json", body);
+    let mut resp = response(200, content_type, body);
     resp.headers_mut().insert(
         hyper::header::CACHE_CONTROL,
         hyper::header::HeaderValue::from_static("no-cache, private"),

@@ -37,6 +37,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::cacher::{CacherError, WatchChunk, Watcher};
+use crate::object::wire::protobuf_watch_frames;
 
 use super::Body;
 use super::connection::ConnectionHandle;
@@ -63,6 +64,9 @@ pub(crate) struct WatchStreamParams {
     pub permit: OwnedSemaphorePermit,
     /// The HTTP/1.1 connection, closed if the stream's end cannot be written.
     pub http1_connection: Option<ConnectionHandle>,
+    /// A protobuf stream (`application/vnd.kubernetes.protobuf;stream=watch`)
+    /// of this resource's apiVersion: its ERROR event is a protobuf frame too.
+    pub protobuf_api_version: Option<String>,
 }
 
 /// Starts the pump of `watcher` and returns the response body.
@@ -194,6 +198,7 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
         mut table,
         permit,
         http1_connection,
+        protobuf_api_version,
     } = params;
     let mut backstop = backstop.map(|at| Box::pin(tokio::time::sleep_until(at)));
     // Until the connection has taken everything sent so far once after the
@@ -241,7 +246,19 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
                 }
             }
             Some(WatchChunk::Error(e)) => {
-                pipe.push(cacher_status(e, &what).error_line());
+                let line = cacher_status(e, &what).error_line();
+                let last = match &protobuf_api_version {
+                    // The ERROR event's Status in the stream's encoding.
+                    Some(api_version) => match protobuf_watch_frames(&line, api_version) {
+                        Ok(frames) => frames,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot encode a watch error as protobuf");
+                            Bytes::new()
+                        }
+                    },
+                    None => line,
+                };
+                pipe.push(last);
                 break End::Done;
             }
         }

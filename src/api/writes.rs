@@ -12,6 +12,8 @@ use hyper::http::request::Parts;
 use serde_json::{Map, Value};
 
 use crate::cacher::GetRequest;
+use crate::config::StorageEncoding;
+use crate::object::protobuf;
 use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
 use crate::object::{metadata_str, set_resource_version, strip_resource_version};
 use crate::storage::{Preconditions, StorageError, StoredObject, UpdateAction, WriteOptions};
@@ -189,10 +191,26 @@ fn write_options(res: &Resource, dry_run: bool) -> WriteOptions {
     }
 }
 
-fn to_bytes(obj: &Value) -> Result<Bytes, ApiStatus> {
-    serde_json::to_vec(obj)
-        .map(Bytes::from)
-        .map_err(|e| ApiStatus::internal(format!("cannot encode the object: {e}")))
+/// The stored form of an object: JSON, or kube-apiserver's protobuf when the
+/// resource is configured with `storage_encoding = "protobuf"`.
+fn to_bytes(res: &Resource, obj: &Value) -> Result<Bytes, ApiStatus> {
+    match res.config.storage_encoding {
+        StorageEncoding::Json => serde_json::to_vec(obj)
+            .map(Bytes::from)
+            .map_err(|e| ApiStatus::internal(format!("cannot encode the object: {e}"))),
+        StorageEncoding::Protobuf => {
+            protobuf::encode_as(obj, &res.config.api_version(), &res.config.kind)
+                .map(Bytes::from)
+                .map_err(|e| match e {
+                    // The object does not fit the type's schema: the client's fault.
+                    protobuf::ProtobufError::Json { .. } => ApiStatus::bad_request(format!(
+                        "the object does not fit the {} schema: {e}",
+                        res.config.kind
+                    )),
+                    other => ApiStatus::internal(format!("cannot encode the object: {other}")),
+                })
+        }
+    }
 }
 
 /// The JSON answer for a stored object: its value with
@@ -211,7 +229,7 @@ fn stored_response(code: u16, res: &Resource, stored: &StoredObject) -> Response
         Err(_) => {
             // Not decodable by the codec (should not happen for what we
             // wrote); inject the RV by hand.
-            match serde_json::from_slice::<Value>(&stored.value) {
+            match crate::object::parse_stored_value(&stored.key, &stored.value) {
                 Ok(mut v) => {
                     set_resource_version(&mut v, stored.mod_revision);
                     json_value(code, &v)
@@ -322,7 +340,11 @@ pub(crate) async fn create(
             name: Some(name.clone()),
             ..target.what()
         };
-        match state.storage.create(&key, to_bytes(&obj)?, &opts).await {
+        match state
+            .storage
+            .create(&key, to_bytes(res, &obj)?, &opts)
+            .await
+        {
             Ok(stored) => return Ok(stored_response(201, res, &stored)),
             Err(e @ StorageError::AlreadyExists { .. }) if attempts > 1 => {
                 last = Some(storage_status(e, &what));
@@ -405,12 +427,8 @@ where
 }
 
 fn parse_stored(cur: &StoredObject) -> Result<Value, ApiStatus> {
-    serde_json::from_slice(&cur.value).map_err(|e| {
-        ApiStatus::internal(format!(
-            "the stored object {} is not valid JSON: {e}",
-            cur.key
-        ))
-    })
+    crate::object::parse_stored_value(&cur.key, &cur.value)
+        .map_err(|e| ApiStatus::internal(format!("the stored object cannot be read: {e}")))
 }
 
 const MODIFIED: &str =
@@ -463,7 +481,7 @@ pub(crate) async fn update(
                 .map_err(|e| storage_status(e, &what))?;
             let mut obj = obj;
             carry_system_fields(&mut obj, &parse_stored(&current)?)?;
-            let value = to_bytes(&obj)?;
+            let value = to_bytes(res, &obj)?;
             if value == current.value {
                 current
             } else {
@@ -478,7 +496,7 @@ pub(crate) async fn update(
             guaranteed_update(state, target, &key, &preconditions, &opts, |cur| {
                 let mut new = obj.clone();
                 carry_system_fields(&mut new, &parse_stored(cur)?)?;
-                Ok(to_bytes(&new)?)
+                Ok(to_bytes(res, &new)?)
             })
             .await?
         }
@@ -576,7 +594,7 @@ pub(crate) async fn patch(
             );
         }
         carry_system_fields(&mut doc, &current)?;
-        Ok(to_bytes(&doc)?)
+        Ok(to_bytes(res, &doc)?)
     })
     .await?;
     Ok(stored_response(200, res, &stored))

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::object::Object;
-use crate::object::wire::{EventType, event_line};
+use crate::object::protobuf::ProtobufError;
+use crate::object::wire::{EventType, event_line, protobuf_watch_frames};
 
 /// The kind of a cached change (the watch event type before per-watcher conversion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,6 +40,10 @@ pub struct HistoryEvent {
     added: OnceLock<Bytes>,
     modified: OnceLock<Bytes>,
     deleted: OnceLock<Bytes>,
+    /// The protobuf watch frames of the added/modified/deleted lines, for
+    /// protobuf watchers: encoded once, like the lines; boxed so that events
+    /// no protobuf watcher reads stay small.
+    frames: OnceLock<Box<[FrameCell; 3]>>,
 }
 
 impl HistoryEvent {
@@ -62,6 +67,7 @@ impl HistoryEvent {
             added: OnceLock::new(),
             modified: OnceLock::new(),
             deleted: OnceLock::new(),
+            frames: OnceLock::new(),
         }
     }
 
@@ -89,6 +95,40 @@ impl HistoryEvent {
         }))
     }
 }
+
+impl HistoryEvent {
+    /// The line of an `ADDED`, `MODIFIED` or `DELETED` event (None for
+    /// other types, or when the event has no such object).
+    pub fn line(&self, ty: EventType) -> Option<&Bytes> {
+        match ty {
+            EventType::Added => self.added_line(),
+            EventType::Modified => self.modified_line(),
+            EventType::Deleted => self.deleted_line(),
+            EventType::Bookmark | EventType::Error => None,
+        }
+    }
+
+    /// [`HistoryEvent::line`] as a protobuf watch frame
+    /// ([`protobuf_watch_frames`]); `api_version` is the resource's.
+    pub fn frame(&self, ty: EventType, api_version: &str) -> Option<Result<&Bytes, ProtobufError>> {
+        let i = match ty {
+            EventType::Added => 0,
+            EventType::Modified => 1,
+            EventType::Deleted => 2,
+            EventType::Bookmark | EventType::Error => return None,
+        };
+        let cell = &self.frames.get_or_init(Default::default)[i];
+        let line = self.line(ty)?;
+        Some(
+            cell.get_or_init(|| protobuf_watch_frames(line, api_version))
+                .as_ref()
+                .map_err(Clone::clone),
+        )
+    }
+}
+
+/// One protobuf watch frame, encoded on first use (or why it cannot be).
+type FrameCell = OnceLock<Result<Bytes, ProtobufError>>;
 
 /// The line in `cell`, rendered from `object_json()` on first use.
 fn rendered(cell: &OnceLock<Bytes>, ty: EventType, object_json: impl FnOnce() -> Bytes) -> &Bytes {
@@ -267,6 +307,56 @@ mod tests {
         let evs = h.read_from(3, 10).unwrap();
         assert_eq!(evs.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![14, 15]);
         assert!(h.read_from(5, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn protobuf_frames_encode_once_and_fail_typed() {
+        let mut pod = (*obj("/p/ns/a", 3)).clone();
+        pod.wire = Bytes::from_static(
+            br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","resourceVersion":"3"}}"#,
+        );
+        let mut h = History::new(4, 0);
+        let ev = h.push(
+            EventKind::Added,
+            Arc::from("/p/ns/a"),
+            Some(Arc::new(pod)),
+            None,
+            3,
+            Instant::now(),
+        );
+        let a = ev
+            .frame(EventType::Added, "v1")
+            .unwrap()
+            .expect("a Pod encodes");
+        let b = ev
+            .frame(EventType::Added, "v1")
+            .unwrap()
+            .expect("a Pod encodes");
+        assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
+        let len = u32::from_be_bytes([a[0], a[1], a[2], a[3]]) as usize;
+        assert_eq!(len + 4, a.len());
+        let event = crate::object::protobuf::decode(&a[4..]).expect("decodes");
+        assert_eq!(event["type"], "ADDED");
+        assert_eq!(event["object"]["metadata"]["name"], "a");
+        assert!(
+            ev.frame(EventType::Deleted, "v1").is_none(),
+            "no previous object"
+        );
+        // An object without a built-in type cannot be sent as protobuf.
+        let plain = h.push(
+            EventKind::Added,
+            Arc::from("/p/ns/b"),
+            Some(obj("/p/ns/b", 4)),
+            None,
+            4,
+            Instant::now(),
+        );
+        assert!(matches!(
+            plain.frame(EventType::Added, "v1"),
+            Some(Err(
+                crate::object::protobuf::ProtobufError::UnknownKind { .. }
+            ))
+        ));
     }
 
     #[test]

@@ -175,6 +175,10 @@ pub enum CacherError {
     Storage(#[from] StorageError),
     #[error("the watch cache is shutting down")]
     ShuttingDown,
+    /// An event cannot be sent in the watcher's protobuf encoding (a stored
+    /// JSON object that does not fit the built-in type's schema).
+    #[error("cannot encode a watch event as protobuf: {0}")]
+    Encoding(String),
 }
 
 /// The per-resource watch cache: reflector + snapshots + history + watchers.

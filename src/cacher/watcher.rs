@@ -20,7 +20,7 @@ use super::selection_predicate::SelectionPredicate;
 use super::snapshot::{IndexKey, Snapshot};
 use super::stats::WatchEnd;
 use super::watch_cache::{Registration, WatchCache, WatchStart};
-use crate::object::wire::{EventType, bookmark_line, event_line};
+use crate::object::wire::{EventType, bookmark_line, event_line, protobuf_watch_frames};
 
 /// One item of a watch stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -35,20 +35,20 @@ pub enum WatchChunk {
 /// `cacheWatcher.convertToWatchEvent`), judged on the previous object too:
 /// new match only -> ADDED, both -> MODIFIED, old only -> DELETED (the old
 /// object at the new RV), neither -> nothing.
-fn convert<'e>(pred: &SelectionPredicate, ev: &'e HistoryEvent) -> Option<&'e Bytes> {
+fn convert(pred: &SelectionPredicate, ev: &HistoryEvent) -> Option<EventType> {
     if pred.is_everything() {
-        return match ev.kind {
-            EventKind::Added => ev.added_line(),
-            EventKind::Modified => ev.modified_line(),
-            EventKind::Deleted => ev.deleted_line(),
-        };
+        return Some(match ev.kind {
+            EventKind::Added => EventType::Added,
+            EventKind::Modified => EventType::Modified,
+            EventKind::Deleted => EventType::Deleted,
+        });
     }
     let new_m = ev.object.as_deref().is_some_and(|o| pred.matches(o));
     let old_m = ev.prev.as_deref().is_some_and(|o| pred.matches(o));
     match (old_m, new_m) {
-        (false, true) => ev.added_line(),
-        (true, true) => ev.modified_line(),
-        (true, false) => ev.deleted_line(),
+        (false, true) => Some(EventType::Added),
+        (true, true) => Some(EventType::Modified),
+        (true, false) => Some(EventType::Deleted),
         _ => None,
     }
 }
@@ -92,6 +92,9 @@ pub struct Watcher {
     timer: Pin<Box<Sleep>>,
     /// "Never" for the timer: a year after registration.
     far: Instant,
+    /// Send kube-apiserver's protobuf watch frames instead of JSON lines
+    /// ([`Watcher::use_protobuf`]).
+    protobuf: bool,
 }
 
 impl std::fmt::Debug for Watcher {
@@ -135,6 +138,7 @@ impl Watcher {
             end: std::cell::Cell::new(None),
             timer: Box::pin(tokio::time::sleep_until(far)),
             far,
+            protobuf: false,
         };
         match start {
             WatchStart::Initial { end_bookmark } => {
@@ -152,6 +156,26 @@ impl Watcher {
             Err(g) => w.pending_error = Some(w.expired(g)),
         }
         w
+    }
+
+    /// Sends protobuf watch frames (length-delimited `WatchEvent`s, see
+    /// [`crate::object::wire::protobuf_watch_frames`]) instead of JSON
+    /// lines. History events are encoded once and shared by every protobuf
+    /// watcher; initial events and bookmarks are encoded per watcher.
+    pub fn use_protobuf(&mut self) {
+        self.protobuf = true;
+    }
+
+    /// Appends JSON lines (initial events, bookmarks) in this watcher's encoding.
+    fn push_lines(&self, buf: &mut BytesMut, lines: &[u8]) -> Result<(), CacherError> {
+        if self.protobuf {
+            let frames = protobuf_watch_frames(lines, &self.params.api_version)
+                .map_err(|e| CacherError::Encoding(e.to_string()))?;
+            buf.extend_from_slice(&frames);
+        } else {
+            buf.extend_from_slice(lines);
+        }
+        Ok(())
     }
 
     fn expired(&self, g: Gone) -> CacherError {
@@ -292,16 +316,16 @@ impl Watcher {
             Some(self.params.initial_chunk),
             false,
         );
-        let mut buf = BytesMut::new();
+        let mut lines = BytesMut::new();
         for o in &page.items {
-            buf.extend_from_slice(&event_line(EventType::Added, &o.wire));
+            lines.extend_from_slice(&event_line(EventType::Added, &o.wire));
         }
         match page.last_key {
             Some(k) => init.next_key = Some(format!("{k}\0")),
             None => {
                 let rv = init.snapshot.rv;
                 if init.end_bookmark {
-                    buf.extend_from_slice(&bookmark_line(
+                    lines.extend_from_slice(&bookmark_line(
                         &self.params.api_version,
                         &self.params.kind,
                         rv,
@@ -314,7 +338,16 @@ impl Watcher {
                 self.next_bookmark = Instant::now() + self.params.bookmark_interval;
             }
         }
-        (!buf.is_empty()).then(|| buf.freeze())
+        if lines.is_empty() || !self.protobuf {
+            return (!lines.is_empty()).then(|| lines.freeze());
+        }
+        let mut buf = BytesMut::new();
+        if let Err(e) = self.push_lines(&mut buf, &lines) {
+            self.initial = None;
+            self.pending_error = Some(e);
+            return None;
+        }
+        Some(buf.freeze())
     }
 
     /// Appends every available event for this watcher to `buf`.
@@ -346,8 +379,26 @@ impl Watcher {
         // atomics per event and watcher.
         let mut delays = None;
         for ev in events {
-            if let Some(line) = convert(&self.predicate, &ev) {
-                buf.extend_from_slice(line);
+            let Some(ty) = convert(&self.predicate, &ev) else {
+                self.last_rv = self.last_rv.max(ev.rv);
+                continue;
+            };
+            let bytes = if self.protobuf {
+                match ev.frame(ty, &self.params.api_version) {
+                    Some(Ok(frame)) => Some(frame),
+                    Some(Err(e)) => {
+                        if sent > 0 {
+                            stats.dispatched(sent);
+                        }
+                        return Err(CacherError::Encoding(e.to_string()));
+                    }
+                    None => None,
+                }
+            } else {
+                ev.line(ty)
+            };
+            if let Some(bytes) = bytes {
+                buf.extend_from_slice(bytes);
                 sent += 1;
                 delays
                     .get_or_insert_with(|| stats.event_delays())
@@ -369,12 +420,8 @@ impl Watcher {
         let rv = snap.rv.max(self.last_rv);
         if rv > 0 {
             self.last_rv = rv;
-            buf.extend_from_slice(&bookmark_line(
-                &self.params.api_version,
-                &self.params.kind,
-                rv,
-                false,
-            ));
+            let line = bookmark_line(&self.params.api_version, &self.params.kind, rv, false);
+            self.push_lines(buf, &line)?;
         }
         Ok(())
     }

@@ -7,7 +7,12 @@
 //! injected) is serialized once into [`Bytes`]. No `serde_json::Value` is kept,
 //! so memory per cached object stays small.
 //!
-//! Submodules: [`selector`] (label and field selectors), [`validation`]
+//! Values are JSON, or kube-apiserver's protobuf (`k8s\0` + `runtime.Unknown`,
+//! decoded by [`protobuf`] to the JSON kube-apiserver would serve), detected
+//! per value.
+//!
+//! Submodules: [`protobuf`] (the storage encoding of built-in types),
+//! [`selector`] (label and field selectors), [`validation`]
 //! (Kubernetes' RFC 1123 name rules) and [`wire`] (watch event lines,
 //! bookmark lines, `Status`).
 //!
@@ -23,6 +28,7 @@ use serde_json::{Map, Value};
 
 use crate::config::ResourceConfig;
 
+pub mod protobuf;
 pub mod selector;
 pub mod validation;
 pub mod wire;
@@ -54,6 +60,29 @@ pub enum ObjectError {
     /// `metadata` is present but is not a JSON object.
     #[error("value at {key:?}: metadata is not a JSON object")]
     InvalidMetadata { key: String },
+    /// The value is kube-apiserver protobuf (`k8s\0...`) that cannot be read:
+    /// corrupt, or a type outside the built-in Kubernetes schema.
+    #[error("value at {key:?} is unreadable protobuf: {source}")]
+    InvalidProtobuf {
+        key: String,
+        source: protobuf::ProtobufError,
+    },
+}
+
+/// A stored value as JSON: kube-apiserver protobuf (`k8s\0` prefix) is
+/// decoded to the JSON kube-apiserver serves; anything else is parsed as JSON.
+/// Auto-detected per value, as kube-apiserver's storage decoder does.
+pub fn parse_stored_value(key: &str, value: &[u8]) -> Result<Value, ObjectError> {
+    if protobuf::is_protobuf(value) {
+        return protobuf::decode(value).map_err(|source| ObjectError::InvalidProtobuf {
+            key: key.to_string(),
+            source,
+        });
+    }
+    serde_json::from_slice(value).map_err(|e| ObjectError::InvalidJson {
+        key: key.to_string(),
+        message: e.to_string(),
+    })
 }
 
 /// Per-resource codec: knows the key layout, the configured index paths and
@@ -191,11 +220,7 @@ impl ObjectCodec {
         create_revision: i64,
     ) -> Result<Object, ObjectError> {
         let (namespace, name) = self.parse_key(key)?;
-        let mut root: Value =
-            serde_json::from_slice(value).map_err(|e| ObjectError::InvalidJson {
-                key: key.to_string(),
-                message: e.to_string(),
-            })?;
+        let mut root = parse_stored_value(key, value)?;
         let Some(obj) = root.as_object() else {
             return Err(ObjectError::NotJsonObject {
                 key: key.to_string(),

@@ -15,6 +15,7 @@ pub(crate) fn resource(namespaced: bool, indexes: &[&str]) -> ResourceConfig {
         history_capacity: 100,
         key_prefix: None,
         ttl_seconds: None,
+        storage_encoding: Default::default(),
     }
 }
 
@@ -347,4 +348,67 @@ fn object_is_small() {
         "{}",
         std::mem::size_of::<Object>()
     );
+}
+
+/// A protobuf Pod as kube-apiserver stores it, made by the protobuf codec.
+fn protobuf_pod() -> Vec<u8> {
+    protobuf::encode(&json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "p1", "namespace": "ns", "uid": "u-1",
+            "creationTimestamp": "2024-01-02T03:04:05Z",
+            "labels": {"app": "web"}
+        },
+        "spec": {"nodeName": "node-a", "priority": 7, "containers": [{"name": "c", "image": "nginx"}]},
+        "status": {"phase": "Running"}
+    }))
+    .expect("a valid Pod encodes")
+}
+
+#[test]
+fn decode_reads_protobuf_values_like_json_ones() {
+    let c = pods();
+    let o = c
+        .decode("/registry/pods/ns/p1", &protobuf_pod(), 42, 40)
+        .expect("protobuf Pod decodes");
+    assert_eq!(o.uid.as_deref(), Some("u-1"));
+    assert_eq!(o.labels.get("app").map(String::as_str), Some("web"));
+    assert_eq!(
+        o.creation_timestamp.as_deref(),
+        Some("2024-01-02T03:04:05Z")
+    );
+    assert_eq!(o.field("spec.nodeName"), Some("node-a"));
+    assert_eq!(o.field("spec.priority"), Some("7"));
+    assert_eq!(o.field("status.phase"), Some("Running"));
+    let wire = wire_json(&o);
+    assert_eq!(wire["kind"], "Pod");
+    assert_eq!(wire["apiVersion"], "v1");
+    assert_eq!(wire["metadata"]["resourceVersion"], "42");
+    assert_eq!(wire["spec"]["containers"][0]["image"], "nginx");
+}
+
+#[test]
+fn decode_rejects_unreadable_protobuf_with_a_typed_error() {
+    let c = pods();
+    let key = "/registry/pods/ns/p1";
+    let good = protobuf_pod();
+    let truncated = &good[..good.len() - 3];
+    let mut unknown_kind =
+        protobuf::encode(&json!({"apiVersion": "v1", "kind": "Pod"})).expect("encodes");
+    let at = unknown_kind
+        .windows(3)
+        .position(|w| w == b"Pod")
+        .expect("kind in the envelope");
+    unknown_kind[at..at + 3].copy_from_slice(b"Pxd");
+    for (what, value) in [
+        ("truncated", truncated.to_vec()),
+        ("unknown kind", unknown_kind),
+        ("garbage", b"k8s\0\xff\xff\xff".to_vec()),
+    ] {
+        match c.decode(key, &value, 1, 1) {
+            Err(ObjectError::InvalidProtobuf { key: k, .. }) => assert_eq!(k, key, "{what}"),
+            other => panic!("{what}: {other:?}"),
+        }
+    }
 }

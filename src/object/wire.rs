@@ -57,6 +57,34 @@ pub fn event_line(event_type: EventType, object_json: &[u8]) -> Bytes {
 /// Annotation marking the bookmark at the end of a watch's initial events.
 pub const INITIAL_EVENTS_END_ANNOTATION: &str = "k8s.io/initial-events-end";
 
+/// Watch lines (`{"type":..,"object":..}`, newline-separated) as
+/// kube-apiserver's protobuf watch stream: per event, a 4-byte big-endian
+/// length, then `k8s\0` + `runtime.Unknown` holding a `WatchEvent`
+/// (typed `<api_version> WatchEvent`) whose object is the object's own
+/// `k8s\0` encoding. Only for built-in types (see [`super::protobuf`]).
+pub fn protobuf_watch_frames(
+    lines: &[u8],
+    api_version: &str,
+) -> Result<Bytes, super::protobuf::ProtobufError> {
+    use super::protobuf::{ProtobufError, encode, encode_watch_event};
+    let mut out = BytesMut::with_capacity(lines.len());
+    for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let event: serde_json::Value =
+            serde_json::from_slice(line).map_err(|e| ProtobufError::Json {
+                path: String::new(),
+                reason: format!("watch event is not JSON: {e}"),
+            })?;
+        let ty = event.get("type").and_then(|t| t.as_str()).unwrap_or("");
+        let object = encode(event.get("object").unwrap_or(&serde_json::Value::Null))?;
+        let frame = encode_watch_event(ty, object, api_version)?;
+        let len = u32::try_from(frame.len())
+            .map_err(|_| ProtobufError::Schema("watch event larger than 4 GiB".into()))?;
+        out.put_u32(len);
+        out.put_slice(&frame);
+    }
+    Ok(out.freeze())
+}
+
 /// The object of a BOOKMARK event: only `apiVersion`, `kind` and
 /// `metadata.resourceVersion`, plus the `k8s.io/initial-events-end: "true"`
 /// annotation when `initial_events_end`.

@@ -55,9 +55,16 @@ impl Preconditions {
     /// wording; an unparsable value when a uid is required -> `InvalidObject`.
     pub fn check(&self, key: &str, obj: &StoredObject) -> Result<(), StorageError> {
         if let Some(want) = &self.uid {
-            let view: UidView = serde_json::from_slice(&obj.value).map_err(|e| {
+            let invalid = |e: &dyn std::fmt::Display| {
                 StorageError::InvalidObject(format!("{key}: cannot read metadata.uid: {e}"))
-            })?;
+            };
+            // kube-apiserver's protobuf values (`k8s\0...`) are read as their JSON.
+            let view: UidView = if crate::object::protobuf::is_protobuf(&obj.value) {
+                let json = crate::object::protobuf::decode(&obj.value).map_err(|e| invalid(&e))?;
+                serde_json::from_value(json).map_err(|e| invalid(&e))?
+            } else {
+                serde_json::from_slice(&obj.value).map_err(|e| invalid(&e))?
+            };
             let have = view.metadata.and_then(|m| m.uid).unwrap_or_default();
             if *want != have {
                 return Err(StorageError::conflict(

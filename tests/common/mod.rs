@@ -108,6 +108,7 @@ pub fn pods_resource(history_capacity: usize) -> ResourceConfig {
         history_capacity,
         key_prefix: None,
         ttl_seconds: None,
+        storage_encoding: Default::default(),
     }
 }
 

@@ -48,6 +48,7 @@ fn resource(group: &str, plural: &str) -> ResourceConfig {
         history_capacity: 10,
         key_prefix: None,
         ttl_seconds: None,
+        storage_encoding: Default::default(),
     }
 }
 

@@ -1,0 +1,272 @@
+//! kube-apiserver's protobuf storage encoding (issue 11 part 3).
+//!
+//! kube-apiserver stores every built-in type as the magic `k8s\0` followed by
+//! a `runtime.Unknown` envelope: `typeMeta{apiVersion, kind}`, `raw` (the
+//! object's own protobuf message), `contentEncoding` and `contentType` (both
+//! empty). This module turns such a value into the JSON kube-apiserver would
+//! serve for it, and back, byte for byte as Go's marshalers write it.
+//!
+//! The codec is generic: the message types and their fields come from the
+//! Kubernetes `.proto` schema (a committed descriptor set, see [`schema`]),
+//! read with prost-reflect's dynamic messages; the wire format is prost's.
+//! Only the few apimachinery types with their own Go JSON marshalers are
+//! named (see [`json`]).
+
+mod duration;
+mod json;
+mod schema;
+#[cfg(test)]
+mod tests;
+
+use prost::Message as _;
+use prost_reflect::{DynamicMessage, Value as PValue};
+use serde_json::Value;
+
+use schema::Schema;
+
+/// The first bytes of every protobuf value kube-apiserver writes.
+pub const MAGIC: &[u8; 4] = b"k8s\0";
+
+const UNKNOWN: &str = "k8s.io.apimachinery.pkg.runtime.Unknown";
+const TYPE_META: &str = "k8s.io.apimachinery.pkg.runtime.TypeMeta";
+const WATCH_EVENT: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.WatchEvent";
+const RAW_EXTENSION: &str = "k8s.io.apimachinery.pkg.runtime.RawExtension";
+
+/// Why a value could not be decoded or encoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtobufError {
+    /// The value does not start with `k8s\0`.
+    #[error("not a Kubernetes protobuf value (no k8s\\0 prefix)")]
+    NotProtobuf,
+    /// The `runtime.Unknown` envelope is not valid protobuf.
+    #[error("invalid runtime.Unknown envelope: {0}")]
+    Envelope(String),
+    /// The envelope names a type that is not a built-in Kubernetes type.
+    #[error("unknown type apiVersion={api_version:?} kind={kind:?}")]
+    UnknownKind { api_version: String, kind: String },
+    /// The envelope's payload is not a valid message of its type.
+    #[error("invalid {message} protobuf: {reason}")]
+    Decode { message: String, reason: String },
+    /// The envelope declares a content encoding (e.g. gzip) this codec does not read.
+    #[error("unsupported content encoding {0:?}")]
+    ContentEncoding(String),
+    /// The JSON does not fit the type's schema (path like `spec.containers.0.name`).
+    #[error("{path}: {reason}")]
+    Json { path: String, reason: String },
+    /// Objects embedded in objects deeper than the limit.
+    #[error("objects nested deeper than {0} levels")]
+    TooDeep(usize),
+    /// The built-in schema could not be loaded (a build defect).
+    #[error("protobuf schema: {0}")]
+    Schema(String),
+}
+
+impl ProtobufError {
+    /// Prefixes a JSON path segment (errors bubble up from the leaf).
+    fn under(self, segment: &str) -> ProtobufError {
+        match self {
+            ProtobufError::Json { path, reason } => ProtobufError::Json {
+                path: if path.is_empty() {
+                    segment.to_string()
+                } else {
+                    format!("{segment}.{path}")
+                },
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+/// Whether a stored value is kube-apiserver protobuf (auto-detection, as
+/// kube-apiserver's recognizing decoder does).
+pub fn is_protobuf(value: &[u8]) -> bool {
+    value.starts_with(MAGIC)
+}
+
+/// Whether `apiVersion`/`kind` is a built-in Kubernetes type of the schema
+/// (which [`encode`] can store as protobuf).
+pub fn is_builtin_type(api_version: &str, kind: &str) -> bool {
+    Schema::get().is_ok_and(|s| s.resolve(api_version, kind).is_some())
+}
+
+/// Decodes a `k8s\0` value into the JSON kube-apiserver serves for it
+/// (`kind` and `apiVersion` first, from the envelope).
+pub fn decode(value: &[u8]) -> Result<Value, ProtobufError> {
+    decode_envelope(Schema::get()?, value, None, 0)
+}
+
+/// Like [`decode`], for values whose envelope carries no type (kube-apiserver
+/// leaves it empty for a `WatchEvent`): `api_version`/`kind` name the type.
+pub fn decode_as(value: &[u8], api_version: &str, kind: &str) -> Result<Value, ProtobufError> {
+    decode_envelope(Schema::get()?, value, Some((api_version, kind)), 0)
+}
+
+/// Encodes an object (with `apiVersion` and `kind`) as kube-apiserver stores it.
+pub fn encode(object: &Value) -> Result<Vec<u8>, ProtobufError> {
+    let (api_version, kind) = type_of(object);
+    encode_as(object, api_version, kind)
+}
+
+/// Like [`encode`], with the type given (for JSON without `apiVersion`/`kind`,
+/// e.g. a `WatchEvent`); the envelope's `typeMeta` is the JSON's own.
+pub fn encode_as(object: &Value, api_version: &str, kind: &str) -> Result<Vec<u8>, ProtobufError> {
+    let schema = Schema::get()?;
+    let desc = schema
+        .resolve(api_version, kind)
+        .ok_or_else(|| ProtobufError::UnknownKind {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+        })?;
+    let mut body = object.clone();
+    if let Value::Object(map) = &mut body {
+        // TypeMeta lives in the envelope, not in the typed message.
+        for key in ["apiVersion", "kind"] {
+            if desc.get_field_by_name(key).is_none() {
+                map.remove(key);
+            }
+        }
+    }
+    let message = json::json_to_message(schema, &desc, &body)?;
+    let (tm_version, tm_kind) = type_of(object);
+    let envelope = envelope(schema, tm_version, tm_kind, message.encode_to_vec())?;
+    let mut out = Vec::with_capacity(MAGIC.len() + envelope.encoded_len());
+    out.extend_from_slice(MAGIC);
+    envelope
+        .encode(&mut out)
+        .map_err(|e| ProtobufError::Schema(e.to_string()))?;
+    Ok(out)
+}
+
+/// One event of a protobuf watch stream as kube-apiserver writes it: a
+/// `meta.v1.WatchEvent` whose object is `object` (itself an encoded `k8s\0`
+/// value) in the `k8s\0` envelope typed `<api_version> WatchEvent`.
+pub fn encode_watch_event(
+    event_type: &str,
+    object: Vec<u8>,
+    api_version: &str,
+) -> Result<Vec<u8>, ProtobufError> {
+    let schema = Schema::get()?;
+    let missing = |name: &str| ProtobufError::Schema(format!("{name} missing"));
+    let event_desc = schema
+        .message(WATCH_EVENT)
+        .ok_or_else(|| missing(WATCH_EVENT))?;
+    let raw_desc = schema
+        .message(RAW_EXTENSION)
+        .ok_or_else(|| missing(RAW_EXTENSION))?;
+    let schema_error = |e: prost_reflect::SetFieldError| ProtobufError::Schema(e.to_string());
+    let mut raw = DynamicMessage::new(raw_desc);
+    raw.try_set_field_by_name("raw", PValue::Bytes(object.into()))
+        .map_err(schema_error)?;
+    let mut event = DynamicMessage::new(event_desc);
+    event
+        .try_set_field_by_name("type", PValue::String(event_type.into()))
+        .map_err(schema_error)?;
+    event
+        .try_set_field_by_name("object", PValue::Message(raw))
+        .map_err(schema_error)?;
+    let envelope = envelope(schema, api_version, "WatchEvent", event.encode_to_vec())?;
+    let mut out = Vec::with_capacity(MAGIC.len() + envelope.encoded_len());
+    out.extend_from_slice(MAGIC);
+    envelope
+        .encode(&mut out)
+        .map_err(|e| ProtobufError::Schema(e.to_string()))?;
+    Ok(out)
+}
+
+fn type_of(object: &Value) -> (&str, &str) {
+    let get = |k: &str| object.get(k).and_then(Value::as_str).unwrap_or("");
+    (get("apiVersion"), get("kind"))
+}
+
+/// `runtime.Unknown` as kube-apiserver writes it: every field set, the
+/// content encoding and type empty.
+fn envelope(
+    schema: &Schema,
+    api_version: &str,
+    kind: &str,
+    raw: Vec<u8>,
+) -> Result<DynamicMessage, ProtobufError> {
+    let missing = |name: &str| ProtobufError::Schema(format!("{name} missing"));
+    let unknown = schema.message(UNKNOWN).ok_or_else(|| missing(UNKNOWN))?;
+    let type_meta = schema
+        .message(TYPE_META)
+        .ok_or_else(|| missing(TYPE_META))?;
+    let set = |m: &mut DynamicMessage, name: &str, v: PValue| {
+        m.try_set_field_by_name(name, v)
+            .map_err(|e| ProtobufError::Schema(e.to_string()))
+    };
+    let mut tm = DynamicMessage::new(type_meta);
+    set(&mut tm, "apiVersion", PValue::String(api_version.into()))?;
+    set(&mut tm, "kind", PValue::String(kind.into()))?;
+    let mut env = DynamicMessage::new(unknown);
+    set(&mut env, "typeMeta", PValue::Message(tm))?;
+    set(&mut env, "raw", PValue::Bytes(raw.into()))?;
+    set(&mut env, "contentEncoding", PValue::String(String::new()))?;
+    set(&mut env, "contentType", PValue::String(String::new()))?;
+    Ok(env)
+}
+
+/// Decodes one `k8s\0` envelope; `embedding` counts enclosing envelopes.
+fn decode_envelope(
+    schema: &Schema,
+    value: &[u8],
+    type_hint: Option<(&str, &str)>,
+    embedding: usize,
+) -> Result<Value, ProtobufError> {
+    let body = value
+        .strip_prefix(MAGIC)
+        .ok_or(ProtobufError::NotProtobuf)?;
+    let unknown = schema
+        .message(UNKNOWN)
+        .ok_or_else(|| ProtobufError::Schema(format!("{UNKNOWN} missing")))?;
+    let env = DynamicMessage::decode(unknown, body)
+        .map_err(|e| ProtobufError::Envelope(e.to_string()))?;
+    let field_str = |m: &DynamicMessage, name: &str| match m.get_field_by_name(name).as_deref() {
+        Some(PValue::String(s)) => s.clone(),
+        _ => String::new(),
+    };
+    let (api_version, kind) = match env.get_field_by_name("typeMeta").as_deref() {
+        Some(PValue::Message(tm)) => (field_str(tm, "apiVersion"), field_str(tm, "kind")),
+        _ => (String::new(), String::new()),
+    };
+    let encoding = field_str(&env, "contentEncoding");
+    if !encoding.is_empty() {
+        return Err(ProtobufError::ContentEncoding(encoding));
+    }
+    let (lookup_version, lookup_kind) = match type_hint {
+        Some((v, k)) if kind.is_empty() => (v, k),
+        _ => (api_version.as_str(), kind.as_str()),
+    };
+    let desc =
+        schema
+            .resolve(lookup_version, lookup_kind)
+            .ok_or_else(|| ProtobufError::UnknownKind {
+                api_version: lookup_version.to_string(),
+                kind: lookup_kind.to_string(),
+            })?;
+    let raw = match env.get_field_by_name("raw").as_deref() {
+        Some(PValue::Bytes(b)) => b.clone(),
+        _ => Default::default(),
+    };
+    let message = DynamicMessage::decode(desc.clone(), raw).map_err(|e| ProtobufError::Decode {
+        message: desc.full_name().to_string(),
+        reason: e.to_string(),
+    })?;
+    let body = json::message_to_json(schema, &message, embedding)?;
+    let Value::Object(fields) = body else {
+        return Err(ProtobufError::Decode {
+            message: desc.full_name().to_string(),
+            reason: "not an object type".into(),
+        });
+    };
+    let mut out = serde_json::Map::with_capacity(fields.len() + 2);
+    if !kind.is_empty() {
+        out.insert("kind".into(), Value::String(kind));
+    }
+    if !api_version.is_empty() {
+        out.insert("apiVersion".into(), Value::String(api_version));
+    }
+    out.extend(fields);
+    Ok(Value::Object(out))
+}
