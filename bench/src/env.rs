@@ -341,10 +341,13 @@ impl Daemon {
     /// Polls `/readyz` until it answers 200; returns the time since `since`.
     pub async fn wait_ready(&mut self, since: Instant, timeout: Duration) -> Result<Duration> {
         let deadline = since + timeout;
+        // Health endpoints answer without credentials (a wrong token would
+        // be refused there too; the caller checks the token separately).
+        let probe = self.tls.as_ref().map(|t| Arc::new(t.anonymous()));
         loop {
             if let Ok(Ok((200, _))) = tokio::time::timeout(
                 Duration::from_secs(2),
-                get_once_with(&self.authority, self.tls.clone(), "/readyz"),
+                get_once_with(&self.authority, probe.clone(), "/readyz"),
             )
             .await
             {

@@ -91,7 +91,7 @@ impl HttpTarget {
             send,
             authority: self.authority.clone(),
             scheme: "https",
-            authorization: Some(tls.authorization.clone()),
+            authorization: tls.authorization.clone(),
         })
     }
 

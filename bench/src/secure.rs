@@ -46,8 +46,19 @@ pub struct ClientTls {
     pub h2: tokio_rustls::TlsConnector,
     /// ALPN `http/1.1`.
     pub h1: tokio_rustls::TlsConnector,
-    /// `Bearer <token>`.
-    pub authorization: HeaderValue,
+    /// `Bearer <token>` (None: no credentials, as a health probe).
+    pub authorization: Option<HeaderValue>,
+}
+
+impl ClientTls {
+    /// The same TLS settings without credentials: how probes reach the
+    /// health endpoints.
+    pub fn anonymous(&self) -> ClientTls {
+        ClientTls {
+            authorization: None,
+            ..self.clone()
+        }
+    }
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -114,7 +125,7 @@ impl SecureSetup {
             client: Arc::new(ClientTls {
                 h2: connector(b"h2")?,
                 h1: connector(b"http/1.1")?,
-                authorization,
+                authorization: Some(authorization),
             }),
         })
     }
