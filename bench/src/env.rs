@@ -1,6 +1,7 @@
 //! The system under test: etcd (our own, or one at `--etcd URL`) and the
 //! watchcache daemon (our own child process, or one at `--proxy URL`).
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -14,7 +15,8 @@ use futures::StreamExt;
 
 use watchcache::etcd_server::{EtcdServer, free_port};
 
-use crate::http::get_once;
+use crate::http::{get_once, get_once_with};
+use crate::secure::{ClientTls, SecureSetup};
 use crate::wire::{make_object, now_nanos};
 
 enum KeeperCmd {
@@ -122,7 +124,11 @@ pub struct Daemon {
     child: Option<Child>,
     pub authority: String,
     pub pid: u32,
+    /// The client side of `--secure` (None: plain HTTP).
+    pub tls: Option<Arc<ClientTls>>,
     bin: PathBuf,
+    /// Flags after `--config` and `--listen` (the secure serving files).
+    args: Vec<OsString>,
     dir: tempfile::TempDir,
 }
 
@@ -233,6 +239,25 @@ impl Daemon {
     /// Spawns the daemon on a free loopback port. Call it from a thread that
     /// outlives the daemon (PDEATHSIG).
     pub fn spawn(bin: &Path, config_text: &str) -> Result<Daemon> {
+        Daemon::spawn_with(bin, config_text, false, None)
+    }
+
+    /// [`Daemon::spawn`] serving TLS with token authentication and RBAC
+    /// ([`SecureSetup`]); the client sends `token_override` when given.
+    pub fn spawn_secure(
+        bin: &Path,
+        config_text: &str,
+        token_override: Option<&str>,
+    ) -> Result<Daemon> {
+        Daemon::spawn_with(bin, config_text, true, token_override)
+    }
+
+    fn spawn_with(
+        bin: &Path,
+        config_text: &str,
+        secure: bool,
+        token_override: Option<&str>,
+    ) -> Result<Daemon> {
         if !bin.is_file() {
             bail!(
                 "watchcache binary not found at {} (build it: cargo build --release --workspace, or pass --watchcache-bin)",
@@ -243,12 +268,20 @@ impl Daemon {
             .prefix("watchcache-bench-")
             .tempdir()?;
         std::fs::write(dir.path().join("watchcache.toml"), config_text)?;
+        let (args, tls) = if secure {
+            let s = SecureSetup::generate(dir.path(), token_override)?;
+            (s.daemon_args, Some(s.client))
+        } else {
+            (Vec::new(), None)
+        };
         let port = free_port()?;
         let mut d = Daemon {
             child: None,
             authority: format!("127.0.0.1:{port}"),
             pid: 0,
+            tls,
             bin: bin.to_path_buf(),
+            args,
             dir,
         };
         d.start_child()?;
@@ -266,6 +299,7 @@ impl Daemon {
             .arg(self.dir.path().join("watchcache.toml"))
             .arg("--listen")
             .arg(&self.authority)
+            .args(&self.args)
             .env(
                 "RUST_LOG",
                 std::env::var("WATCHCACHE_LOG").unwrap_or_else(|_| "warn".into()),
@@ -307,10 +341,15 @@ impl Daemon {
     /// Polls `/readyz` until it answers 200; returns the time since `since`.
     pub async fn wait_ready(&mut self, since: Instant, timeout: Duration) -> Result<Duration> {
         let deadline = since + timeout;
+        // Health endpoints answer without credentials (a wrong token would
+        // be refused there too; the caller checks the token separately).
+        let probe = self.tls.as_ref().map(|t| Arc::new(t.anonymous()));
         loop {
-            if let Ok(Ok((200, _))) =
-                tokio::time::timeout(Duration::from_secs(2), get_once(&self.authority, "/readyz"))
-                    .await
+            if let Ok(Ok((200, _))) = tokio::time::timeout(
+                Duration::from_secs(2),
+                get_once_with(&self.authority, probe.clone(), "/readyz"),
+            )
+            .await
             {
                 return Ok(since.elapsed());
             }

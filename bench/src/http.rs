@@ -1,7 +1,9 @@
 //! A small HTTP client for the proxy: HTTP/2 with prior knowledge (h2c), many
 //! streams over few connections as Kubernetes clients do, or HTTP/1.1 with
-//! one connection per concurrent request.
+//! one connection per concurrent request; over TLS with a bearer token when
+//! the proxy serves securely (`--secure`, [`crate::secure`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -9,8 +11,12 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
+use hyper::header::HeaderValue;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls_pki_types::ServerName;
+
+use crate::secure::ClientTls;
 
 /// Where the proxy listens, from a URL like `http://127.0.0.1:8080`.
 #[derive(Debug, Clone)]
@@ -18,6 +24,8 @@ pub struct HttpTarget {
     /// `host:port`.
     pub authority: String,
     pub http1: bool,
+    /// TLS and the bearer token, for a secure proxy.
+    pub tls: Option<Arc<ClientTls>>,
 }
 
 impl HttpTarget {
@@ -29,10 +37,20 @@ impl HttpTarget {
         if !authority.contains(':') {
             bail!("proxy URL {url:?}: missing port");
         }
-        Ok(HttpTarget { authority, http1 })
+        Ok(HttpTarget {
+            authority,
+            http1,
+            tls: None,
+        })
     }
 
-    async fn tcp(&self) -> Result<TokioIo<tokio::net::TcpStream>> {
+    /// The same target over TLS with `tls`'s token.
+    pub fn with_tls(mut self, tls: Option<Arc<ClientTls>>) -> HttpTarget {
+        self.tls = tls;
+        self
+    }
+
+    async fn tcp(&self) -> Result<tokio::net::TcpStream> {
         let s = tokio::time::timeout(
             Duration::from_secs(10),
             tokio::net::TcpStream::connect(&self.authority),
@@ -41,18 +59,53 @@ impl HttpTarget {
         .map_err(|_| anyhow!("connecting to {}: timed out", self.authority))?
         .with_context(|| format!("connecting to {}", self.authority))?;
         let _ = s.set_nodelay(true);
-        Ok(TokioIo::new(s))
+        Ok(s)
     }
 
     /// A new connection of the configured protocol.
     pub async fn connect(&self) -> Result<Conn> {
-        let io = self.tcp().await?;
+        let tcp = self.tcp().await?;
+        let Some(tls) = &self.tls else {
+            let send = self.handshake(TokioIo::new(tcp)).await?;
+            return Ok(Conn {
+                send,
+                authority: self.authority.clone(),
+                scheme: "http",
+                authorization: None,
+            });
+        };
+        let host = self
+            .authority
+            .rsplit_once(':')
+            .map(|(h, _)| h.trim_start_matches('[').trim_end_matches(']'))
+            .unwrap_or(&self.authority);
+        let name = ServerName::try_from(host.to_string())
+            .map_err(|_| anyhow!("{host:?} is not a TLS server name"))?;
+        let connector = if self.http1 { &tls.h1 } else { &tls.h2 };
+        let stream = tokio::time::timeout(Duration::from_secs(10), connector.connect(name, tcp))
+            .await
+            .map_err(|_| anyhow!("TLS handshake with {}: timed out", self.authority))?
+            .with_context(|| format!("TLS handshake with {}", self.authority))?;
+        let send = self.handshake(TokioIo::new(stream)).await?;
+        Ok(Conn {
+            send,
+            authority: self.authority.clone(),
+            scheme: "https",
+            authorization: tls.authorization.clone(),
+        })
+    }
+
+    /// The HTTP handshake of the configured protocol on `io`.
+    async fn handshake<T>(&self, io: TokioIo<T>) -> Result<Sender>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
         if self.http1 {
             let (send, conn) = http1::handshake(io).await.context("HTTP/1.1 handshake")?;
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            Ok(Conn::H1(send, self.authority.clone()))
+            Ok(Sender::H1(send))
         } else {
             let (send, conn) = http2::Builder::new(TokioExecutor::new())
                 .initial_stream_window_size(1 << 20)
@@ -64,7 +117,7 @@ impl HttpTarget {
             tokio::spawn(async move {
                 let _ = conn.await;
             });
-            Ok(Conn::H2(send, self.authority.clone()))
+            Ok(Sender::H2(send))
         }
     }
 
@@ -85,36 +138,57 @@ impl HttpTarget {
     }
 }
 
+/// The request half of a connection.
+enum Sender {
+    H1(http1::SendRequest<Empty<Bytes>>),
+    H2(http2::SendRequest<Empty<Bytes>>),
+}
+
 /// One client connection.
-pub enum Conn {
-    H1(http1::SendRequest<Empty<Bytes>>, String),
-    H2(http2::SendRequest<Empty<Bytes>>, String),
+pub struct Conn {
+    send: Sender,
+    authority: String,
+    scheme: &'static str,
+    /// `Bearer <token>` on every request (secure proxy).
+    authorization: Option<HeaderValue>,
 }
 
 impl Conn {
     /// Another handle on the same HTTP/2 connection (`None` for HTTP/1.1).
     pub fn share(&self) -> Option<Conn> {
-        match self {
-            Conn::H2(s, a) => Some(Conn::H2(s.clone(), a.clone())),
-            Conn::H1(..) => None,
+        match &self.send {
+            Sender::H2(s) => Some(Conn {
+                send: Sender::H2(s.clone()),
+                authority: self.authority.clone(),
+                scheme: self.scheme,
+                authorization: self.authorization.clone(),
+            }),
+            Sender::H1(..) => None,
         }
     }
 
     /// Sends `GET path_and_query` and returns the response head (body unread).
     pub async fn get(&mut self, path_and_query: &str) -> Result<Response<Incoming>> {
-        match self {
-            Conn::H1(s, authority) => {
-                let req = Request::get(path_and_query)
-                    .header(hyper::header::HOST, authority.as_str())
-                    .header(hyper::header::ACCEPT, "application/json")
-                    .body(Empty::new())?;
+        let mut req = match &self.send {
+            Sender::H1(_) => {
+                Request::get(path_and_query).header(hyper::header::HOST, self.authority.as_str())
+            }
+            Sender::H2(_) => Request::get(format!(
+                "{}://{}{path_and_query}",
+                self.scheme, self.authority
+            )),
+        }
+        .header(hyper::header::ACCEPT, "application/json");
+        if let Some(a) = &self.authorization {
+            req = req.header(hyper::header::AUTHORIZATION, a.clone());
+        }
+        let req = req.body(Empty::new())?;
+        match &mut self.send {
+            Sender::H1(s) => {
                 s.ready().await.context("HTTP/1.1 connection closed")?;
                 Ok(s.send_request(req).await?)
             }
-            Conn::H2(s, authority) => {
-                let req = Request::get(format!("http://{authority}{path_and_query}"))
-                    .header(hyper::header::ACCEPT, "application/json")
-                    .body(Empty::new())?;
+            Sender::H2(s) => {
                 s.ready().await.context("HTTP/2 connection closed")?;
                 Ok(s.send_request(req).await?)
             }
@@ -182,11 +256,22 @@ impl Pool {
     }
 }
 
-/// A one-shot HTTP/1.1 GET on a fresh connection: (status, body).
+/// A one-shot plain HTTP/1.1 GET on a fresh connection: (status, body).
 pub async fn get_once(authority: &str, path: &str) -> Result<(u16, Bytes)> {
+    get_once_with(authority, None, path).await
+}
+
+/// A one-shot HTTP/1.1 GET on a fresh connection, over TLS with the token
+/// when `tls` is given: (status, body).
+pub async fn get_once_with(
+    authority: &str,
+    tls: Option<Arc<ClientTls>>,
+    path: &str,
+) -> Result<(u16, Bytes)> {
     let t = HttpTarget {
         authority: authority.to_string(),
         http1: true,
+        tls,
     };
     let mut c = t.connect().await?;
     let resp = c.get(path).await?;

@@ -5,7 +5,9 @@
 //! etcd` (the same work on etcd directly), or both with `--compare` on the
 //! same etcd. By default the bench starts its own etcd and its own watchcache
 //! daemon (the `watchcache` binary next to this one); `--etcd URL` and
-//! `--proxy URL` use running ones. See docs/BENCHMARKS.md.
+//! `--proxy URL` use running ones. `--secure` runs that daemon with TLS,
+//! bearer tokens and RBAC; `--compare-secure` runs the proxy target plain and
+//! secure and prints the cost as ratios. See docs/BENCHMARKS.md.
 
 mod chaos;
 mod check;
@@ -14,6 +16,7 @@ mod http;
 mod procfs;
 mod report;
 mod scenarios;
+mod secure;
 mod watchers;
 mod wire;
 
@@ -74,6 +77,19 @@ struct Cli {
     /// Run both targets in one invocation on the same etcd and print ratios.
     #[arg(long)]
     compare: bool,
+    /// Serve the proxy the bench starts with TLS, bearer-token authentication
+    /// and RBAC (the bench makes the CA, certificate, token file and policy);
+    /// its client speaks TLS and sends the token on every request.
+    #[arg(long)]
+    secure: bool,
+    /// Run the proxy target twice, plain then secure (a daemon each, same
+    /// etcd), and print the secure/plain ratios.
+    #[arg(long)]
+    compare_secure: bool,
+    /// With --secure: send this bearer token instead of the bench user's
+    /// (to check that authentication is on: the run then fails).
+    #[arg(long, value_name = "TOKEN")]
+    bearer_token: Option<String>,
     /// Use this running etcd instead of starting one (e.g. http://127.0.0.1:2379).
     #[arg(long, value_name = "URL")]
     etcd: Option<String>,
@@ -174,6 +190,23 @@ fn main() -> Result<()> {
     if cli.rate.is_some_and(|r| r <= 0.0) || cli.duration.is_some_and(|d| d <= 0.0) {
         bail!("--rate and --duration must be positive");
     }
+    if (cli.secure || cli.compare_secure || cli.bearer_token.is_some())
+        && !matches!(
+            cli.scenario,
+            Scenario::Fanout | Scenario::List | Scenario::Get | Scenario::Idle
+        )
+    {
+        bail!("--secure, --compare-secure and --bearer-token apply to fanout, list, get and idle");
+    }
+    if (cli.secure || cli.compare_secure) && cli.proxy.is_some() {
+        bail!("--secure and --compare-secure need the daemon the bench starts (no --proxy)");
+    }
+    if cli.bearer_token.is_some() && !(cli.secure || cli.compare_secure) {
+        bail!("--bearer-token needs --secure or --compare-secure");
+    }
+    if cli.compare_secure && cli.target == TargetArg::Etcd && !cli.compare {
+        bail!("--compare-secure compares proxy targets: drop --target etcd");
+    }
     if cli.proxy.is_some() && cli.etcd.is_none() {
         bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
     }
@@ -218,11 +251,21 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
     let rate = cli.rate.unwrap_or(100.0);
     let targets: Vec<Target> = if cli.compare {
         vec![Target::Proxy, Target::Etcd]
-    } else if cli.target == TargetArg::Proxy {
+    } else if cli.target == TargetArg::Proxy || cli.compare_secure {
         vec![Target::Proxy]
     } else {
         vec![Target::Etcd]
     };
+    // (target, served securely): the proxy plain then secure with
+    // --compare-secure, secure only with --secure.
+    let runs: Vec<(Target, bool)> = targets
+        .iter()
+        .flat_map(|&t| match t {
+            Target::Proxy if cli.compare_secure => vec![(t, false), (t, true)],
+            Target::Proxy => vec![(t, cli.secure)],
+            Target::Etcd => vec![(t, false)],
+        })
+        .collect();
     let default_objects = match cli.scenario {
         Scenario::Get => 1000,
         Scenario::Fanout | Scenario::Idle => 0,
@@ -269,27 +312,24 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         }),
         proxy_pid_override: cli.proxy_pid,
         daemon: None,
+        tls: None,
         watchcache_bin,
         mp: MultiProgress::new(),
         progress: !cli.no_progress,
         p,
     };
-    if needs_daemon && ctx.proxy_authority.is_none() {
-        // History large enough for every write of the run plus the setup.
-        let history = ((rate * duration) as usize + ctx.p.objects + 1000).max(10_000);
-        let cfg = daemon_config(
-            &etcd_endpoint,
-            &ctx.p.etcd_prefix,
-            history,
-            ctx.p.list_page_size,
-        );
-        let t = Instant::now();
-        let mut d = Daemon::spawn(&ctx.watchcache_bin, &cfg)?;
-        d.wait_ready(t, Duration::from_secs(120))
-            .await
-            .context("starting watchcache")?;
-        ctx.proxy_authority = Some(d.authority.clone());
-        ctx.daemon = Some(d);
+    let own_daemon = needs_daemon && ctx.proxy_authority.is_none();
+    // History large enough for every write of the run plus the setup.
+    let history = ((rate * duration) as usize + ctx.p.objects + 1000).max(10_000);
+    let daemon_cfg = daemon_config(
+        &etcd_endpoint,
+        &ctx.p.etcd_prefix,
+        history,
+        ctx.p.list_page_size,
+    );
+    if own_daemon {
+        let secure = runs.iter().any(|&(t, s)| t == Target::Proxy && s) && !cli.compare_secure;
+        start_daemon(&mut ctx, &daemon_cfg, secure, cli.bearer_token.as_deref()).await?;
     }
 
     let etcd_version = env::etcd_version(&etcd_endpoint).await;
@@ -312,12 +352,23 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
 
     let mut results = serde_json::Map::new();
     let mut hists: Vec<(String, Vec<[f64; 2]>)> = Vec::new();
-    for &t in &targets {
+    for &(t, secure) in &runs {
+        if own_daemon && t == Target::Proxy && ctx.tls.is_some() != secure {
+            // The next run needs the other kind of daemon: a fresh one.
+            ctx.daemon.take();
+            start_daemon(&mut ctx, &daemon_cfg, secure, cli.bearer_token.as_deref()).await?;
+        }
         let variants: Vec<&str> = match (cli.scenario, t) {
             (Scenario::List | Scenario::Get, Target::Proxy) => vec!["proxy", "proxy_consistent"],
             _ => vec![t.name()],
         };
         for v in variants {
+            // Secure results are `<variant>_secure` beside the plain ones.
+            let key = if secure && cli.compare_secure {
+                format!("{v}_secure")
+            } else {
+                v.to_string()
+            };
             let r = match cli.scenario {
                 Scenario::Fanout => scenarios::fanout(&ctx, t).await,
                 Scenario::List => scenarios::list(&ctx, v, loaded_rev).await,
@@ -326,25 +377,40 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
                 Scenario::Idle => scenarios::idle(&ctx, t).await,
                 Scenario::Chaos => bail!("chaos runs on its own path"),
             };
-            let (value, _h) = r.with_context(|| format!("{:?} against {v}", cli.scenario))?;
+            let (mut value, _h) = r.with_context(|| format!("{:?} against {key}", cli.scenario))?;
+            if let Some(o) = value.as_object_mut() {
+                o.insert("secure".into(), json!(secure));
+            }
             if let Some(d) = value.get("latency_distribution").and_then(|d| d.as_array()) {
                 let pts: Vec<[f64; 2]> = d
                     .iter()
                     .filter_map(|p| Some([p.get(0)?.as_f64()?, p.get(1)?.as_f64()?]))
                     .collect();
                 if !pts.is_empty() {
-                    hists.push((v.to_string(), pts));
+                    hists.push((key.clone(), pts));
                 }
             }
-            results.insert(v.to_string(), value);
+            results.insert(key, value);
         }
     }
     // Shut the daemon down before reporting.
     ctx.daemon.take();
 
     let results = Value::Object(results);
-    let (ratios, goals) = ratios_and_goals(cli.scenario, &results);
-    print_summary(cli.scenario, &results, &ratios, &goals);
+    let (mut ratios, mut goals) = ratios_and_goals(cli.scenario, &results);
+    if cli.compare_secure {
+        let (r, g) = secure_ratios_and_goals(cli.scenario, &results);
+        merge(&mut ratios, r);
+        merge(&mut goals, g);
+    }
+    let security = if cli.compare_secure {
+        " (rows *_secure: TLS + bearer token + RBAC)"
+    } else if cli.secure {
+        " (proxy over TLS + bearer token + RBAC)"
+    } else {
+        ""
+    };
+    print_summary(cli.scenario, &results, &ratios, &goals, security);
 
     let argv: Vec<String> = std::env::args().collect();
     let report = json!({
@@ -357,8 +423,13 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         "machine": procfs::machine_info(nofile),
         "etcd_version": etcd_version,
         "etcd_endpoint": etcd_endpoint,
+        // The proxy served TLS with bearer tokens and RBAC (in every proxy
+        // run with --secure; in the `*_secure` runs with --compare-secure).
+        "secure": cli.secure || cli.compare_secure,
         "params": {
             "targets": targets.iter().map(|t| t.name()).collect::<Vec<_>>(),
+            "secure": cli.secure,
+            "compare_secure": cli.compare_secure,
             "watchers": ctx.p.watchers,
             "rate_per_s": ctx.p.rate,
             "duration_s": ctx.p.duration_s,
@@ -367,6 +438,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
             "connections": ctx.p.connections,
             "streams_per_conn": ctx.p.streams_per_conn,
             "transport": if ctx.p.http1 { "http/1.1" } else { "h2c" },
+            "transport_secure": (cli.secure || cli.compare_secure).then_some(if ctx.p.http1 { "http/1.1 over TLS" } else { "h2 over TLS" }),
             "etcd_watch_mode": if ctx.p.etcd_mux { "mux" } else { "stream" },
             "writers": ctx.p.writers,
             "objects": ctx.p.objects,
@@ -400,6 +472,142 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Starts the bench's daemon, plain or secure ([`secure::SecureSetup`]),
+/// waits until it is ready and makes it the proxy under test. A secure daemon
+/// is asked for the bench's namespace first, so refused credentials fail the
+/// run at once with the daemon's answer.
+async fn start_daemon(
+    ctx: &mut scenarios::Ctx,
+    cfg: &str,
+    secure: bool,
+    token: Option<&str>,
+) -> Result<()> {
+    let t = Instant::now();
+    let mut d = if secure {
+        Daemon::spawn_secure(&ctx.watchcache_bin, cfg, token)?
+    } else {
+        Daemon::spawn(&ctx.watchcache_bin, cfg)?
+    };
+    d.wait_ready(t, Duration::from_secs(120))
+        .await
+        .context("starting watchcache")?;
+    if secure {
+        let path = format!("/api/v1/namespaces/{}/pods?limit=1", ctx.p.namespace);
+        let (status, body) = http::get_once_with(&d.authority, d.tls.clone(), &path)
+            .await
+            .context("first request to the secure proxy")?;
+        if !(200..300).contains(&status) {
+            bail!(
+                "the secure proxy refused the bench user {:?}: GET {path}: {status}: {}",
+                secure::BENCH_USER,
+                String::from_utf8_lossy(&body[..body.len().min(300)])
+            );
+        }
+    }
+    ctx.proxy_authority = Some(d.authority.clone());
+    ctx.tls = d.tls.clone();
+    ctx.daemon = Some(d);
+    Ok(())
+}
+
+/// Adds the fields of object `extra` to object `into`.
+fn merge(into: &mut Value, extra: Value) {
+    if let (Some(a), Value::Object(b)) = (into.as_object_mut(), extra) {
+        a.extend(b);
+    }
+}
+
+/// The cost of TLS + bearer token + RBAC (`--compare-secure`): secure over
+/// plain for the same scenario against the same etcd.
+fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
+    let pair = |v: &str| Some((r.get(v)?, r.get(format!("{v}_secure"))?));
+    match s {
+        Scenario::Fanout => {
+            let Some((plain, sec)) = pair("proxy") else {
+                return (json!({}), json!({}));
+            };
+            let clean = ["lost", "duplicated", "unexpected", "out_of_order"]
+                .iter()
+                .all(|k| num(sec, &[k]) == 0.0);
+            (
+                json!({
+                    "holder_cpu_per_delivery_secure_over_plain": ratio(
+                        num(sec, &["per_delivery", "holder_cpu_us_per_delivery"]),
+                        num(plain, &["per_delivery", "holder_cpu_us_per_delivery"]),
+                    ),
+                    "p50_latency_secure_over_plain": ratio(num(sec, &["latency_ms", "p50_ms"]), num(plain, &["latency_ms", "p50_ms"])),
+                    "p99_latency_secure_over_plain": ratio(num(sec, &["latency_ms", "p99_ms"]), num(plain, &["latency_ms", "p99_ms"])),
+                    "deliveries_per_s_secure_over_plain": ratio(num(sec, &["deliveries_per_s"]), num(plain, &["deliveries_per_s"])),
+                    "holder_rss_per_watcher_secure_over_plain": ratio(
+                        num(sec, &["per_delivery", "holder_rss_per_watcher_bytes"]),
+                        num(plain, &["per_delivery", "holder_rss_per_watcher_bytes"]),
+                    ),
+                }),
+                json!({ "secure_zero_lost_and_duplicated": clean }),
+            )
+        }
+        Scenario::Get => {
+            let mut ratios = serde_json::Map::new();
+            for v in ["proxy", "proxy_consistent"] {
+                let Some((plain, sec)) = pair(v) else {
+                    continue;
+                };
+                let name = if v == "proxy" { "" } else { "consistent_" };
+                ratios.insert(
+                    format!("{name}gets_per_s_secure_over_plain"),
+                    ratio(num(sec, &["gets_per_s"]), num(plain, &["gets_per_s"])),
+                );
+                ratios.insert(
+                    format!("{name}p99_latency_secure_over_plain"),
+                    ratio(
+                        num(sec, &["latency_ms", "p99_ms"]),
+                        num(plain, &["latency_ms", "p99_ms"]),
+                    ),
+                );
+                ratios.insert(
+                    format!("{name}p50_latency_secure_over_plain"),
+                    ratio(
+                        num(sec, &["latency_ms", "p50_ms"]),
+                        num(plain, &["latency_ms", "p50_ms"]),
+                    ),
+                );
+                ratios.insert(
+                    format!("{name}server_cpu_per_get_secure_over_plain"),
+                    ratio(
+                        num(sec, &["server_cpu_us_per_get"]),
+                        num(plain, &["server_cpu_us_per_get"]),
+                    ),
+                );
+            }
+            (Value::Object(ratios), json!({}))
+        }
+        Scenario::List => {
+            let Some((plain, sec)) = pair("proxy") else {
+                return (json!({}), json!({}));
+            };
+            (
+                json!({
+                    "full_list_p50_secure_over_plain": ratio(num(sec, &["full_list_ms", "p50_ms"]), num(plain, &["full_list_ms", "p50_ms"])),
+                    "paged_list_p50_secure_over_plain": ratio(num(sec, &["paged_list_ms", "p50_ms"]), num(plain, &["paged_list_ms", "p50_ms"])),
+                }),
+                json!({}),
+            )
+        }
+        Scenario::Idle => {
+            let Some((plain, sec)) = pair("proxy") else {
+                return (json!({}), json!({}));
+            };
+            (
+                json!({
+                    "rss_per_watcher_secure_over_plain": ratio(num(sec, &["rss_per_watcher_bytes"]), num(plain, &["rss_per_watcher_bytes"])),
+                }),
+                json!({}),
+            )
+        }
+        Scenario::Startup | Scenario::Chaos => (json!({}), json!({})),
+    }
 }
 
 fn num(v: &Value, path: &[&str]) -> f64 {
@@ -500,7 +708,7 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
     }
 }
 
-fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
+fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security: &str) {
     let Some(map) = r.as_object() else { return };
     let s2 = |v: &Value, p: &[&str]| -> String {
         let mut cur = v;
@@ -554,7 +762,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
                 })
                 .collect();
             print_table(
-                "F1 fan-out",
+                &format!("F1 fan-out{security}"),
                 &[
                     "target",
                     "watchers",
@@ -596,7 +804,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
                 })
                 .collect();
             print_table(
-                "L1 list",
+                &format!("L1 list{security}"),
                 &[
                     "target",
                     "items",
@@ -627,7 +835,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
                 })
                 .collect();
             print_table(
-                "G1 get",
+                &format!("G1 get{security}"),
                 &[
                     "target", "K", "gets", "errors", "gets/s", "p50 ms", "p99 ms", "max ms",
                 ],
@@ -676,7 +884,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value) {
                 })
                 .collect();
             print_table(
-                "M1 idle watchers",
+                &format!("M1 idle watchers{security}"),
                 &[
                     "target",
                     "watchers",

@@ -22,6 +22,7 @@ use crate::env::{
 use crate::http::{Conn, HttpTarget, Pool};
 use crate::procfs::{ProcSample, reset_peak, sample, self_pid};
 use crate::report::{distribution, new_histogram, summarize};
+use crate::secure::ClientTls;
 use crate::watchers::{WatchTarget, WatcherSet};
 use crate::wire::{extract_continue, extract_resource_version, make_object, now_nanos};
 
@@ -75,6 +76,8 @@ pub struct Ctx {
     pub proxy_authority: Option<String>,
     pub proxy_pid_override: Option<u32>,
     pub daemon: Option<Daemon>,
+    /// TLS and bearer token of the proxy under test (`--secure`), None: plain.
+    pub tls: Option<Arc<ClientTls>>,
     pub watchcache_bin: std::path::PathBuf,
     pub mp: MultiProgress,
     pub progress: bool,
@@ -97,7 +100,22 @@ impl Ctx {
             .proxy_authority
             .as_ref()
             .ok_or_else(|| anyhow!("no proxy (internal error)"))?;
-        HttpTarget::parse(&format!("http://{a}"), self.p.http1)
+        Ok(HttpTarget::parse(&format!("http://{a}"), self.p.http1)?.with_tls(self.tls.clone()))
+    }
+
+    /// How the bench talks to the target.
+    pub fn transport(&self, target: Target) -> &'static str {
+        let p = &self.p;
+        match target {
+            Target::Proxy => match (p.http1, self.tls.is_some()) {
+                (true, false) => "http/1.1",
+                (false, false) => "h2c",
+                (true, true) => "http/1.1 over TLS, bearer token, RBAC",
+                (false, true) => "h2 over TLS, bearer token, RBAC",
+            },
+            Target::Etcd if p.etcd_mux => "grpc, one watch stream per connection",
+            Target::Etcd => "grpc, one watch stream per watcher",
+        }
     }
 
     /// A progress bar of `len` steps (hidden with --no-progress).
@@ -449,7 +467,8 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         "watchers_established": established,
         "watchers_failed": errors,
         "connections": connections,
-        "transport": match target { Target::Proxy if p.http1 => "http/1.1", Target::Proxy => "h2c", Target::Etcd if p.etcd_mux => "grpc, one watch stream per connection", Target::Etcd => "grpc, one watch stream per watcher" },
+        "transport": ctx.transport(target),
+        "secure": target == Target::Proxy && ctx.tls.is_some(),
         "rate_per_s": p.rate,
         "duration_s": p.duration_s,
         "object_size": p.size,
@@ -786,12 +805,19 @@ pub async fn get(
         "object_size": p.size,
         "concurrency": k,
         "connections": connections,
+        "secure": variant != "etcd" && ctx.tls.is_some(),
+        "transport": ctx.transport(if variant == "etcd" { Target::Etcd } else { Target::Proxy }),
         "duration_s": round3(elapsed),
         "gets": done,
         "errors": errors.load(Ordering::Relaxed),
         "first_error": *first_error.lock(),
         "gets_per_s": round3(done as f64 / elapsed.max(1e-9)),
         "latency_ms": summarize(&h),
+        // CPU microseconds of the process serving the gets, per get.
+        "server_cpu_us_per_get": match (usage[if variant == "etcd" { "etcd" } else { "proxy" }]["cpu_s"].as_f64(), done) {
+            (Some(c), d) if d > 0 => json!(round3(c * 1e6 / d as f64)),
+            _ => Value::Null,
+        },
         "processes": usage,
         "latency_distribution": distribution(&h),
     });

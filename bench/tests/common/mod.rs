@@ -32,3 +32,21 @@ pub fn bench_with_output(args: &[&str], json: &Path) -> (Value, String) {
 pub fn bench(args: &[&str], json: &Path) -> Value {
     bench_with_output(args, json).0
 }
+
+/// Runs `watchcache-bench ARGS --no-progress`, asserts it failed, and
+/// returns its stderr.
+#[allow(dead_code)] // each test crate uses what it needs
+pub fn bench_fails(args: &[&str]) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_watchcache-bench"))
+        .args(args)
+        .arg("--no-progress")
+        .output()
+        .expect("run watchcache-bench");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(
+        !out.status.success(),
+        "watchcache-bench {args:?} succeeded but should have failed\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    stderr
+}
