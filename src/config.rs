@@ -49,6 +49,9 @@ pub struct Config {
     /// Address the HTTP API listens on.
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Address of the etcd v3 gRPC front (`--grpc-listen`); off when unset.
+    #[serde(default)]
+    pub grpc_listen: Option<String>,
     #[serde(default)]
     pub etcd: EtcdConfig,
     #[serde(default)]
@@ -318,6 +321,8 @@ impl Config {
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
         self.listen_addr()
             .map_err(|m| ConfigError::invalid(file, "listen", m))?;
+        self.grpc_listen_addr()
+            .map_err(|m| ConfigError::invalid(file, "grpc_listen", m))?;
         if self.etcd.endpoints.is_empty() {
             return Err(ConfigError::invalid(
                 file,
@@ -505,6 +510,17 @@ impl Config {
                 "https:// endpoints need [etcd.tls] ca_file (--etcd-cafile)",
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// The gRPC front's address, `None` when the front is off.
+    pub fn grpc_listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+        match &self.grpc_listen {
+            None => Ok(None),
+            Some(a) => a
+                .parse::<SocketAddr>()
+                .map(Some)
+                .map_err(|e| format!("invalid address {a:?}: {e} (want HOST:PORT)")),
         }
     }
 
@@ -735,6 +751,23 @@ indexes = ["spec.nodeName"]
     #[test]
     fn bad_listen_address() {
         error_naming(&GOOD.replace("127.0.0.1:8080", "localhost"), "listen");
+    }
+
+    #[test]
+    fn grpc_listen_is_off_by_default_and_checked() {
+        let cfg = Config::parse(GOOD, "test.toml").unwrap();
+        assert_eq!(cfg.grpc_listen, None);
+        assert_eq!(cfg.grpc_listen_addr(), Ok(None));
+        let on = format!("grpc_listen = \"127.0.0.1:2379\"\n{GOOD}");
+        let cfg = Config::parse(&on, "test.toml").unwrap();
+        assert_eq!(
+            cfg.grpc_listen_addr(),
+            Ok(Some("127.0.0.1:2379".parse().unwrap()))
+        );
+        error_naming(
+            &format!("grpc_listen = \"localhost\"\n{GOOD}"),
+            "grpc_listen",
+        );
     }
 
     #[test]

@@ -35,6 +35,8 @@ pub struct Metrics {
     pub transformation_operations: IntCounterVec,
     pub transformation_failures: IntCounterVec,
     pub etcd_tls_handshake_errors: IntCounterVec,
+    pub grpc_requests: IntCounterVec,
+    pub grpc_watchers: prometheus::IntGaugeVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -142,6 +144,25 @@ impl Metrics {
                 "Failed TLS handshakes with etcd, by endpoint.",
                 &["endpoint"],
             ),
+            grpc_requests: counter(
+                &r,
+                "watchcache_grpc_requests_total",
+                "etcd v3 gRPC front: Range calls and watch creations by method and source (cache, etcd).",
+                &["method", "source"],
+            ),
+            grpc_watchers: {
+                let g = prometheus::IntGaugeVec::new(
+                    Opts::new(
+                        "watchcache_grpc_watchers",
+                        "etcd v3 gRPC front: open client watches by source (cache, etcd).",
+                    ),
+                    &["source"],
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
             registry: r,
         }
     }

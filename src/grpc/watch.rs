@@ -1,0 +1,621 @@
+//! The Watch service: every client watch whose range lies inside one cached
+//! prefix is served from that prefix's [`KvCache`] ring; the rest (other
+//! ranges, a start revision the ring no longer holds, a cache not ready)
+//! goes to etcd unchanged on one etcd stream per client stream.
+//!
+//! One task per client stream owns its watches. A cached watch is only a
+//! cursor into the ring: the task reads from it when the client can take
+//! more (a bounded output), round-robin over the stream's watches, so a
+//! slow client costs no queue growth and never slows the cache or other
+//! streams; a watch whose cursor the ring overran is canceled with
+//! `compact_revision`, as etcd cancels a compacted watch. Progress
+//! requests are answered only once every event up to the answered revision
+//! was sent (for forwarded watches too: etcd's answer is held until then).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use prost::Message;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status, Streaming};
+use tracing::debug;
+
+use etcd_client::proto::*;
+
+use super::Front;
+use super::kv_cache::{Cursor, DELETE, KvCache, PUT, Read, in_range};
+
+/// Responses buffered towards one client stream.
+const OUT_BUFFER: usize = 16;
+/// Events read from the ring per watch per turn (whole revisions).
+const MAX_BATCH_EVENTS: usize = 1000;
+/// etcd's default `--max-request-bytes`: `fragment` splits responses above it.
+const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+/// etcd's default progress-notify interval for `progress_notify` watches.
+const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
+/// `WatchCreateRequest.FilterType`.
+const FILTER_NOPUT: i32 = 0;
+const FILTER_NODELETE: i32 = 1;
+/// etcd's watch id of stream-wide answers (progress) and failed creations.
+const INVALID_WATCH_ID: i64 = -1;
+
+#[derive(Debug, Clone)]
+pub struct WatchService {
+    pub(crate) front: Arc<Front>,
+}
+
+#[tonic::async_trait]
+impl PbWatchService for WatchService {
+    type WatchStream = BoxStream<'static, Result<PbWatchResponse, Status>>;
+
+    async fn watch(
+        &self,
+        req: Request<Streaming<PbWatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let (tx, rx) = mpsc::channel(OUT_BUFFER);
+        let md = req.metadata().clone();
+        let stream = ClientStream {
+            front: Arc::clone(&self.front),
+            md,
+            out: tx,
+            pending: VecDeque::new(),
+            watches: Vec::new(),
+            rr: 0,
+            forwarded: HashSet::new(),
+            upstream: None,
+            next_id: 0,
+            progress: None,
+        };
+        tokio::spawn(stream.run(req.into_inner()));
+        Ok(Response::new(ReceiverStream::new(rx).boxed()))
+    }
+}
+
+/// One client watch served from a cache.
+struct CachedWatch {
+    id: i64,
+    cache: Arc<KvCache>,
+    key: Vec<u8>,
+    range_end: Vec<u8>,
+    cursor: Cursor,
+    /// Events below this revision are skipped (the start revision).
+    min_rev: i64,
+    prev_kv: bool,
+    no_put: bool,
+    no_delete: bool,
+    fragment: bool,
+    progress_notify: bool,
+    last_sent: Instant,
+}
+
+impl CachedWatch {
+    fn wants(&self, ev: &PbEvent) -> bool {
+        let Some(kv) = &ev.kv else { return false };
+        kv.mod_revision >= self.min_rev
+            && in_range(&kv.key, &self.key, &self.range_end)
+            && !(self.no_put && ev.r#type == PUT)
+            && !(self.no_delete && ev.r#type == DELETE)
+    }
+}
+
+/// etcd's watch stream towards one client stream's forwarded watches.
+struct UpstreamWatch {
+    requests: mpsc::Sender<PbWatchRequest>,
+    responses: mpsc::Receiver<Result<PbWatchResponse, Status>>,
+}
+
+/// What woke a client stream's task.
+enum Step {
+    End,
+    Continue,
+    Request(PbWatchRequest),
+    Upstream(Option<Result<PbWatchResponse, Status>>),
+    Tick,
+}
+
+/// A progress request not answered yet.
+struct PendingProgress {
+    /// Forwarded watches exist: etcd was asked too; its revision once answered.
+    upstream: Option<Option<i64>>,
+}
+
+struct ClientStream {
+    front: Arc<Front>,
+    md: MetadataMap,
+    out: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    /// Control answers and the fragments of one batch, in order.
+    pending: VecDeque<PbWatchResponse>,
+    watches: Vec<CachedWatch>,
+    /// Where the next round-robin turn starts.
+    rr: usize,
+    forwarded: HashSet<i64>,
+    upstream: Option<UpstreamWatch>,
+    next_id: i64,
+    progress: Option<PendingProgress>,
+}
+
+impl Drop for ClientStream {
+    fn drop(&mut self) {
+        let g = &crate::metrics::metrics().grpc_watchers;
+        g.with_label_values(&["cache"])
+            .sub(self.watches.len() as i64);
+        g.with_label_values(&["etcd"])
+            .sub(self.forwarded.len() as i64);
+    }
+}
+
+impl ClientStream {
+    async fn run(mut self, mut requests: Streaming<PbWatchRequest>) {
+        let mut changes = self.front.changes.subscribe();
+        let mut notify_tick = tokio::time::interval(PROGRESS_NOTIFY_INTERVAL / 10);
+        loop {
+            if self.pending.is_empty() && !self.next_events() {
+                self.answer_progress();
+            }
+            let has_out = !self.pending.is_empty();
+            // The select only borrows fields; the step is handled after it.
+            let step = tokio::select! {
+                _ = self.front.shutdown.cancelled() => Step::End,
+                permit = self.out.reserve(), if has_out => match permit {
+                    Ok(permit) => {
+                        if let Some(r) = self.pending.pop_front() {
+                            permit.send(Ok(r));
+                        }
+                        Step::Continue
+                    }
+                    Err(_) => Step::End, // the client is gone
+                },
+                req = requests.message() => match req {
+                    Ok(Some(r)) => Step::Request(r),
+                    // The client closed its side (or broke): etcd ends the stream too.
+                    _ => Step::End,
+                },
+                up = recv_upstream(&mut self.upstream) => Step::Upstream(up),
+                _ = changes.changed() => Step::Continue,
+                _ = notify_tick.tick() => Step::Tick,
+            };
+            match step {
+                Step::End => return,
+                Step::Continue => {}
+                Step::Request(r) => {
+                    if let Err(status) = self.handle(r).await {
+                        let _ = self.out.send(Err(status)).await;
+                        return;
+                    }
+                }
+                Step::Upstream(Some(Ok(resp))) => self.on_upstream(resp),
+                Step::Upstream(Some(Err(status))) => {
+                    let _ = self.out.send(Err(status)).await;
+                    return;
+                }
+                Step::Upstream(None) => self.upstream = None,
+                Step::Tick => self.progress_notify(),
+            }
+        }
+    }
+
+    fn header(&self, revision: i64) -> Option<PbResponseHeader> {
+        Some(self.front.headers.header(revision))
+    }
+
+    fn id_in_use(&self, id: i64) -> bool {
+        self.forwarded.contains(&id) || self.watches.iter().any(|w| w.id == id)
+    }
+
+    async fn handle(&mut self, req: PbWatchRequest) -> Result<(), Status> {
+        match req.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(mut c)) => {
+                let id = if c.watch_id != 0 {
+                    if self.id_in_use(c.watch_id) {
+                        self.failed_create("mvcc: duplicate watch ID provided on the WatchStream");
+                        return Ok(());
+                    }
+                    c.watch_id
+                } else {
+                    while self.id_in_use(self.next_id) {
+                        self.next_id += 1;
+                    }
+                    self.next_id += 1;
+                    self.next_id - 1
+                };
+                if c.key.is_empty() {
+                    c.key = vec![0]; // etcd: the smallest key
+                }
+                if !matches!(c.range_end.as_slice(), [] | [0]) && c.key >= c.range_end {
+                    self.failed_create("mvcc: watcher range is empty");
+                    return Ok(());
+                }
+                let spec = CreateSpec {
+                    key: c.key.clone(),
+                    range_end: c.range_end.clone(),
+                    start_revision: c.start_revision,
+                    prev_kv: c.prev_kv,
+                    filters: c.filters.clone(),
+                    fragment: c.fragment,
+                    progress_notify: c.progress_notify,
+                };
+                if let Some(w) = self.place(id, spec) {
+                    let created = PbWatchResponse {
+                        header: self.header(w.cache.revision()),
+                        watch_id: id,
+                        created: true,
+                        ..Default::default()
+                    };
+                    self.pending.push_back(created);
+                    self.watches.push(w);
+                    count_watch("cache", 1);
+                    return Ok(());
+                }
+                // etcd serves it: same request, our id.
+                c.watch_id = id;
+                self.forwarded.insert(id);
+                count_watch("etcd", 1);
+                self.send_upstream(PbWatchRequest {
+                    request_union: Some(PbWatchRequestUnion::CreateRequest(c)),
+                })
+                .await
+            }
+            Some(PbWatchRequestUnion::CancelRequest(c)) => {
+                if let Some(i) = self.watches.iter().position(|w| w.id == c.watch_id) {
+                    let w = self.watches.remove(i);
+                    count_watch("cache", -1);
+                    let canceled = PbWatchResponse {
+                        header: self.header(w.cache.revision()),
+                        watch_id: w.id,
+                        canceled: true,
+                        ..Default::default()
+                    };
+                    self.pending.push_back(canceled);
+                    Ok(())
+                } else if self.forwarded.contains(&c.watch_id) {
+                    self.send_upstream(PbWatchRequest {
+                        request_union: Some(PbWatchRequestUnion::CancelRequest(c)),
+                    })
+                    .await
+                } else {
+                    Ok(()) // etcd ignores an unknown id
+                }
+            }
+            Some(PbWatchRequestUnion::ProgressRequest(p)) => {
+                let upstream = if self.forwarded.is_empty() {
+                    None
+                } else {
+                    self.send_upstream(PbWatchRequest {
+                        request_union: Some(PbWatchRequestUnion::ProgressRequest(p)),
+                    })
+                    .await?;
+                    Some(None)
+                };
+                // A second request before the first is answered is answered with it.
+                match &mut self.progress {
+                    Some(pp) => {
+                        if pp.upstream.is_none() {
+                            pp.upstream = upstream;
+                        }
+                    }
+                    None => self.progress = Some(PendingProgress { upstream }),
+                }
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// etcd's answer to a creation it refuses.
+    fn failed_create(&mut self, reason: &str) {
+        let rev = self.front.revision();
+        self.pending.push_back(PbWatchResponse {
+            header: self.header(rev),
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..Default::default()
+        });
+    }
+
+    /// A cached watch for this creation, if a cache can serve it: the range
+    /// inside one cached prefix and the start revision in its ring.
+    fn place(&self, id: i64, c: CreateSpec) -> Option<CachedWatch> {
+        let cache = self.front.cache_for(&c.key, &c.range_end)?;
+        let (cursor, rev) = if c.start_revision > 0 {
+            cache.cursor_at(c.start_revision)?
+        } else {
+            cache.cursor_now()?
+        };
+        let min_rev = if c.start_revision > 0 {
+            c.start_revision
+        } else {
+            rev + 1
+        };
+        Some(CachedWatch {
+            id,
+            cache: Arc::clone(cache),
+            key: c.key,
+            range_end: c.range_end,
+            cursor,
+            min_rev,
+            prev_kv: c.prev_kv,
+            no_put: c.filters.contains(&FILTER_NOPUT),
+            no_delete: c.filters.contains(&FILTER_NODELETE),
+            fragment: c.fragment,
+            progress_notify: c.progress_notify,
+            last_sent: Instant::now(),
+        })
+    }
+
+    async fn send_upstream(&mut self, req: PbWatchRequest) -> Result<(), Status> {
+        if self.upstream.is_none() {
+            self.upstream = Some(self.open_upstream());
+        }
+        let Some(up) = &self.upstream else {
+            return Err(Status::internal("no etcd watch stream"));
+        };
+        up.requests
+            .send(req)
+            .await
+            .map_err(|_| Status::unavailable("etcd watch stream closed"))
+    }
+
+    /// Opens etcd's stream for this client stream's forwarded watches; a
+    /// task pumps its answers into a bounded channel (etcd waits when the
+    /// client is slow).
+    fn open_upstream(&self) -> UpstreamWatch {
+        let (req_tx, req_rx) = mpsc::channel::<PbWatchRequest>(64);
+        let (resp_tx, resp_rx) = mpsc::channel(OUT_BUFFER);
+        let upstream = self.front.upstream.clone();
+        let md = self.md.clone();
+        tokio::spawn(async move {
+            let mut stream = match upstream
+                .streaming::<_, PbWatchResponse, _>(
+                    "/etcdserverpb.Watch/Watch",
+                    &md,
+                    ReceiverStream::new(req_rx),
+                )
+                .await
+            {
+                Ok(r) => r.into_inner(),
+                Err(s) => {
+                    let _ = resp_tx.send(Err(s)).await;
+                    return;
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = resp_tx.closed() => return,
+                    m = stream.message() => {
+                        let item = match m {
+                            Ok(Some(r)) => Ok(r),
+                            Ok(None) => Err(Status::unavailable("etcd closed the watch stream")),
+                            Err(s) => Err(s),
+                        };
+                        let end = item.is_err();
+                        if resp_tx.send(item).await.is_err() || end {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        UpstreamWatch {
+            requests: req_tx,
+            responses: resp_rx,
+        }
+    }
+
+    /// An answer from etcd for a forwarded watch, passed on unchanged
+    /// (progress answers wait for the cached watches, see `answer_progress`).
+    fn on_upstream(&mut self, resp: PbWatchResponse) {
+        if let Some(h) = &resp.header {
+            self.front.headers.learn(h);
+        }
+        let is_progress = resp.watch_id == INVALID_WATCH_ID
+            && resp.events.is_empty()
+            && !resp.created
+            && !resp.canceled;
+        if is_progress
+            && let Some(PendingProgress {
+                upstream: Some(rev @ None),
+            }) = &mut self.progress
+        {
+            *rev = Some(resp.header.as_ref().map(|h| h.revision).unwrap_or(0));
+            return;
+        }
+        if resp.canceled && self.forwarded.remove(&resp.watch_id) {
+            count_watch("etcd", -1);
+        }
+        self.pending.push_back(resp);
+    }
+
+    /// Reads the next batch of some watch (round robin) into `pending`;
+    /// false when every watch is up to date.
+    fn next_events(&mut self) -> bool {
+        loop {
+            let n = self.watches.len();
+            let mut moved = false;
+            for i in 0..n {
+                let idx = (self.rr + i) % n;
+                let w = &mut self.watches[idx];
+                match w.cache.read(w.cursor, MAX_BATCH_EVENTS) {
+                    Read::UpToDate { .. } => {}
+                    Read::Gone { compact_revision } => {
+                        let w = self.watches.remove(idx);
+                        count_watch("cache", -1);
+                        debug!(
+                            watch_id = w.id,
+                            compact_revision, "watch fell behind the ring; canceled"
+                        );
+                        let resp = PbWatchResponse {
+                            header: self.header(w.cache.revision()),
+                            watch_id: w.id,
+                            canceled: true,
+                            compact_revision,
+                            cancel_reason: "mvcc: required revision has been compacted".to_string(),
+                            ..Default::default()
+                        };
+                        self.pending.push_back(resp);
+                        self.rr = idx;
+                        return true;
+                    }
+                    Read::Events { events, next } => {
+                        moved = true;
+                        w.cursor = next;
+                        let last_rev = events
+                            .last()
+                            .and_then(|e| e.kv.as_ref())
+                            .map(|kv| kv.mod_revision)
+                            .unwrap_or(0);
+                        let out: Vec<PbEvent> = events
+                            .iter()
+                            .filter(|e| w.wants(e))
+                            .map(|e| PbEvent {
+                                r#type: e.r#type,
+                                kv: e.kv.clone(),
+                                prev_kv: if w.prev_kv { e.prev_kv.clone() } else { None },
+                            })
+                            .collect();
+                        if out.is_empty() {
+                            continue;
+                        }
+                        w.last_sent = Instant::now();
+                        let resp = PbWatchResponse {
+                            header: Some(self.front.headers.header(last_rev)),
+                            watch_id: w.id,
+                            events: out,
+                            ..Default::default()
+                        };
+                        let fragment = w.fragment;
+                        self.push_events(resp, fragment);
+                        self.rr = (idx + 1) % n;
+                        return true;
+                    }
+                }
+            }
+            if !moved {
+                return false;
+            }
+        }
+    }
+
+    /// Queues one event response, split as etcd's `sendFragments` does when
+    /// the watch asked for fragments and the response is too large.
+    fn push_events(&mut self, resp: PbWatchResponse, fragment: bool) {
+        if !fragment || resp.events.len() < 2 || resp.encoded_len() < MAX_REQUEST_BYTES {
+            self.pending.push_back(resp);
+            return;
+        }
+        let mut rest = resp.events.into_iter().peekable();
+        let base = PbWatchResponse {
+            events: Vec::new(),
+            ..resp
+        };
+        while rest.peek().is_some() {
+            let mut cur = PbWatchResponse {
+                fragment: true,
+                ..base.clone()
+            };
+            while let Some(ev) = rest.peek() {
+                cur.events.push(ev.clone());
+                if cur.events.len() > 1 && cur.encoded_len() >= MAX_REQUEST_BYTES {
+                    cur.events.pop();
+                    break;
+                }
+                rest.next();
+            }
+            if rest.peek().is_none() {
+                cur.fragment = false;
+            }
+            self.pending.push_back(cur);
+        }
+    }
+
+    /// Answers a pending progress request once every cached watch is up to
+    /// date (and etcd answered for the forwarded ones): revision = the
+    /// lowest revision up to which every watch of the stream has been sent.
+    fn answer_progress(&mut self) {
+        let Some(p) = &self.progress else { return };
+        let upstream_rev = match p.upstream {
+            Some(None) => return, // etcd has not answered yet
+            Some(Some(r)) => Some(r),
+            None => None,
+        };
+        let mut rev: Option<i64> = upstream_rev;
+        for w in &self.watches {
+            match w.cache.read(w.cursor, 1) {
+                Read::UpToDate { revision } => {
+                    rev = Some(rev.map_or(revision, |r| r.min(revision)));
+                }
+                _ => return,
+            }
+        }
+        let rev = rev.unwrap_or_else(|| self.front.revision());
+        self.progress = None;
+        self.pending.push_back(PbWatchResponse {
+            header: self.header(rev),
+            watch_id: INVALID_WATCH_ID,
+            ..Default::default()
+        });
+    }
+
+    /// etcd's periodic progress notification of `progress_notify` watches
+    /// that are up to date and sent nothing for the interval.
+    fn progress_notify(&mut self) {
+        let now = Instant::now();
+        let mut out = Vec::new();
+        for w in &mut self.watches {
+            if !w.progress_notify || now.duration_since(w.last_sent) < PROGRESS_NOTIFY_INTERVAL {
+                continue;
+            }
+            if let Read::UpToDate { revision } = w.cache.read(w.cursor, 1) {
+                w.last_sent = now;
+                out.push((w.id, revision));
+            }
+        }
+        for (id, revision) in out {
+            let header = self.header(revision);
+            self.pending.push_back(PbWatchResponse {
+                header,
+                watch_id: id,
+                ..Default::default()
+            });
+        }
+    }
+}
+
+/// What the front reads of a `WatchCreateRequest` (whose type etcd-client
+/// does not export by name).
+struct CreateSpec {
+    key: Vec<u8>,
+    range_end: Vec<u8>,
+    start_revision: i64,
+    prev_kv: bool,
+    filters: Vec<i32>,
+    fragment: bool,
+    progress_notify: bool,
+}
+
+async fn recv_upstream(up: &mut Option<UpstreamWatch>) -> Option<Result<PbWatchResponse, Status>> {
+    match up {
+        Some(u) => u.responses.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+fn count_watch(source: &str, delta: i64) {
+    crate::metrics::metrics()
+        .grpc_watchers
+        .with_label_values(&[source])
+        .add(delta);
+    if delta > 0 {
+        crate::metrics::metrics()
+            .grpc_requests
+            .with_label_values(&["watch", source])
+            .inc();
+    }
+}

@@ -1,0 +1,845 @@
+//! The etcd v3 gRPC front (`--grpc-listen`) with real etcd clients:
+//! `etcdctl` against the front vs. against etcd directly (equal outputs),
+//! and the `etcd-client` crate (many watches per stream, watch ids,
+//! progress ordering, compaction, slow clients).
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, EventType, Txn, TxnOp, WatchOptions, WatchResponse};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+
+use watchcache::config::Config;
+use watchcache::grpc::{Front, GrpcServer};
+use watchcache::storage::Storage;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The gRPC front on a free loopback port over `endpoint`, resources under `prefix`.
+struct TestFront {
+    addr: SocketAddr,
+    front: Arc<Front>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl TestFront {
+    async fn start(endpoint: &str, prefix: &str, tweak: impl FnOnce(&mut Config)) -> TestFront {
+        let mut cfg = common::server::test_config(endpoint, prefix);
+        tweak(&mut cfg);
+        let storage = Storage::connect(&cfg.etcd).await.expect("connect");
+        let server = GrpcServer::new(&cfg, storage);
+        let front = Arc::clone(server.front());
+        assert!(front.wait_ready(WAIT).await, "raw caches ready");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(server.serve(listener, async move {
+            let _ = rx.await;
+        }));
+        TestFront {
+            addr,
+            front,
+            shutdown: Some(tx),
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect([self.endpoint()], None)
+            .await
+            .expect("client of the front")
+    }
+
+    /// Waits until every raw cache reached `rev`.
+    async fn wait_rev(&self, rev: i64) {
+        let front = Arc::clone(&self.front);
+        let ok = common::eventually(WAIT, || {
+            let front = Arc::clone(&front);
+            async move { front.caches().iter().all(|c| c.revision() >= rev) }
+        })
+        .await;
+        assert!(ok, "raw caches reached revision {rev}");
+    }
+}
+
+impl Drop for TestFront {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn etcdctl_bin() -> std::path::PathBuf {
+    watchcache::etcd_server::find_etcdctl_binary().expect("etcdctl (tools/etcd/usr/bin)")
+}
+
+/// Runs etcdctl against `endpoint`; returns (success, stdout, stderr).
+async fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut cmd = tokio::process::Command::new(etcdctl_bin());
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("--command-timeout=10s")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn etcdctl");
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).await.expect("write stdin");
+    }
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("etcdctl finished")
+        .expect("etcdctl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn put(c: &mut Client, key: &str, value: impl Into<Vec<u8>>) -> i64 {
+    common::etcd_put(c, key, value).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_reads_through_the_front_equal_etcd() {
+    // A private etcd: nothing else writes, so even headers (revision,
+    // raft term, ids) must be equal.
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("ctl");
+    let p = format!("{prefix}/pods/");
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    put(&mut c, &format!("{p}ns/a"), "1").await;
+    put(&mut c, &format!("{p}ns/b"), "two").await;
+    let mid = put(&mut c, &format!("{p}ns/a"), "1-again").await;
+    put(&mut c, &format!("{p}ns/c"), r#"{"kind":"Pod"}"#).await;
+    put(&mut c, &format!("{prefix}/elsewhere"), "x").await;
+    let del = c
+        .delete(format!("{p}ns/b"), None)
+        .await
+        .expect("delete")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    put(&mut c, &format!("{p}ns/d"), vec![0xffu8, 0, 1]).await; // not UTF-8, not JSON
+
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let last = put(&mut c, &format!("{p}ns/e"), "after-start").await;
+    front.wait_rev(last).await;
+    let fe = front.endpoint();
+    let mid = mid.to_string();
+    let del = del.to_string();
+    let key_a = format!("{p}ns/a");
+    let from_c = format!("{p}ns/c");
+    let else_prefix = format!("{prefix}/else");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["get", "--prefix", &p],
+        vec!["get", "--prefix", &p, "--limit", "2"],
+        vec![
+            "get",
+            "--prefix",
+            &p,
+            "--sort-by",
+            "MODIFY",
+            "--order",
+            "DESCEND",
+        ],
+        vec!["get", "--prefix", &p, "--sort-by", "CREATE"],
+        vec![
+            "get",
+            "--prefix",
+            &p,
+            "--sort-by",
+            "VERSION",
+            "--order",
+            "DESCEND",
+        ],
+        vec!["get", "--prefix", &p, "--keys-only"],
+        vec!["get", "--prefix", &p, "--count-only"],
+        vec!["get", "--prefix", &p, "--rev", &mid],
+        vec!["get", "--prefix", &p, "--rev", &del],
+        vec!["get", "--prefix", &p, "--consistency", "s"],
+        vec!["get", "--prefix", &p, "--limit", "1", "--sort-by", "VALUE"],
+        vec!["get", &key_a],
+        vec!["get", &key_a, "--rev", &mid],
+        vec!["get", &from_c, "--from-key"],
+        vec!["get", "--prefix", &else_prefix],
+    ];
+    for case in &cases {
+        for format in ["simple", "json"] {
+            let mut args = case.clone();
+            args.extend(["-w", format]);
+            let direct = etcdctl(&ep, &args, None).await;
+            let via = etcdctl(&fe, &args, None).await;
+            assert!(direct.0, "etcdctl {args:?} against etcd: {}", direct.2);
+            assert_eq!(via, direct, "etcdctl {args:?}: front vs etcd");
+        }
+    }
+    // The reads inside the prefixes were served by the cache (the from-key
+    // and `elsewhere` ones were forwarded).
+    let text = watchcache::metrics::gather();
+    assert!(
+        text.lines()
+            .any(|l| l
+                .starts_with("watchcache_grpc_requests_total{method=\"range\",source=\"cache\"}")),
+        "cache-served ranges counted"
+    );
+
+    // endpoint status: passthrough (the endpoint column differs by nature).
+    let status = |out: &str| -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_str(out).expect("status JSON");
+        for s in v.as_array_mut().expect("array") {
+            s.as_object_mut().expect("object").remove("Endpoint");
+        }
+        v
+    };
+    let direct = etcdctl(&ep, &["endpoint", "status", "-w", "json"], None).await;
+    let via = etcdctl(&fe, &["endpoint", "status", "-w", "json"], None).await;
+    assert!(via.0, "endpoint status via the front: {}", via.2);
+    assert_eq!(status(&via.1), status(&direct.1));
+    let via = etcdctl(&fe, &["member", "list"], None).await;
+    assert_eq!(via, etcdctl(&ep, &["member", "list"], None).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_writes_and_leases_pass_through() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("ctlw");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let fe = front.endpoint();
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let key = format!("{p}ns/x");
+
+    let out = etcdctl(&fe, &["put", &key, "v1"], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "OK"), "{}", out.2);
+    let got = c.get(key.as_str(), None).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"v1");
+
+    // txn: compare on the value just written, then put; else branch untouched.
+    let script = format!("value(\"{key}\") = \"v1\"\n\nput {key} v2\n\nput {key} never\n\n");
+    let out = etcdctl(&fe, &["txn"], Some(&script)).await;
+    assert!(out.0, "txn: {}", out.2);
+    assert_eq!(out.1.lines().next(), Some("SUCCESS"), "{}", out.1);
+    let got = c.get(key.as_str(), None).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"v2");
+
+    // lease grant, then a put attached to it.
+    let out = etcdctl(&fe, &["lease", "grant", "600"], None).await;
+    assert!(out.0, "lease grant: {}", out.2);
+    // "lease 694d7b6c2a8f6e0b granted with TTL(600s)"
+    let id = out
+        .1
+        .split_whitespace()
+        .nth(1)
+        .expect("lease id")
+        .to_string();
+    assert!(out.1.contains("granted with TTL(600s)"), "{}", out.1);
+    let leased = format!("{p}ns/leased");
+    let out = etcdctl(&fe, &["put", &leased, "l", &format!("--lease={id}")], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "OK"), "{}", out.2);
+    let got = c.get(leased.as_str(), None).await.expect("get");
+    assert_eq!(
+        format!("{:x}", got.kvs()[0].lease()),
+        id,
+        "the key carries the lease"
+    );
+    let ttl = etcdctl(&fe, &["lease", "timetolive", &id], None).await;
+    assert!(ttl.0 && ttl.1.contains(&id), "timetolive: {:?}", ttl);
+    let keep = etcdctl(&fe, &["lease", "keep-alive", "--once", &id], None).await;
+    assert!(
+        keep.0 && keep.1.contains("keepalived"),
+        "keep-alive: {keep:?}"
+    );
+
+    // The cache learns of the writes by its watch: a serializable read
+    // through the front sees them once the cache caught up.
+    let rev = c
+        .get("/", None)
+        .await
+        .expect("rev")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    front.wait_rev(rev).await;
+    let out = etcdctl(
+        &fe,
+        &["get", &key, "--print-value-only", "--consistency=s"],
+        None,
+    )
+    .await;
+    assert_eq!(out.1.trim(), "v2");
+
+    let out = etcdctl(&fe, &["del", &key], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "1"), "{}", out.2);
+    assert!(
+        c.get(key.as_str(), None)
+            .await
+            .expect("get")
+            .kvs()
+            .is_empty()
+    );
+    let out = etcdctl(&fe, &["lease", "revoke", &id], None).await;
+    assert!(out.0 && out.1.contains("revoked"), "{out:?}");
+}
+
+/// Reads etcdctl watch output lines until `n` lines came (or `WAIT` passed).
+async fn watch_lines(endpoint: &str, args: &[&str], n: usize) -> Vec<String> {
+    let mut child = tokio::process::Command::new(etcdctl_bin())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn etcdctl watch");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(WAIT, async {
+        while out.len() < n {
+            match lines.next_line().await {
+                Ok(Some(l)) => out.push(l),
+                _ => break,
+            }
+        }
+    })
+    .await;
+    let _ = child.kill().await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_watch_history_with_prev_kv_equals_etcd() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("ctlwatch");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let first = put(&mut c, &format!("{p}a"), "1").await;
+    put(&mut c, &format!("{p}b"), "1").await;
+    put(&mut c, &format!("{prefix}/elsewhere"), "not watched").await;
+    put(&mut c, &format!("{p}a"), "2").await;
+    c.delete(format!("{p}b"), None).await.expect("delete");
+    let last = put(&mut c, &format!("{p}c"), "3").await;
+    front.wait_rev(last).await;
+    let from = (first + 1).to_string();
+    let args = [
+        "watch",
+        "--prefix",
+        p.as_str(),
+        "--rev",
+        from.as_str(),
+        "--prev-kv",
+    ];
+    // From `first + 1`: b put (3 lines), a put with prev (5), b delete with
+    // prev (5), c put (3).
+    let n = 16;
+    let direct = watch_lines(&ep, &args, n).await;
+    assert_eq!(direct.len(), n, "etcd's own output: {direct:?}");
+    let via = watch_lines(&front.endpoint(), &args, n).await;
+    assert_eq!(via, direct);
+}
+
+/// Reads responses until `done` says so; fails after `WAIT`.
+async fn read_until(
+    stream: &mut etcd_client::WatchStream,
+    mut done: impl FnMut(&WatchResponse) -> bool,
+) -> Vec<WatchResponse> {
+    let mut out = Vec::new();
+    let r = tokio::time::timeout(WAIT, async {
+        loop {
+            let resp = stream
+                .message()
+                .await
+                .expect("watch message")
+                .expect("stream open");
+            let stop = done(&resp);
+            out.push(resp);
+            if stop {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(r.is_ok(), "watch responses so far: {out:?}");
+    out
+}
+
+fn is_progress(r: &WatchResponse) -> bool {
+    r.watch_id() == -1 && r.events().is_empty() && !r.created() && !r.canceled()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_watches_on_one_stream_with_ids_cancel_and_progress() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("streams");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let outside = format!("{prefix}/outside/x");
+
+    // Watch 7: one key; 9: another; auto ids: the prefix (0), a range
+    // outside every cached prefix (1, forwarded to etcd).
+    let mut s = fc
+        .watch(format!("{p}a"), Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .expect("watch");
+    s.watch(format!("{p}b"), Some(WatchOptions::new().with_watch_id(9)))
+        .await
+        .expect("watch");
+    s.watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    s.watch(outside.as_str(), None).await.expect("watch");
+    // A taken id is refused as etcd refuses it.
+    s.watch(format!("{p}z"), Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .expect("watch");
+    let created = read_until(&mut s, {
+        let mut n = 0;
+        move |_| {
+            n += 1;
+            n == 5
+        }
+    })
+    .await;
+    let ids: Vec<(i64, bool, bool)> = created
+        .iter()
+        .map(|r| (r.watch_id(), r.created(), r.canceled()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            (7, true, false),
+            (9, true, false),
+            (0, true, false),
+            (1, true, false),
+            (-1, true, true)
+        ]
+    );
+
+    let ra = put(&mut ec, &format!("{p}a"), "1").await;
+    let rb = put(&mut ec, &format!("{p}b"), "1").await;
+    let rx = put(&mut ec, &outside, "1").await;
+    let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+    let total = |seen: &HashMap<i64, Vec<i64>>| seen.values().map(Vec::len).sum::<usize>();
+    read_until(&mut s, |r| {
+        for e in r.events() {
+            seen.entry(r.watch_id())
+                .or_default()
+                .push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+        }
+        total(&seen) == 5
+    })
+    .await;
+    assert_eq!(seen[&7], [ra]);
+    assert_eq!(seen[&9], [rb]);
+    assert_eq!(seen[&0], [ra, rb]);
+    assert_eq!(seen[&1], [rx]);
+
+    // Cancel 9 (cached) and 1 (forwarded): each answered canceled.
+    s.cancel(9).await.expect("cancel");
+    s.cancel(1).await.expect("cancel");
+    let mut canceled = Vec::new();
+    read_until(&mut s, |r| {
+        if r.canceled() {
+            canceled.push(r.watch_id());
+        }
+        canceled.len() == 2
+    })
+    .await;
+    canceled.sort();
+    assert_eq!(canceled, [1, 9]);
+
+    // After cancel, b's change reaches only the prefix watch; the progress
+    // answer comes after every event up to its revision.
+    let rb2 = put(&mut ec, &format!("{p}b"), "2").await;
+    front.wait_rev(rb2).await;
+    s.request_progress().await.expect("progress");
+    let got = read_until(&mut s, is_progress).await;
+    let progress = got
+        .last()
+        .and_then(|r| r.header())
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    assert!(progress >= rb2, "progress at {progress} < {rb2}");
+    let events: Vec<(i64, i64)> = got
+        .iter()
+        .flat_map(|r| {
+            r.events().iter().map(move |e| {
+                (
+                    r.watch_id(),
+                    e.kv().map(|kv| kv.mod_revision()).unwrap_or(0),
+                )
+            })
+        })
+        .collect();
+    assert_eq!(events, [(0, rb2)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_answers_only_after_every_event_up_to_its_revision() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("progress");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut s = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    // A forwarded watch on the same stream: etcd's answer is held too.
+    s.watch(
+        format!("{prefix}/outside/"),
+        Some(WatchOptions::new().with_prefix()),
+    )
+    .await
+    .expect("watch");
+    read_until(&mut s, {
+        let mut n = 0;
+        move |r| {
+            n += usize::from(r.created());
+            n == 2
+        }
+    })
+    .await;
+    let writer = tokio::spawn(async move {
+        let mut revs = Vec::new();
+        for i in 0..200 {
+            revs.push(put(&mut ec, &format!("{p}k{}", i % 20), format!("{i}")).await);
+        }
+        revs
+    });
+    // Progress requests while the writes are under way: each answer's
+    // revision, and how many events had arrived before it.
+    let mut received: Vec<i64> = Vec::new();
+    let mut answers: Vec<(i64, usize)> = Vec::new();
+    loop {
+        let done = writer.is_finished();
+        s.request_progress().await.expect("progress");
+        let got = read_until(&mut s, is_progress).await;
+        for r in &got {
+            for e in r.events() {
+                received.push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+            }
+        }
+        let rev = got
+            .last()
+            .and_then(|r| r.header())
+            .map(|h| h.revision())
+            .unwrap_or(0);
+        answers.push((rev, received.len()));
+        if done {
+            break;
+        }
+    }
+    let revs = writer.await.expect("writer");
+    let last = *revs.last().expect("writes");
+    // One more answer at or past the last write.
+    loop {
+        s.request_progress().await.expect("progress");
+        let got = read_until(&mut s, is_progress).await;
+        for r in &got {
+            for e in r.events() {
+                received.push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+            }
+        }
+        let rev = got
+            .last()
+            .and_then(|r| r.header())
+            .map(|h| h.revision())
+            .unwrap_or(0);
+        answers.push((rev, received.len()));
+        if rev >= last {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(received, revs, "every write once, in order");
+    assert!(answers.len() > 2);
+    for (rev, before) in answers {
+        let due = revs.iter().filter(|r| **r <= rev).count();
+        assert_eq!(
+            before, due,
+            "the answer at {rev} came after exactly the events up to it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_older_than_the_ring_and_compaction_answer_as_etcd() {
+    let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("compact");
+    let p = format!("{prefix}/pods/");
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    // A ring of 3 events.
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        for r in &mut cfg.resources {
+            r.history_capacity = 3;
+        }
+    })
+    .await;
+    let mut revs = Vec::new();
+    for i in 0..10 {
+        revs.push(put(&mut ec, &format!("{p}k{i}"), format!("{i}")).await);
+    }
+    front.wait_rev(revs[9]).await;
+    let mut fc = front.client().await;
+
+    // Older than the ring, not compacted: etcd's own answer (forwarded).
+    let events = |rs: &[WatchResponse]| -> Vec<(EventType, i64)> {
+        rs.iter()
+            .flat_map(|r| {
+                r.events().iter().map(|e| {
+                    (
+                        e.event_type(),
+                        e.kv().map(|kv| kv.mod_revision()).unwrap_or(0),
+                    )
+                })
+            })
+            .collect()
+    };
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revs[2])
+        .with_prev_key();
+    let mut via = fc
+        .watch(p.as_str(), Some(opts.clone()))
+        .await
+        .expect("watch");
+    let mut direct = ec.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let count = |n: usize| {
+        let mut seen = 0;
+        move |r: &WatchResponse| {
+            seen += r.events().len();
+            seen >= n
+        }
+    };
+    let a = read_until(&mut via, count(8)).await;
+    let b = read_until(&mut direct, count(8)).await;
+    assert_eq!(events(&a), events(&b));
+    assert_eq!(events(&a).len(), 8);
+    // From inside the ring: served by the cache, same events.
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revs[8]);
+    let mut via = fc
+        .watch(p.as_str(), Some(opts.clone()))
+        .await
+        .expect("watch");
+    let mut direct = ec.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let a = read_until(&mut via, count(2)).await;
+    let b = read_until(&mut direct, count(2)).await;
+    assert_eq!(events(&a), events(&b));
+
+    // Compacted in etcd: canceled with compact_revision, as etcd does.
+    ec.compact(revs[5], None).await.expect("compact");
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revs[1]);
+    let mut via = fc
+        .watch(p.as_str(), Some(opts.clone()))
+        .await
+        .expect("watch");
+    let mut direct = ec.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let a = read_until(&mut via, |r| r.canceled()).await;
+    let b = read_until(&mut direct, |r| r.canceled()).await;
+    let last = |rs: &[WatchResponse]| rs.last().map(|r| (r.canceled(), r.compact_revision()));
+    assert_eq!(last(&a), last(&b));
+    assert_eq!(last(&a), Some((true, revs[5])));
+    etcd.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_is_canceled_with_compact_revision_when_the_ring_overruns_it() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("slow");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        for r in &mut cfg.resources {
+            r.history_capacity = 5;
+        }
+    })
+    .await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut slow = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    let created = read_until(&mut slow, |r| r.created()).await;
+    assert_eq!(created.len(), 1);
+    // A fast watcher on another stream keeps up all along.
+    let mut fast = front
+        .client()
+        .await
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    read_until(&mut fast, |r| r.created()).await;
+    // `slow` reads nothing while 100 values of 256 KiB are written: flow
+    // control stops its stream, its cursor stays, the ring overruns it.
+    let big = vec![b'x'; 256 * 1024];
+    let mut revs = Vec::new();
+    let mut fast_seen = 0;
+    for i in 0..100 {
+        revs.push(put(&mut ec, &format!("{p}k{}", i % 10), big.clone()).await);
+        let got = read_until(&mut fast, |r| !r.events().is_empty()).await;
+        fast_seen += got.iter().map(|r| r.events().len()).sum::<usize>();
+        while fast_seen < i + 1 {
+            let got = read_until(&mut fast, |r| !r.events().is_empty()).await;
+            fast_seen += got.iter().map(|r| r.events().len()).sum::<usize>();
+        }
+    }
+    assert_eq!(fast_seen, 100, "the fast watcher got every event");
+    let got = read_until(&mut slow, |r| r.canceled()).await;
+    let received: Vec<i64> = got
+        .iter()
+        .flat_map(|r| {
+            r.events()
+                .iter()
+                .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+        })
+        .collect();
+    let cancel = got.last().expect("cancel");
+    assert!(cancel.compact_revision() > 0, "compact_revision set");
+    assert!(received.len() < 100, "the slow watcher was overrun");
+    assert_eq!(
+        received,
+        revs[..received.len()],
+        "what it got is contiguous"
+    );
+    // Re-watching from the compact revision is served (from the ring or
+    // etcd) and resumes without a gap.
+    let mut again = fc
+        .watch(
+            p.as_str(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(cancel.compact_revision()),
+            ),
+        )
+        .await
+        .expect("watch");
+    let got = read_until(&mut again, |r| {
+        r.events()
+            .last()
+            .and_then(|e| e.kv())
+            .is_some_and(|kv| kv.mod_revision() == revs[99])
+    })
+    .await;
+    let first = got
+        .iter()
+        .flat_map(|r| {
+            r.events()
+                .iter()
+                .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+        })
+        .next();
+    assert_eq!(first, Some(cancel.compact_revision()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_with_options_equal_etcd_through_the_crate() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("ranges");
+    let p = format!("{prefix}/widgets-not/");
+    let w = format!("{prefix}/example.com/widgets/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut revs = Vec::new();
+    for (k, v) in [("a", "3"), ("b", "1"), ("c", "2"), ("a", "4"), ("d", "0")] {
+        revs.push(put(&mut ec, &format!("{w}{k}"), v).await);
+    }
+    put(&mut ec, &format!("{p}z"), "other").await;
+    // A txn writes two keys at one revision.
+    let t = Txn::new()
+        .when([Compare::version(format!("{w}a"), CompareOp::Equal, 2)])
+        .and_then([
+            TxnOp::put(format!("{w}e"), "5", None),
+            TxnOp::delete(format!("{w}b"), None),
+        ]);
+    let tr = fc.txn(t).await.expect("txn through the front");
+    assert!(tr.succeeded());
+    let last = tr.header().map(|h| h.revision()).expect("header");
+    front.wait_rev(last).await;
+    use etcd_client::{GetOptions, SortOrder, SortTarget};
+    let opts = [
+        GetOptions::new().with_prefix(),
+        GetOptions::new().with_prefix().with_limit(2),
+        GetOptions::new()
+            .with_prefix()
+            .with_min_mod_revision(revs[2])
+            .with_max_create_revision(revs[3]),
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Value, SortOrder::Descend)
+            .with_limit(3),
+        GetOptions::new().with_prefix().with_count_only(),
+        GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_serializable(),
+        GetOptions::new().with_prefix().with_revision(revs[3]),
+        GetOptions::new()
+            .with_prefix()
+            .with_max_mod_revision(revs[2])
+            .with_min_create_revision(revs[1]),
+    ];
+    for o in opts {
+        let a = fc
+            .get(w.as_str(), Some(o.clone()))
+            .await
+            .expect("front get");
+        let b = ec.get(w.as_str(), Some(o.clone())).await.expect("etcd get");
+        let view = |r: &etcd_client::GetResponse| {
+            (
+                r.count(),
+                r.more(),
+                r.kvs()
+                    .iter()
+                    .map(|kv| {
+                        (
+                            kv.key().to_vec(),
+                            kv.value().to_vec(),
+                            kv.create_revision(),
+                            kv.mod_revision(),
+                            kv.version(),
+                            kv.lease(),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(view(&a), view(&b), "{o:?}");
+        let (ha, hb) = (a.header().expect("header"), b.header().expect("header"));
+        assert_eq!(
+            (ha.cluster_id(), ha.member_id()),
+            (hb.cluster_id(), hb.member_id())
+        );
+        assert!(ha.revision() >= last);
+    }
+}
