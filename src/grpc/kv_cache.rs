@@ -291,6 +291,12 @@ impl KvCache {
         s.snapshots.get(idx - 1).map(|(_, m)| (m.clone(), s.rev))
     }
 
+    /// Asks the feeding etcd watch for a progress notification, so a quiet
+    /// prefix's revision catches up with etcd's.
+    pub fn request_progress(&self) {
+        self.progress.notify_one();
+    }
+
     /// Waits (at most `timeout`) until the cache has reached `rev`, asking
     /// its etcd watch for progress so a quiet prefix catches up too.
     pub async fn wait_for_rev(&self, rev: i64, timeout: Duration) -> bool {

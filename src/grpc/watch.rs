@@ -71,6 +71,8 @@ impl PbWatchService for WatchService {
             upstream: None,
             next_id: 0,
             progress: None,
+            awaiting_created: None,
+            max_sent: 0,
         };
         tokio::spawn(stream.run(req.into_inner()));
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
@@ -123,6 +125,8 @@ enum Step {
 struct PendingProgress {
     /// Forwarded watches exist: etcd was asked too; its revision once answered.
     upstream: Option<Option<i64>>,
+    /// The client's request, to ask etcd again.
+    request: PbWatchRequest,
 }
 
 struct ClientStream {
@@ -138,6 +142,13 @@ struct ClientStream {
     upstream: Option<UpstreamWatch>,
     next_id: i64,
     progress: Option<PendingProgress>,
+    /// A creation forwarded to etcd and not answered yet: later requests
+    /// wait, so `created` answers keep the order of the requests (clients
+    /// such as clientv3 match them in order).
+    awaiting_created: Option<i64>,
+    /// The highest event revision sent on this stream: a progress answer
+    /// never goes back behind it.
+    max_sent: i64,
 }
 
 impl Drop for ClientStream {
@@ -155,8 +166,13 @@ impl ClientStream {
         let mut changes = self.front.changes.subscribe();
         let mut notify_tick = tokio::time::interval(PROGRESS_NOTIFY_INTERVAL / 10);
         loop {
-            if self.pending.is_empty() && !self.next_events() {
-                self.answer_progress();
+            if self.pending.is_empty()
+                && !self.next_events()
+                && let Some(again) = self.answer_progress()
+                && let Err(status) = self.send_upstream(again).await
+            {
+                let _ = self.out.send(Err(status)).await;
+                return;
             }
             let has_out = !self.pending.is_empty();
             // The select only borrows fields; the step is handled after it.
@@ -171,7 +187,7 @@ impl ClientStream {
                     }
                     Err(_) => Step::End, // the client is gone
                 },
-                req = requests.message() => match req {
+                req = requests.message(), if self.awaiting_created.is_none() => match req {
                     Ok(Some(r)) => Step::Request(r),
                     // The client closed its side (or broke): etcd ends the stream too.
                     _ => Step::End,
@@ -255,6 +271,7 @@ impl ClientStream {
                 // etcd serves it: same request, our id.
                 c.watch_id = id;
                 self.forwarded.insert(id);
+                self.awaiting_created = Some(id);
                 count_watch("etcd", 1);
                 self.send_upstream(PbWatchRequest {
                     request_union: Some(PbWatchRequestUnion::CreateRequest(c)),
@@ -283,13 +300,13 @@ impl ClientStream {
                 }
             }
             Some(PbWatchRequestUnion::ProgressRequest(p)) => {
+                let request = PbWatchRequest {
+                    request_union: Some(PbWatchRequestUnion::ProgressRequest(p)),
+                };
                 let upstream = if self.forwarded.is_empty() {
                     None
                 } else {
-                    self.send_upstream(PbWatchRequest {
-                        request_union: Some(PbWatchRequestUnion::ProgressRequest(p)),
-                    })
-                    .await?;
+                    self.send_upstream(request.clone()).await?;
                     Some(None)
                 };
                 // A second request before the first is answered is answered with it.
@@ -299,7 +316,7 @@ impl ClientStream {
                             pp.upstream = upstream;
                         }
                     }
-                    None => self.progress = Some(PendingProgress { upstream }),
+                    None => self.progress = Some(PendingProgress { upstream, request }),
                 }
                 Ok(())
             }
@@ -422,10 +439,28 @@ impl ClientStream {
         if is_progress
             && let Some(PendingProgress {
                 upstream: Some(rev @ None),
+                ..
             }) = &mut self.progress
         {
             *rev = Some(resp.header.as_ref().map(|h| h.revision).unwrap_or(0));
             return;
+        }
+        for e in &resp.events {
+            if let Some(kv) = &e.kv {
+                self.max_sent = self.max_sent.max(kv.mod_revision);
+            }
+        }
+        if resp.created
+            && let Some(id) = self.awaiting_created.take()
+            && resp.watch_id != id
+        {
+            // etcd refused it (id -1) or chose another id (our 0 = "auto").
+            self.forwarded.remove(&id);
+            if resp.canceled {
+                count_watch("etcd", -1);
+            } else {
+                self.forwarded.insert(resp.watch_id);
+            }
         }
         if resp.canceled && self.forwarded.remove(&resp.watch_id) {
             count_watch("etcd", -1);
@@ -506,6 +541,11 @@ impl ClientStream {
     /// Queues one event response, split as etcd's `sendFragments` does when
     /// the watch asked for fragments and the response is too large.
     fn push_events(&mut self, resp: PbWatchResponse, fragment: bool) {
+        for e in &resp.events {
+            if let Some(kv) = &e.kv {
+                self.max_sent = self.max_sent.max(kv.mod_revision);
+            }
+        }
         if !fragment || resp.events.len() < 2 || resp.encoded_len() < MAX_REQUEST_BYTES {
             self.pending.push_back(resp);
             return;
@@ -536,31 +576,53 @@ impl ClientStream {
     }
 
     /// Answers a pending progress request once every cached watch is up to
-    /// date (and etcd answered for the forwarded ones): revision = the
-    /// lowest revision up to which every watch of the stream has been sent.
-    fn answer_progress(&mut self) {
-        let Some(p) = &self.progress else { return };
+    /// date and etcd answered for the forwarded ones: the revision is the
+    /// lowest one every watch of the stream has been sent up to, and never
+    /// behind an event already sent (else the caches are asked for
+    /// progress, or etcd asked again: `Some(request)` to send it).
+    fn answer_progress(&mut self) -> Option<PbWatchRequest> {
+        let p = self.progress.as_mut()?;
         let upstream_rev = match p.upstream {
-            Some(None) => return, // etcd has not answered yet
+            Some(None) => return None, // etcd has not answered yet
             Some(Some(r)) => Some(r),
             None => None,
         };
-        let mut rev: Option<i64> = upstream_rev;
+        let mut cached: Option<i64> = None;
         for w in &self.watches {
             match w.cache.read(w.cursor, 1) {
                 Read::UpToDate { revision } => {
-                    rev = Some(rev.map_or(revision, |r| r.min(revision)));
+                    cached = Some(cached.map_or(revision, |r| r.min(revision)));
                 }
-                _ => return,
+                _ => return None,
             }
         }
-        let rev = rev.unwrap_or_else(|| self.front.revision());
+        let rev = match (upstream_rev, cached) {
+            (Some(u), Some(c)) => u.min(c),
+            (Some(u), None) => u,
+            (None, Some(c)) => c,
+            (None, None) => self.front.revision(),
+        };
+        if rev < self.max_sent {
+            for w in &self.watches {
+                if w.cache.revision() < self.max_sent {
+                    w.cache.request_progress();
+                }
+            }
+            if let Some(u) = upstream_rev
+                && u < self.max_sent
+            {
+                p.upstream = Some(None);
+                return Some(p.request.clone());
+            }
+            return None;
+        }
         self.progress = None;
         self.pending.push_back(PbWatchResponse {
             header: self.header(rev),
             watch_id: INVALID_WATCH_ID,
             ..Default::default()
         });
+        None
     }
 
     /// etcd's periodic progress notification of `progress_notify` watches
