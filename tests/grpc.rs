@@ -848,3 +848,41 @@ async fn ranges_with_options_equal_etcd_through_the_crate() {
         assert!(ha.revision() >= last);
     }
 }
+
+/// The daemon with `--grpc-listen` in front of an etcd that requires mutual
+/// TLS: the front's passthrough and its cache both use the store's TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_grpc_listen_over_mtls_etcd() {
+    let pki = common::pki::Pki::generate();
+    let etcd = common::PrivateEtcd::start_tls(pki.etcd_server_tls())
+        .await
+        .expect("TLS etcd");
+    let prefix = common::unique_prefix("grpc-daemon");
+    let base = common::daemon_config(&etcd.endpoint(), &prefix, "");
+    let (head, resources) = base
+        .split_once("\n[[resources]]")
+        .expect("daemon_config has resources");
+    let tls = format!(
+        "[etcd.tls]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        pki.path("ca.crt").display(),
+        pki.path("client.crt").display(),
+        pki.path("client.key").display()
+    );
+    let text = format!("{head}\n{tls}\n[[resources]]{resources}");
+    let port = watchcache::etcd_server::free_port().expect("port");
+    let grpc = format!("127.0.0.1:{port}");
+    let daemon = common::Daemon::start(&text, &["--grpc-listen", &grpc]).await;
+    let fe = format!("http://{grpc}");
+    let key = format!("{prefix}/pods/default/a");
+    let up = common::eventually(WAIT, || {
+        let (fe, key) = (fe.clone(), key.clone());
+        async move { etcdctl(&fe, &["put", &key, "v"], None).await.0 }
+    })
+    .await;
+    assert!(up, "put through the front; log:\n{}", daemon.log());
+    // Linearizable read: served once the cache caught up with the put.
+    let out = etcdctl(&fe, &["get", &key, "--print-value-only"], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "v"), "{}", out.2);
+    let out = etcdctl(&fe, &["endpoint", "status"], None).await;
+    assert!(out.0, "endpoint status: {}", out.2);
+}
