@@ -384,7 +384,13 @@ async fn read_until(
         }
     })
     .await;
-    assert!(r.is_ok(), "watch responses so far: {out:?}");
+    assert!(
+        r.is_ok(),
+        "watch responses so far (watch id, created, canceled, events): {:?}",
+        out.iter()
+            .map(|r| (r.watch_id(), r.created(), r.canceled(), r.events().len()))
+            .collect::<Vec<_>>()
+    );
     out
 }
 
@@ -885,4 +891,395 @@ async fn daemon_grpc_listen_over_mtls_etcd() {
     assert_eq!((out.0, out.1.trim()), (true, "v"), "{}", out.2);
     let out = etcdctl(&fe, &["endpoint", "status"], None).await;
     assert!(out.0, "endpoint status: {}", out.2);
+}
+
+/// One event as a comparable tuple: (type, key, value, create, mod,
+/// version, lease, prev (value, mod) if any).
+type EventView = (
+    i32,
+    Vec<u8>,
+    Vec<u8>,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<(Vec<u8>, i64)>,
+);
+
+fn event_views(r: &WatchResponse) -> Vec<EventView> {
+    r.events()
+        .iter()
+        .map(|e| {
+            let kv = e.kv().expect("event kv");
+            (
+                e.event_type() as i32,
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+                e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision())),
+            )
+        })
+        .collect()
+}
+
+/// Reads a stream until a progress answer at or past `rev`, asking for
+/// progress as it goes (again after a second without an answer: etcd
+/// ignores a progress request while a watch catches up); returns the events
+/// per watch id.
+async fn events_until(s: &mut etcd_client::WatchStream, rev: i64) -> HashMap<i64, Vec<EventView>> {
+    let mut out: HashMap<i64, Vec<EventView>> = HashMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no progress answer at {rev}"
+        );
+        s.request_progress().await.expect("progress");
+        let ask_again = tokio::time::Instant::now() + Duration::from_secs(1);
+        while let Ok(msg) = tokio::time::timeout_at(ask_again, s.message()).await {
+            let r = msg.expect("watch message").expect("stream open");
+            if !r.events().is_empty() {
+                out.entry(r.watch_id()).or_default().extend(event_views(&r));
+            }
+            if is_progress(&r) {
+                if r.header().map(|h| h.revision()).unwrap_or(0) >= rev {
+                    return out;
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// A random workload (puts, overwrites, deletes, range deletes, multi-key
+/// txns, leases, binary and large values): every watch stream and every
+/// Range through the front equals the same through etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_random_workload_equals_etcd() {
+    use etcd_client::{
+        DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, WatchFilterType,
+    };
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = rand::random();
+    println!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("diff");
+    let p = format!("{prefix}/nodes/");
+    // The streams are read only after the workload: the ring must hold it
+    // all (a smaller one cancels the watches with compact_revision).
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        for r in &mut cfg.resources {
+            r.history_capacity = 1000;
+        }
+    })
+    .await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let key = |i: usize| format!("{p}k{i}");
+
+    // The same five watches on one stream each, through the front and direct.
+    let watches: Vec<(i64, String, WatchOptions)> = vec![
+        (
+            1,
+            p.clone(),
+            WatchOptions::new().with_prefix().with_prev_key(),
+        ),
+        (2, key(3), WatchOptions::new()),
+        (
+            3,
+            key(2),
+            WatchOptions::new().with_range(key(6)).with_prev_key(),
+        ),
+        (
+            4,
+            p.clone(),
+            WatchOptions::new()
+                .with_prefix()
+                .with_filters([WatchFilterType::NoDelete]),
+        ),
+        (
+            5,
+            p.clone(),
+            WatchOptions::new()
+                .with_prefix()
+                .with_filters([WatchFilterType::NoPut])
+                .with_prev_key(),
+        ),
+    ];
+    // etcd's own catch-up batches can exceed tonic's default 4 MiB.
+    let wide = |c: &Client| c.watch_client().max_decoding_message_size(64 << 20);
+    let mut streams = Vec::new();
+    for c in [&fc, &ec] {
+        let mut c = wide(c);
+        let mut s: Option<etcd_client::WatchStream> = None;
+        for (id, k, o) in &watches {
+            let o = o.clone().with_watch_id(*id);
+            match &mut s {
+                None => s = Some(c.watch(k.as_str(), Some(o)).await.expect("watch")),
+                Some(s) => s.watch(k.as_str(), Some(o)).await.expect("watch"),
+            }
+        }
+        let mut s = s.expect("stream");
+        read_until(&mut s, {
+            let mut n = 0;
+            move |r| {
+                n += usize::from(r.created());
+                n == 5
+            }
+        })
+        .await;
+        streams.push(s);
+    }
+    let lease = ec.lease_grant(600, None).await.expect("lease").id();
+
+    let first = ec
+        .get("/", None)
+        .await
+        .expect("rev")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    let mut last = first;
+    for _ in 0..300 {
+        let i = rng.random_range(0..10);
+        let value: Vec<u8> = match rng.random_range(0..10) {
+            0 => vec![0xff, 0x00, rng.random()],
+            1 => vec![b'L'; 100_000],
+            _ => format!("v{}", rng.random::<u32>()).into_bytes(),
+        };
+        let rev = match rng.random_range(0..10) {
+            0..=4 => ec
+                .put(key(i), value, None)
+                .await
+                .expect("put")
+                .header()
+                .map(|h| h.revision()),
+            5 => ec
+                .put(key(i), value, Some(PutOptions::new().with_lease(lease)))
+                .await
+                .expect("put")
+                .header()
+                .map(|h| h.revision()),
+            6 | 7 => ec
+                .delete(key(i), None)
+                .await
+                .expect("delete")
+                .header()
+                .map(|h| h.revision()),
+            8 => ec
+                .delete(key(4), Some(DeleteOptions::new().with_range(key(7))))
+                .await
+                .expect("delete range")
+                .header()
+                .map(|h| h.revision()),
+            _ => {
+                let j = (i + 1 + rng.random_range(0..8)) % 10;
+                let t = Txn::new()
+                    .and_then([TxnOp::put(key(i), value, None), TxnOp::delete(key(j), None)]);
+                ec.txn(t).await.expect("txn").header().map(|h| h.revision())
+            }
+        };
+        last = last.max(rev.unwrap_or(0));
+    }
+    front.wait_rev(last).await;
+    let (front_stream, etcd_stream) = streams.split_at_mut(1);
+    let via = events_until(&mut front_stream[0], last).await;
+    let direct = events_until(&mut etcd_stream[0], last).await;
+    for (id, _, _) in &watches {
+        let (a, b) = (via.get(id), direct.get(id));
+        if a != b {
+            let (a, b) = (
+                a.cloned().unwrap_or_default(),
+                b.cloned().unwrap_or_default(),
+            );
+            let at = a
+                .iter()
+                .zip(&b)
+                .position(|(x, y)| x != y)
+                .unwrap_or(a.len().min(b.len()));
+            let brief = |e: Option<&EventView>| {
+                e.map(|e| {
+                    (
+                        e.0,
+                        String::from_utf8_lossy(&e.1).into_owned(),
+                        e.2.len(),
+                        e.3,
+                        e.4,
+                        e.5,
+                        e.6,
+                        e.7.as_ref().map(|p| (p.0.len(), p.1)),
+                    )
+                })
+            };
+            panic!(
+                "watch {id} (seed {seed}): {} events via the front, {} direct; first difference at {at}: {:?} vs {:?}",
+                a.len(),
+                b.len(),
+                brief(a.get(at)),
+                brief(b.get(at))
+            );
+        }
+    }
+    assert!(
+        direct.get(&1).is_some_and(|e| e.len() > 100),
+        "the workload was seen"
+    );
+
+    // A watch from a revision in the middle of the workload.
+    let mid = first + (last - first) / 2;
+    let o = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_start_revision(mid);
+    let mut a = wide(&fc)
+        .watch(p.as_str(), Some(o.clone()))
+        .await
+        .expect("watch");
+    let mut b = wide(&ec).watch(p.as_str(), Some(o)).await.expect("watch");
+    let a = events_until(&mut a, last).await;
+    let b = events_until(&mut b, last).await;
+    assert_eq!(a, b, "watch from {mid} (seed {seed})");
+
+    // Ranges at random revisions (some beyond the retained snapshots: etcd
+    // answers) with random options.
+    let view = |r: &etcd_client::GetResponse| {
+        (
+            r.count(),
+            r.more(),
+            r.kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key().to_vec(),
+                        kv.value().to_vec(),
+                        kv.create_revision(),
+                        kv.mod_revision(),
+                        kv.version(),
+                        kv.lease(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    for _ in 0..60 {
+        let mut o = GetOptions::new();
+        let k = match rng.random_range(0..3) {
+            0 => {
+                o = o.with_prefix();
+                p.clone()
+            }
+            1 => {
+                o = o.with_range(key(rng.random_range(5..10)));
+                key(rng.random_range(0..5))
+            }
+            _ => key(rng.random_range(0..10)),
+        };
+        if rng.random_bool(0.5) {
+            o = o.with_revision(rng.random_range(first..=last));
+        }
+        if rng.random_bool(0.3) {
+            o = o.with_limit(rng.random_range(1..5));
+        }
+        if rng.random_bool(0.3) {
+            let t = [
+                SortTarget::Key,
+                SortTarget::Version,
+                SortTarget::Create,
+                SortTarget::Mod,
+                SortTarget::Value,
+            ][rng.random_range(0..5)];
+            let ord = [SortOrder::Ascend, SortOrder::Descend][rng.random_range(0..2)];
+            o = o.with_sort(t, ord);
+        }
+        if rng.random_bool(0.2) {
+            o = o.with_keys_only();
+        }
+        if rng.random_bool(0.2) {
+            o = o.with_min_mod_revision(rng.random_range(first..=last));
+        }
+        if rng.random_bool(0.2) {
+            o = o.with_max_create_revision(rng.random_range(first..=last));
+        }
+        if rng.random_bool(0.5) {
+            o = o.with_serializable();
+        }
+        let a = fc
+            .get(k.as_str(), Some(o.clone()))
+            .await
+            .expect("front get");
+        let b = ec.get(k.as_str(), Some(o.clone())).await.expect("etcd get");
+        assert_eq!(view(&a), view(&b), "{k} {o:?} (seed {seed})");
+    }
+}
+
+/// `fragment`: a response over etcd's request limit is split as etcd
+/// splits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fragment_splits_a_large_revision_like_etcd() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("fragment");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let big = |c: u8| vec![c; 350 * 1024];
+    for i in 0..4 {
+        put(&mut ec, &format!("{p}k{i}"), big(b'a')).await;
+    }
+    let start = ec
+        .get("/", None)
+        .await
+        .expect("rev")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0)
+        + 1;
+    // One revision of 4 x 350 KiB, with prev_kv: about 2.8 MiB of events.
+    let t = Txn::new().and_then(
+        (0..4)
+            .map(|i| TxnOp::put(format!("{p}k{i}"), big(b'b'), None))
+            .collect::<Vec<_>>(),
+    );
+    let rev = ec
+        .txn(t)
+        .await
+        .expect("txn")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    front.wait_rev(rev).await;
+    let o = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_fragment()
+        .with_start_revision(start);
+    let shape = |rs: &[WatchResponse]| -> Vec<(bool, usize)> {
+        rs.iter()
+            .filter(|r| !r.created())
+            .map(|r| (r.0.fragment, r.events().len()))
+            .collect()
+    };
+    let mut a = fc.watch(p.as_str(), Some(o.clone())).await.expect("watch");
+    let mut b = ec.watch(p.as_str(), Some(o)).await.expect("watch");
+    let done = || {
+        let mut n = 0;
+        move |r: &WatchResponse| {
+            n += r.events().len();
+            n >= 4
+        }
+    };
+    let a = read_until(&mut a, done()).await;
+    let b = read_until(&mut b, done()).await;
+    assert!(
+        shape(&b).len() > 1 && shape(&b)[0].0,
+        "etcd fragmented: {:?}",
+        shape(&b)
+    );
+    assert_eq!(shape(&a), shape(&b));
+    let all = |rs: &[WatchResponse]| rs.iter().flat_map(event_views).collect::<Vec<_>>();
+    assert_eq!(all(&a), all(&b));
 }

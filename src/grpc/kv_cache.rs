@@ -241,8 +241,8 @@ impl KvCache {
     }
 
     /// Events from `cursor` on: whole revisions, at least one, stopping once
-    /// `max_events` are gathered.
-    pub fn read(&self, cursor: Cursor, max_events: usize) -> Read {
+    /// `max_events` or about `max_bytes` of keys and values are gathered.
+    pub fn read(&self, cursor: Cursor, max_events: usize, max_bytes: usize) -> Read {
         let s = self.state.read();
         if cursor.epoch != s.epoch {
             return Read::Gone {
@@ -260,11 +260,13 @@ impl KvCache {
         }
         let mut events = Vec::new();
         let mut last_rev = 0;
+        let mut bytes = 0;
         for (rev, ev) in s.ring.range(idx..) {
-            if events.len() >= max_events && *rev != last_rev {
+            if (events.len() >= max_events || bytes >= max_bytes) && *rev != last_rev {
                 break;
             }
             last_rev = *rev;
+            bytes += event_size(ev);
             events.push(Arc::clone(ev));
         }
         let next = Cursor {
@@ -522,6 +524,15 @@ impl KvCache {
     }
 }
 
+/// About the encoded size of an event (its keys and values).
+fn event_size(ev: &PbEvent) -> usize {
+    let kv = |kv: &Option<PbKeyValue>| {
+        kv.as_ref()
+            .map_or(0, |kv| kv.key.len() + kv.value.len() + 32)
+    };
+    kv(&ev.kv) + kv(&ev.prev_kv)
+}
+
 fn push_snapshot(s: &mut State, rev: i64, map: KvMap, capacity: usize) {
     s.snapshots.push_back((rev, map));
     while s.snapshots.len() > capacity {
@@ -621,7 +632,7 @@ mod tests {
         // Two events of revision 11 (a txn), one of 12.
         c.apply(vec![put("/p/a", "1", 11), put("/p/b", "1", 11)], 11);
         c.apply(vec![put("/p/c", "1", 12)], 12);
-        match c.read(start, 1) {
+        match c.read(start, 1, usize::MAX) {
             Read::Events { events, next } => {
                 assert_eq!(events.len(), 2, "a revision is never split");
                 assert_eq!(next.seq, start.seq + 2);
@@ -632,7 +643,7 @@ mod tests {
         // Overrun: a 4th event evicts revision 11's first event.
         c.apply(vec![put("/p/d", "1", 13)], 13);
         assert!(matches!(
-            c.read(start, 10),
+            c.read(start, 10, usize::MAX),
             Read::Gone {
                 compact_revision: 12
             }
@@ -669,7 +680,7 @@ mod tests {
         let (cur, _) = c.cursor_now().unwrap();
         c.reset(KvMap::new(), 50, 40);
         assert!(matches!(
-            c.read(cur, 10),
+            c.read(cur, 10, usize::MAX),
             Read::Gone {
                 compact_revision: 40
             }

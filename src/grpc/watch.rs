@@ -33,8 +33,11 @@ use super::kv_cache::{Cursor, DELETE, KvCache, PUT, Read, in_range};
 
 /// Responses buffered towards one client stream.
 const OUT_BUFFER: usize = 16;
-/// Events read from the ring per watch per turn (whole revisions).
+/// Events read from the ring per watch per turn (whole revisions), and
+/// about as many bytes: a response stays within clients' default receive
+/// limits (4 MiB in tonic) unless one revision alone is larger.
 const MAX_BATCH_EVENTS: usize = 1000;
+const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// etcd's default `--max-request-bytes`: `fragment` splits responses above it.
 const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// etcd's default progress-notify interval for `progress_notify` watches.
@@ -477,7 +480,7 @@ impl ClientStream {
             for i in 0..n {
                 let idx = (self.rr + i) % n;
                 let w = &mut self.watches[idx];
-                match w.cache.read(w.cursor, MAX_BATCH_EVENTS) {
+                match w.cache.read(w.cursor, MAX_BATCH_EVENTS, MAX_BATCH_BYTES) {
                     Read::UpToDate { .. } => {}
                     Read::Gone { compact_revision } => {
                         let w = self.watches.remove(idx);
@@ -589,7 +592,7 @@ impl ClientStream {
         };
         let mut cached: Option<i64> = None;
         for w in &self.watches {
-            match w.cache.read(w.cursor, 1) {
+            match w.cache.read(w.cursor, 1, 0) {
                 Read::UpToDate { revision } => {
                     cached = Some(cached.map_or(revision, |r| r.min(revision)));
                 }
@@ -634,7 +637,7 @@ impl ClientStream {
             if !w.progress_notify || now.duration_since(w.last_sent) < PROGRESS_NOTIFY_INTERVAL {
                 continue;
             }
-            if let Read::UpToDate { revision } = w.cache.read(w.cursor, 1) {
+            if let Read::UpToDate { revision } = w.cache.read(w.cursor, 1, 0) {
                 w.last_sent = now;
                 out.push((w.id, revision));
             }
