@@ -651,6 +651,25 @@ async fn history_older_than_the_ring_and_compaction_answer_as_etcd() {
     let b = read_until(&mut direct, count(8)).await;
     assert_eq!(events(&a), events(&b));
     assert_eq!(events(&a).len(), 8);
+    // etcd's catch-up reached the ring: the watch moved onto the cache
+    // (etcd's watch canceled) and goes on without a gap or a duplicate.
+    let f = Arc::clone(&front.front);
+    let moved = common::eventually(WAIT, || {
+        let f = Arc::clone(&f);
+        async move { f.watchers() == (1, 0) }
+    })
+    .await;
+    assert!(moved, "handed over: {:?}", front.front.watchers());
+    for i in 10..12 {
+        revs.push(put(&mut ec, &format!("{p}k{i}"), format!("{i}")).await);
+    }
+    let a = read_until(&mut via, count(2)).await;
+    let b = read_until(&mut direct, count(2)).await;
+    assert_eq!(events(&a), events(&b));
+    assert_eq!(
+        events(&a).iter().map(|e| e.1).collect::<Vec<_>>(),
+        revs[10..12].to_vec()
+    );
     // From inside the ring: served by the cache, same events.
     let opts = WatchOptions::new()
         .with_prefix()
@@ -665,6 +684,7 @@ async fn history_older_than_the_ring_and_compaction_answer_as_etcd() {
     assert_eq!(events(&a), events(&b));
 
     // Compacted in etcd: canceled with compact_revision, as etcd does.
+    front.wait_rev(revs[11]).await;
     ec.compact(revs[5], None).await.expect("compact");
     let opts = WatchOptions::new()
         .with_prefix()

@@ -19,6 +19,7 @@ pub mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use etcd_client::proto::{
@@ -51,6 +52,9 @@ pub struct Front {
     pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
     pub(crate) consistent_read_timeout: Duration,
     pub(crate) shutdown: CancellationToken,
+    /// Open client watches served from the caches / by etcd.
+    pub(crate) watchers_cached: AtomicI64,
+    pub(crate) watchers_forwarded: AtomicI64,
 }
 
 impl std::fmt::Debug for Front {
@@ -72,6 +76,14 @@ impl Front {
     /// The highest revision any cache is at.
     pub(crate) fn revision(&self) -> i64 {
         self.caches.iter().map(|c| c.revision()).max().unwrap_or(0)
+    }
+
+    /// Open client watches: (served from the caches, served by etcd).
+    pub fn watchers(&self) -> (i64, i64) {
+        (
+            self.watchers_cached.load(Ordering::Relaxed),
+            self.watchers_forwarded.load(Ordering::Relaxed),
+        )
     }
 
     /// The raw caches, one per configured resource prefix.
@@ -140,6 +152,8 @@ impl GrpcServer {
                     config.server.consistent_read_timeout_ms,
                 ),
                 shutdown,
+                watchers_cached: AtomicI64::new(0),
+                watchers_forwarded: AtomicI64::new(0),
             }),
         }
     }

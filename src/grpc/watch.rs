@@ -12,8 +12,9 @@
 //! requests are answered only once every event up to the answered revision
 //! was sent (for forwarded watches too: etcd's answer is held until then).
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -70,7 +71,8 @@ impl PbWatchService for WatchService {
             pending: VecDeque::new(),
             watches: Vec::new(),
             rr: 0,
-            forwarded: HashSet::new(),
+            forwarded: HashMap::new(),
+            handing_over: HashSet::new(),
             upstream: None,
             next_id: 0,
             progress: None,
@@ -141,7 +143,12 @@ struct ClientStream {
     watches: Vec<CachedWatch>,
     /// Where the next round-robin turn starts.
     rr: usize,
-    forwarded: HashSet<i64>,
+    /// Watches etcd serves; with their creation when a cache could take
+    /// them over once etcd's catch-up reaches the ring.
+    forwarded: HashMap<i64, Option<CreateSpec>>,
+    /// Handed over to a cache; etcd's answers for them (until its
+    /// `canceled`) are dropped: the ring delivers those events.
+    handing_over: HashSet<i64>,
     upstream: Option<UpstreamWatch>,
     next_id: i64,
     progress: Option<PendingProgress>,
@@ -156,11 +163,8 @@ struct ClientStream {
 
 impl Drop for ClientStream {
     fn drop(&mut self) {
-        let g = &crate::metrics::metrics().grpc_watchers;
-        g.with_label_values(&["cache"])
-            .sub(self.watches.len() as i64);
-        g.with_label_values(&["etcd"])
-            .sub(self.forwarded.len() as i64);
+        count_watch(&self.front, "cache", -(self.watches.len() as i64));
+        count_watch(&self.front, "etcd", -(self.forwarded.len() as i64));
     }
 }
 
@@ -208,7 +212,14 @@ impl ClientStream {
                         return;
                     }
                 }
-                Step::Upstream(Some(Ok(resp))) => self.on_upstream(resp),
+                Step::Upstream(Some(Ok(resp))) => {
+                    if let Some(cancel) = self.on_upstream(resp)
+                        && let Err(status) = self.send_upstream(cancel).await
+                    {
+                        let _ = self.out.send(Err(status)).await;
+                        return;
+                    }
+                }
                 Step::Upstream(Some(Err(status))) => {
                     let _ = self.out.send(Err(status)).await;
                     return;
@@ -224,7 +235,9 @@ impl ClientStream {
     }
 
     fn id_in_use(&self, id: i64) -> bool {
-        self.forwarded.contains(&id) || self.watches.iter().any(|w| w.id == id)
+        self.forwarded.contains_key(&id)
+            || self.handing_over.contains(&id)
+            || self.watches.iter().any(|w| w.id == id)
     }
 
     async fn handle(&mut self, req: PbWatchRequest) -> Result<(), Status> {
@@ -259,7 +272,8 @@ impl ClientStream {
                     fragment: c.fragment,
                     progress_notify: c.progress_notify,
                 };
-                if let Some(w) = self.place(id, spec) {
+                let cacheable = self.front.cache_for(&spec.key, &spec.range_end).is_some();
+                if let Some(w) = self.place(id, spec.clone()) {
                     let created = PbWatchResponse {
                         header: self.header(w.cache.revision()),
                         watch_id: id,
@@ -268,14 +282,14 @@ impl ClientStream {
                     };
                     self.pending.push_back(created);
                     self.watches.push(w);
-                    count_watch("cache", 1);
+                    count_watch(&self.front, "cache", 1);
                     return Ok(());
                 }
                 // etcd serves it: same request, our id.
                 c.watch_id = id;
-                self.forwarded.insert(id);
+                self.forwarded.insert(id, cacheable.then_some(spec));
                 self.awaiting_created = Some(id);
-                count_watch("etcd", 1);
+                count_watch(&self.front, "etcd", 1);
                 self.send_upstream(PbWatchRequest {
                     request_union: Some(PbWatchRequestUnion::CreateRequest(c)),
                 })
@@ -284,7 +298,7 @@ impl ClientStream {
             Some(PbWatchRequestUnion::CancelRequest(c)) => {
                 if let Some(i) = self.watches.iter().position(|w| w.id == c.watch_id) {
                     let w = self.watches.remove(i);
-                    count_watch("cache", -1);
+                    count_watch(&self.front, "cache", -1);
                     let canceled = PbWatchResponse {
                         header: self.header(w.cache.revision()),
                         watch_id: w.id,
@@ -293,7 +307,7 @@ impl ClientStream {
                     };
                     self.pending.push_back(canceled);
                     Ok(())
-                } else if self.forwarded.contains(&c.watch_id) {
+                } else if self.forwarded.contains_key(&c.watch_id) {
                     self.send_upstream(PbWatchRequest {
                         request_union: Some(PbWatchRequestUnion::CancelRequest(c)),
                     })
@@ -431,9 +445,15 @@ impl ClientStream {
 
     /// An answer from etcd for a forwarded watch, passed on unchanged
     /// (progress answers wait for the cached watches, see `answer_progress`).
-    fn on_upstream(&mut self, resp: PbWatchResponse) {
+    fn on_upstream(&mut self, resp: PbWatchResponse) -> Option<PbWatchRequest> {
         if let Some(h) = &resp.header {
             self.front.headers.learn(h);
+        }
+        if self.handing_over.contains(&resp.watch_id) {
+            if resp.canceled {
+                self.handing_over.remove(&resp.watch_id);
+            }
+            return None;
         }
         let is_progress = resp.watch_id == INVALID_WATCH_ID
             && resp.events.is_empty()
@@ -446,7 +466,7 @@ impl ClientStream {
             }) = &mut self.progress
         {
             *rev = Some(resp.header.as_ref().map(|h| h.revision).unwrap_or(0));
-            return;
+            return None;
         }
         for e in &resp.events {
             if let Some(kv) = &e.kv {
@@ -458,17 +478,66 @@ impl ClientStream {
             && resp.watch_id != id
         {
             // etcd refused it (id -1) or chose another id (our 0 = "auto").
-            self.forwarded.remove(&id);
+            let spec = self.forwarded.remove(&id).flatten();
             if resp.canceled {
-                count_watch("etcd", -1);
+                count_watch(&self.front, "etcd", -1);
             } else {
-                self.forwarded.insert(resp.watch_id);
+                self.forwarded.insert(resp.watch_id, spec);
             }
         }
-        if resp.canceled && self.forwarded.remove(&resp.watch_id) {
-            count_watch("etcd", -1);
+        if resp.canceled && self.forwarded.remove(&resp.watch_id).is_some() {
+            count_watch(&self.front, "etcd", -1);
         }
+        let handover = self.handover_point(&resp);
         self.pending.push_back(resp);
+        let (id, from) = handover?;
+        self.hand_over(id, from)
+    }
+
+    /// The revision a forwarded watch could continue from in the ring after
+    /// this answer: etcd sent every event of the watch up to the answer's
+    /// last one (whole revisions; the last fragment of a split one).
+    fn handover_point(&self, resp: &PbWatchResponse) -> Option<(i64, i64)> {
+        if resp.fragment || resp.canceled || resp.events.is_empty() {
+            return None;
+        }
+        let spec = self.forwarded.get(&resp.watch_id)?.as_ref()?;
+        let cache = self.front.cache_for(&spec.key, &spec.range_end)?;
+        let last = resp
+            .events
+            .iter()
+            .filter_map(|e| e.kv.as_ref())
+            .map(|kv| kv.mod_revision)
+            .max()?;
+        cache.cursor_at(last + 1).map(|_| (resp.watch_id, last + 1))
+    }
+
+    /// Moves a forwarded watch onto its cache's ring from revision `from`
+    /// (etcd sent everything before it) and returns the cancel for etcd.
+    fn hand_over(&mut self, id: i64, from: i64) -> Option<PbWatchRequest> {
+        let spec = self.forwarded.get(&id)?.clone()?;
+        let w = self.place(
+            id,
+            CreateSpec {
+                start_revision: from,
+                ..spec
+            },
+        )?;
+        debug!(
+            watch_id = id,
+            from, "etcd's catch-up reached the ring; handed over"
+        );
+        self.forwarded.remove(&id);
+        self.handing_over.insert(id);
+        self.watches.push(w);
+        move_watch(&self.front);
+        let mut cancel = PbWatchRequestUnion::CancelRequest(Default::default());
+        if let PbWatchRequestUnion::CancelRequest(c) = &mut cancel {
+            c.watch_id = id;
+        }
+        Some(PbWatchRequest {
+            request_union: Some(cancel),
+        })
     }
 
     /// Reads the next batch of some watch (round robin) into `pending`;
@@ -484,7 +553,7 @@ impl ClientStream {
                     Read::UpToDate { .. } => {}
                     Read::Gone { compact_revision } => {
                         let w = self.watches.remove(idx);
-                        count_watch("cache", -1);
+                        count_watch(&self.front, "cache", -1);
                         debug!(
                             watch_id = w.id,
                             compact_revision, "watch fell behind the ring; canceled"
@@ -655,6 +724,7 @@ impl ClientStream {
 
 /// What the front reads of a `WatchCreateRequest` (whose type etcd-client
 /// does not export by name).
+#[derive(Clone)]
 struct CreateSpec {
     key: Vec<u8>,
     range_end: Vec<u8>,
@@ -672,7 +742,20 @@ async fn recv_upstream(up: &mut Option<UpstreamWatch>) -> Option<Result<PbWatchR
     }
 }
 
-fn count_watch(source: &str, delta: i64) {
+/// A watch moved from etcd to a cache.
+fn move_watch(front: &Front) {
+    front.watchers_forwarded.fetch_sub(1, Ordering::Relaxed);
+    front.watchers_cached.fetch_add(1, Ordering::Relaxed);
+    let g = &crate::metrics::metrics().grpc_watchers;
+    g.with_label_values(&["etcd"]).dec();
+    g.with_label_values(&["cache"]).inc();
+}
+
+fn count_watch(front: &Front, source: &str, delta: i64) {
+    match source {
+        "cache" => front.watchers_cached.fetch_add(delta, Ordering::Relaxed),
+        _ => front.watchers_forwarded.fetch_add(delta, Ordering::Relaxed),
+    };
     crate::metrics::metrics()
         .grpc_watchers
         .with_label_values(&[source])
