@@ -1303,3 +1303,57 @@ async fn fragment_splits_a_large_revision_like_etcd() {
     let all = |rs: &[WatchResponse]| rs.iter().flat_map(event_views).collect::<Vec<_>>();
     assert_eq!(all(&a), all(&b));
 }
+
+/// The front loses etcd while etcd compacts past the cache: the cache
+/// relists, and every watch it served is canceled with etcd's compaction
+/// revision (its events in between are gone), as etcd cancels a compacted
+/// watch; reads then show the new state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relist_after_compaction_cancels_cached_watches() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let target: SocketAddr = format!("127.0.0.1:{}", etcd.client_port())
+        .parse()
+        .expect("addr");
+    let proxy = common::TcpProxy::start(target).await;
+    let prefix = common::unique_prefix("relist");
+    let p = format!("{prefix}/pods/");
+    let mut ec = Client::connect([etcd.endpoint()], None)
+        .await
+        .expect("etcd");
+    put(&mut ec, &format!("{p}a"), "1").await;
+    let front = TestFront::start(&proxy.endpoint(), &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut w = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    read_until(&mut w, |r| r.created()).await;
+
+    proxy.cut();
+    put(&mut ec, &format!("{p}b"), "2").await;
+    let c = put(&mut ec, &format!("{p}a"), "3").await;
+    ec.compact(c, None).await.expect("compact");
+    proxy.restore();
+
+    let got = read_until(&mut w, |r| r.canceled()).await;
+    let last = got.last().expect("cancel");
+    assert_eq!(last.compact_revision(), c);
+    assert!(
+        got.iter().all(|r| r.events().is_empty()),
+        "no events from the old epoch"
+    );
+    front.wait_rev(c).await;
+    let r = fc
+        .get(
+            p.as_str(),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_serializable(),
+            ),
+        )
+        .await
+        .expect("get");
+    let values: Vec<&[u8]> = r.kvs().iter().map(|kv| kv.value()).collect();
+    assert_eq!(values, [b"3".as_slice(), b"2".as_slice()]);
+}
