@@ -137,6 +137,10 @@ pub struct ServerConfig {
     /// at one revision (and relisted on a mismatch); 0 turns it off.
     #[serde(default = "default_consistency_check_interval_seconds")]
     pub consistency_check_interval_seconds: u64,
+    /// gRPC front: how often an idle `progress_notify` watch gets a progress
+    /// notification (etcd's `--experimental-watch-progress-notify-interval`).
+    #[serde(default = "default_watch_progress_notify_interval_ms")]
+    pub watch_progress_notify_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -207,6 +211,9 @@ fn default_min_request_timeout_seconds() -> u64 {
 fn default_consistency_check_interval_seconds() -> u64 {
     300
 }
+fn default_watch_progress_notify_interval_ms() -> u64 {
+    600_000
+}
 fn default_history_capacity() -> usize {
     10_000
 }
@@ -237,6 +244,7 @@ impl Default for ServerConfig {
             bookmark_interval_ms: default_bookmark_interval_ms(),
             min_request_timeout_seconds: default_min_request_timeout_seconds(),
             consistency_check_interval_seconds: default_consistency_check_interval_seconds(),
+            watch_progress_notify_interval_ms: default_watch_progress_notify_interval_ms(),
         }
     }
 }
@@ -364,6 +372,11 @@ impl Config {
             (
                 "server.bookmark_interval_ms",
                 self.server.bookmark_interval_ms,
+                false,
+            ),
+            (
+                "server.watch_progress_notify_interval_ms",
+                self.server.watch_progress_notify_interval_ms,
                 false,
             ),
         ] {

@@ -1357,3 +1357,57 @@ async fn relist_after_compaction_cancels_cached_watches() {
     let values: Vec<&[u8]> = r.kvs().iter().map(|kv| kv.value()).collect();
     assert_eq!(values, [b"3".as_slice(), b"2".as_slice()]);
 }
+
+/// `progress_notify` watches (etcdctl `watch --progress-notify`) get a
+/// progress notification when idle, every
+/// `server.watch_progress_notify_interval_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notify_reaches_idle_watches() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("notify");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        cfg.server.watch_progress_notify_interval_ms = 200;
+    })
+    .await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let rev = put(&mut ec, &format!("{p}a"), "1").await;
+    front.wait_rev(rev).await;
+    let from = rev.to_string();
+    let args = [
+        "watch",
+        "--prefix",
+        p.as_str(),
+        "--rev",
+        from.as_str(),
+        "--progress-notify",
+    ];
+    // The event (3 lines), then a notification.
+    let lines = watch_lines(&front.endpoint(), &args, 4).await;
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[..2], ["PUT".to_string(), format!("{p}a")]);
+    let notified: i64 = lines[3]
+        .strip_prefix("progress notify: ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a progress notification: {lines:?}"));
+    assert!(notified >= rev);
+
+    // Through the crate: the notification carries the watch's own id.
+    let mut fc = front.client().await;
+    let mut w = fc
+        .watch(
+            p.as_str(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_progress_notify()
+                    .with_watch_id(42),
+            ),
+        )
+        .await
+        .expect("watch");
+    let got = read_until(&mut w, |r| !r.created() && r.events().is_empty()).await;
+    let n = got.last().expect("notification");
+    assert_eq!(n.watch_id(), 42);
+    assert!(n.header().map(|h| h.revision()).unwrap_or(0) >= rev);
+}

@@ -51,6 +51,8 @@ pub struct Front {
     /// Bumped by every cache change; watch streams wait on it.
     pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
     pub(crate) consistent_read_timeout: Duration,
+    /// Idle `progress_notify` watches get a progress notification this often.
+    pub(crate) progress_notify_interval: Duration,
     pub(crate) shutdown: CancellationToken,
     /// Open client watches served from the caches / by etcd.
     pub(crate) watchers_cached: AtomicI64,
@@ -150,6 +152,9 @@ impl GrpcServer {
                 changes,
                 consistent_read_timeout: Duration::from_millis(
                     config.server.consistent_read_timeout_ms,
+                ),
+                progress_notify_interval: Duration::from_millis(
+                    config.server.watch_progress_notify_interval_ms.max(1),
                 ),
                 shutdown,
                 watchers_cached: AtomicI64::new(0),

@@ -41,8 +41,6 @@ const MAX_BATCH_EVENTS: usize = 1000;
 const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// etcd's default `--max-request-bytes`: `fragment` splits responses above it.
 const MAX_REQUEST_BYTES: usize = 1536 * 1024;
-/// etcd's default progress-notify interval for `progress_notify` watches.
-const PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(600);
 /// `WatchCreateRequest.FilterType`.
 const FILTER_NOPUT: i32 = 0;
 const FILTER_NODELETE: i32 = 1;
@@ -171,7 +169,10 @@ impl Drop for ClientStream {
 impl ClientStream {
     async fn run(mut self, mut requests: Streaming<PbWatchRequest>) {
         let mut changes = self.front.changes.subscribe();
-        let mut notify_tick = tokio::time::interval(PROGRESS_NOTIFY_INTERVAL / 10);
+        // Checked ten times per interval, so a notification is late by a
+        // tenth of it at most.
+        let every = self.front.progress_notify_interval;
+        let mut notify_tick = tokio::time::interval((every / 10).max(Duration::from_millis(1)));
         loop {
             if self.pending.is_empty()
                 && !self.next_events()
@@ -701,9 +702,10 @@ impl ClientStream {
     /// that are up to date and sent nothing for the interval.
     fn progress_notify(&mut self) {
         let now = Instant::now();
+        let every = self.front.progress_notify_interval;
         let mut out = Vec::new();
         for w in &mut self.watches {
-            if !w.progress_notify || now.duration_since(w.last_sent) < PROGRESS_NOTIFY_INTERVAL {
+            if !w.progress_notify || now.duration_since(w.last_sent) < every {
                 continue;
             }
             if let Read::UpToDate { revision } = w.cache.read(w.cursor, 1, 0) {
