@@ -119,6 +119,7 @@ struct UpstreamWatch {
 enum Step {
     End,
     Continue,
+    RequestsEnded,
     Request(PbWatchRequest),
     Upstream(Option<Result<PbWatchResponse, Status>>),
     Tick,
@@ -173,6 +174,9 @@ impl ClientStream {
         // tenth of it at most.
         let every = self.front.progress_notify_interval;
         let mut notify_tick = tokio::time::interval((every / 10).max(Duration::from_millis(1)));
+        // Like etcd, a client that closes its side still gets its events
+        // until it goes away.
+        let mut requests_open = true;
         loop {
             if self.pending.is_empty()
                 && !self.next_events()
@@ -195,11 +199,12 @@ impl ClientStream {
                     }
                     Err(_) => Step::End, // the client is gone
                 },
-                req = requests.message(), if self.awaiting_created.is_none() => match req {
+                req = requests.message(), if requests_open && self.awaiting_created.is_none() => match req {
                     Ok(Some(r)) => Step::Request(r),
-                    // The client closed its side (or broke): etcd ends the stream too.
-                    _ => Step::End,
+                    Ok(None) => Step::RequestsEnded,
+                    Err(_) => Step::End, // the client broke the stream
                 },
+                _ = self.out.closed() => Step::End, // the client is gone
                 up = recv_upstream(&mut self.upstream) => Step::Upstream(up),
                 _ = changes.changed() => Step::Continue,
                 _ = notify_tick.tick() => Step::Tick,
@@ -207,6 +212,7 @@ impl ClientStream {
             match step {
                 Step::End => return,
                 Step::Continue => {}
+                Step::RequestsEnded => requests_open = false,
                 Step::Request(r) => {
                     if let Err(status) = self.handle(r).await {
                         let _ = self.out.send(Err(status)).await;
