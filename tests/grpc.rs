@@ -1411,3 +1411,70 @@ async fn progress_notify_reaches_idle_watches() {
     assert_eq!(n.watch_id(), 42);
     assert!(n.header().map(|h| h.revision()).unwrap_or(0) >= rev);
 }
+
+/// Many clients on one prefix cost etcd nothing more: every watch is served
+/// from the cache (none forwarded), and each gets every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_share_the_prefix_watch() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("fanout");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut streams = Vec::new();
+    for _ in 0..10 {
+        let mut c = front.client().await;
+        let mut s = c
+            .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch");
+        for _ in 1..10 {
+            s.watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+                .await
+                .expect("watch");
+        }
+        read_until(&mut s, {
+            let mut n = 0;
+            move |r| {
+                n += usize::from(r.created());
+                n == 10
+            }
+        })
+        .await;
+        streams.push(s);
+    }
+    assert_eq!(
+        front.front.watchers(),
+        (100, 0),
+        "(from the cache, from etcd)"
+    );
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let revs = [
+        put(&mut ec, &format!("{p}a"), "1").await,
+        put(&mut ec, &format!("{p}b"), "2").await,
+    ];
+    for s in &mut streams {
+        let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+        read_until(s, |r| {
+            for e in r.events() {
+                seen.entry(r.watch_id())
+                    .or_default()
+                    .push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+            }
+            seen.len() == 10 && seen.values().all(|v| v.len() == 2)
+        })
+        .await;
+        assert!(seen.values().all(|v| v[..] == revs[..]));
+    }
+    drop(streams);
+    let f = Arc::clone(&front.front);
+    let gone = common::eventually(WAIT, || {
+        let f = Arc::clone(&f);
+        async move { f.watchers() == (0, 0) }
+    })
+    .await;
+    assert!(
+        gone,
+        "closed streams end their watches: {:?}",
+        front.front.watchers()
+    );
+}
