@@ -911,6 +911,24 @@ async fn daemon_grpc_listen_over_mtls_etcd() {
     assert_eq!((out.0, out.1.trim()), (true, "v"), "{}", out.2);
     let out = etcdctl(&fe, &["endpoint", "status"], None).await;
     assert!(out.0, "endpoint status: {}", out.2);
+
+    // SIGTERM with a watch and a (passed-through) lease keep-alive open:
+    // the daemon still exits, cleanly.
+    let mut c = Client::connect([fe.as_str()], None).await.expect("client");
+    let mut w = c.watch(key.as_str(), None).await.expect("watch");
+    read_until(&mut w, |r| r.created()).await;
+    let lease = c.lease_grant(60, None).await.expect("lease").id();
+    let (mut keeper, mut alive) = c.lease_keep_alive(lease).await.expect("keep-alive");
+    keeper.keep_alive().await.expect("keep alive");
+    assert!(alive.message().await.expect("keep-alive answer").is_some());
+    let mut daemon = daemon;
+    daemon.sigterm();
+    let status = daemon.wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit status {status:?}; log:\n{}",
+        daemon.log()
+    );
 }
 
 /// One event as a comparable tuple: (type, key, value, create, mod,

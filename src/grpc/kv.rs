@@ -39,7 +39,8 @@ impl Front {
     /// for the cache in time.
     pub(crate) async fn range_from_cache(&self, r: &PbRangeRequest) -> Option<PbRangeResponse> {
         let cache = self.cache_for(&r.key, &r.range_end)?;
-        if !cache.is_ready() || r.revision < 0 || invalid_sort(r) {
+        // Values etcd refuses or treats specially are left to etcd.
+        if !cache.is_ready() || r.revision < 0 || r.limit < 0 || invalid_sort(r) {
             return None;
         }
         let (map, current) = if r.revision > 0 {

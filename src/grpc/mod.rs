@@ -28,12 +28,15 @@ use etcd_client::proto::{
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::config::Config;
 use crate::storage::{MAX_DECODING_MESSAGE_BYTES, Storage};
 use kv_cache::{HeaderSource, KvCache};
 use upstream::Upstream;
+
+/// How long [`GrpcServer::serve`] waits for streams to end after shutdown.
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(4_000);
 
 /// Errors of the gRPC server itself (request errors are gRPC statuses).
 #[derive(Debug, thiserror::Error)]
@@ -190,6 +193,7 @@ impl GrpcServer {
         .max_encoding_message_size(max);
         let lease = PbLeaseServer::new(passthrough::LeaseService {
             upstream: front.upstream.clone(),
+            shutdown: front.shutdown.clone(),
         });
         let maintenance = PbMaintenanceServer::new(passthrough::MaintenanceService {
             upstream: front.upstream.clone(),
@@ -205,7 +209,7 @@ impl GrpcServer {
             // does not wait for them.
             token.cancel();
         };
-        let result = tonic::transport::Server::builder()
+        let served = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .add_service(kv)
@@ -213,8 +217,20 @@ impl GrpcServer {
             .add_service(lease)
             .add_service(maintenance)
             .add_service(cluster)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop)
-            .await;
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+        // Streams that are not the front's own (a lease keep-alive passed
+        // to etcd) may outlive the shutdown: bounded, as the REST server.
+        let drain_expired = async {
+            front.shutdown.cancelled().await;
+            tokio::time::sleep(DRAIN_TIMEOUT).await;
+        };
+        let result = tokio::select! {
+            r = served => r,
+            _ = drain_expired => {
+                warn!("gRPC streams still open after the drain timeout; closing them");
+                Ok(())
+            }
+        };
         front.shutdown.cancel();
         result?;
         info!("gRPC front stopped");

@@ -47,6 +47,8 @@ macro_rules! passthrough {
 #[derive(Debug, Clone)]
 pub struct LeaseService {
     pub(crate) upstream: Upstream,
+    /// Ends open keep-alive streams when the front shuts down.
+    pub(crate) shutdown: tokio_util::sync::CancellationToken,
 }
 
 passthrough! {
@@ -72,7 +74,8 @@ passthrough! {
                 messages(req.into_inner()),
             )
             .await?;
-        Ok(Response::new(up.into_inner().boxed()))
+        let shutdown = self.shutdown.clone().cancelled_owned();
+        Ok(Response::new(up.into_inner().take_until(shutdown).boxed()))
     }
 }
 

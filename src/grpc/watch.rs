@@ -364,6 +364,9 @@ impl ClientStream {
     /// A cached watch for this creation, if a cache can serve it: the range
     /// inside one cached prefix and the start revision in its ring.
     fn place(&self, id: i64, c: CreateSpec) -> Option<CachedWatch> {
+        if c.start_revision < 0 {
+            return None; // etcd's own answer
+        }
         let cache = self.front.cache_for(&c.key, &c.range_end)?;
         let (cursor, rev) = if c.start_revision > 0 {
             cache.cursor_at(c.start_revision)?
