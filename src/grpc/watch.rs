@@ -333,10 +333,12 @@ impl ClientStream {
                     self.send_upstream(request.clone()).await?;
                     Some(None)
                 };
-                // A second request before the first is answered is answered with it.
+                // A second request before the first is answered is answered
+                // with it (etcd, asked again, may answer now: it ignores a
+                // request while one of its watches catches up).
                 match &mut self.progress {
                     Some(pp) => {
-                        if pp.upstream.is_none() {
+                        if !matches!(pp.upstream, Some(Some(_))) {
                             pp.upstream = upstream;
                         }
                     }
@@ -664,6 +666,9 @@ impl ClientStream {
     /// progress, or etcd asked again: `Some(request)` to send it).
     fn answer_progress(&mut self) -> Option<PbWatchRequest> {
         let p = self.progress.as_mut()?;
+        if self.forwarded.is_empty() && p.upstream == Some(None) {
+            p.upstream = None; // no forwarded watch left to wait for
+        }
         let upstream_rev = match p.upstream {
             Some(None) => return None, // etcd has not answered yet
             Some(Some(r)) => Some(r),
