@@ -74,6 +74,41 @@ impl HeaderSource {
     }
 }
 
+/// One event of the ring: etcd's event, its KeyValues shared (`Arc`) with
+/// the maps instead of copied.
+#[derive(Debug)]
+pub struct RingEvent {
+    /// `PUT` or `DELETE`.
+    pub r#type: i32,
+    pub kv: Arc<PbKeyValue>,
+    pub prev_kv: Option<Arc<PbKeyValue>>,
+}
+
+impl RingEvent {
+    pub fn mod_revision(&self) -> i64 {
+        self.kv.mod_revision
+    }
+
+    /// The event as etcd sends it, with or without `prev_kv`.
+    pub fn to_pb(&self, with_prev_kv: bool) -> PbEvent {
+        PbEvent {
+            r#type: self.r#type,
+            kv: Some(PbKeyValue::clone(&self.kv)),
+            prev_kv: if with_prev_kv {
+                self.prev_kv.as_deref().cloned()
+            } else {
+                None
+            },
+        }
+    }
+
+    /// About its encoded size (keys and values).
+    fn size(&self) -> usize {
+        let kv = |kv: &PbKeyValue| kv.key.len() + kv.value.len() + 32;
+        kv(&self.kv) + self.prev_kv.as_deref().map_or(0, kv)
+    }
+}
+
 /// Where a watcher reads: an event sequence number and the epoch it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Cursor {
@@ -86,7 +121,7 @@ pub struct Cursor {
 pub enum Read {
     /// Events from the cursor on (whole revisions); `next` is where to read next.
     Events {
-        events: Vec<Arc<PbEvent>>,
+        events: Vec<Arc<RingEvent>>,
         next: Cursor,
     },
     /// Nothing new: every event up to `revision` was read.
@@ -109,7 +144,7 @@ struct State {
     /// Oldest first; `(revision, map)`: the map is the state from that
     /// revision until the next entry's (the last: until `rev`).
     snapshots: VecDeque<(i64, KvMap)>,
-    ring: VecDeque<(i64, Arc<PbEvent>)>,
+    ring: VecDeque<(i64, Arc<RingEvent>)>,
     /// Sequence number of `ring[0]`.
     first_seq: u64,
 }
@@ -266,7 +301,7 @@ impl KvCache {
                 break;
             }
             last_rev = *rev;
-            bytes += event_size(ev);
+            bytes += ev.size();
             events.push(Arc::clone(ev));
         }
         let next = Cursor {
@@ -492,7 +527,7 @@ impl KvCache {
             let mut map = s.current();
             let mut map_rev = 0;
             for ev in events {
-                let Some(kv) = &ev.kv else { continue };
+                let Some(kv) = ev.kv else { continue };
                 let rev = kv.mod_revision;
                 if rev <= s.rev {
                     continue; // already applied (a resumed watch)
@@ -501,12 +536,25 @@ impl KvCache {
                     push_snapshot(&mut s, map_rev, map.clone(), self.capacity);
                 }
                 map_rev = rev;
+                // etcd's prev_kv is the map's entry: share it when they agree.
+                let prev_kv = ev.prev_kv.map(|p| {
+                    map.get(kv.key.as_slice())
+                        .filter(|m| m.mod_revision == p.mod_revision)
+                        .cloned()
+                        .unwrap_or_else(|| Arc::new(p))
+                });
+                let kv = Arc::new(kv);
                 if ev.r#type == DELETE {
                     map.remove(kv.key.as_slice());
                 } else {
-                    map.insert(kv.key.clone(), Arc::new(kv.clone()));
+                    map.insert(kv.key.clone(), Arc::clone(&kv));
                 }
-                s.ring.push_back((rev, Arc::new(ev)));
+                let event = RingEvent {
+                    r#type: ev.r#type,
+                    kv,
+                    prev_kv,
+                };
+                s.ring.push_back((rev, Arc::new(event)));
                 while s.ring.len() > self.capacity {
                     if let Some((evicted, _)) = s.ring.pop_front() {
                         s.first_seq += 1;
@@ -522,15 +570,6 @@ impl KvCache {
         self.rev_tx.send_replace(self.revision());
         self.changes.send_modify(|g| *g += 1);
     }
-}
-
-/// About the encoded size of an event (its keys and values).
-fn event_size(ev: &PbEvent) -> usize {
-    let kv = |kv: &Option<PbKeyValue>| {
-        kv.as_ref()
-            .map_or(0, |kv| kv.key.len() + kv.value.len() + 32)
-    };
-    kv(&ev.kv) + kv(&ev.prev_kv)
 }
 
 fn push_snapshot(s: &mut State, rev: i64, map: KvMap, capacity: usize) {

@@ -30,7 +30,7 @@ use tracing::debug;
 use etcd_client::proto::*;
 
 use super::Front;
-use super::kv_cache::{Cursor, DELETE, KvCache, PUT, Read, in_range};
+use super::kv_cache::{Cursor, DELETE, KvCache, PUT, Read, RingEvent, in_range};
 
 /// Responses buffered towards one client stream.
 const OUT_BUFFER: usize = 16;
@@ -100,8 +100,8 @@ struct CachedWatch {
 }
 
 impl CachedWatch {
-    fn wants(&self, ev: &PbEvent) -> bool {
-        let Some(kv) = &ev.kv else { return false };
+    fn wants(&self, ev: &RingEvent) -> bool {
+        let kv = &ev.kv;
         kv.mod_revision >= self.min_rev
             && in_range(&kv.key, &self.key, &self.range_end)
             && !(self.no_put && ev.r#type == PUT)
@@ -585,19 +585,11 @@ impl ClientStream {
                     Read::Events { events, next } => {
                         moved = true;
                         w.cursor = next;
-                        let last_rev = events
-                            .last()
-                            .and_then(|e| e.kv.as_ref())
-                            .map(|kv| kv.mod_revision)
-                            .unwrap_or(0);
+                        let last_rev = events.last().map(|e| e.mod_revision()).unwrap_or(0);
                         let out: Vec<PbEvent> = events
                             .iter()
                             .filter(|e| w.wants(e))
-                            .map(|e| PbEvent {
-                                r#type: e.r#type,
-                                kv: e.kv.clone(),
-                                prev_kv: if w.prev_kv { e.prev_kv.clone() } else { None },
-                            })
+                            .map(|e| e.to_pb(w.prev_kv))
                             .collect();
                         if out.is_empty() {
                             continue;
