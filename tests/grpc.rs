@@ -781,15 +781,26 @@ async fn a_slow_client_is_canceled_with_compact_revision_when_the_ring_overruns_
             .is_some_and(|kv| kv.mod_revision() == revs[99])
     })
     .await;
-    let first = got
+    let resumed: Vec<i64> = got
         .iter()
         .flat_map(|r| {
             r.events()
                 .iter()
                 .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
         })
-        .next();
-    assert_eq!(first, Some(cancel.compact_revision()));
+        .collect();
+    let due: Vec<i64> = revs
+        .iter()
+        .copied()
+        .filter(|r| *r >= cancel.compact_revision())
+        .collect();
+    assert_eq!(resumed, due, "every write from the compact revision on");
+    assert!(
+        received
+            .last()
+            .is_some_and(|r| due.first().is_some_and(|d| d > r)),
+        "nothing the slow watcher got is repeated"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
