@@ -1,7 +1,9 @@
 //! The Watch service: every client watch whose range lies inside one cached
 //! prefix is served from that prefix's [`KvCache`] ring; the rest (other
 //! ranges, a start revision the ring no longer holds, a cache not ready)
-//! goes to etcd unchanged on one etcd stream per client stream.
+//! goes to etcd unchanged on one etcd stream per client stream. A forwarded
+//! watch over a cached range moves onto the ring once etcd's catch-up
+//! reaches it.
 //!
 //! One task per client stream owns its watches. A cached watch is only a
 //! cursor into the ring: the task reads from it when the client can take
