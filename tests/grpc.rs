@@ -1507,3 +1507,51 @@ async fn many_clients_share_the_prefix_watch() {
         front.front.watchers()
     );
 }
+
+/// A watch "from now" starts after etcd's current revision, as etcd's does:
+/// a write acknowledged before the watch was created is never delivered,
+/// even if the cache had not applied it yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_now_starts_after_acknowledged_writes() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("fromnow");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let filler = vec![b'f'; 8 * 1024];
+    for i in 0..20 {
+        let key = format!("{p}k{i}");
+        // A burst the cache has to take in just before: without the wait
+        // for etcd's revision the watch would start behind the write.
+        let burst = Txn::new().and_then(
+            (0..100)
+                .map(|j| TxnOp::put(format!("{p}burst{j}"), filler.clone(), None))
+                .collect::<Vec<_>>(),
+        );
+        ec.txn(burst).await.expect("burst");
+        let before = put(&mut ec, &key, "before").await;
+        let mut w = fc.watch(key.as_str(), None).await.expect("watch");
+        let created = read_until(&mut w, |r| r.created()).await;
+        let at = created[0].header().map(|h| h.revision()).unwrap_or(0);
+        assert!(
+            at >= before,
+            "created at {at}, before the write at {before}"
+        );
+        let after = put(&mut fc, &key, "after").await;
+        let got = read_until(&mut w, |r| !r.events().is_empty()).await;
+        let first = got
+            .iter()
+            .flat_map(|r| {
+                r.events()
+                    .iter()
+                    .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+            })
+            .next();
+        assert_eq!(
+            first,
+            Some(after),
+            "round {i}: the write before the watch is not delivered"
+        );
+    }
+}

@@ -272,7 +272,7 @@ impl ClientStream {
                     self.failed_create("mvcc: watcher range is empty");
                     return Ok(());
                 }
-                let spec = CreateSpec {
+                let mut spec = CreateSpec {
                     key: c.key.clone(),
                     range_end: c.range_end.clone(),
                     start_revision: c.start_revision,
@@ -281,10 +281,36 @@ impl ClientStream {
                     fragment: c.fragment,
                     progress_notify: c.progress_notify,
                 };
-                let cacheable = self.front.cache_for(&spec.key, &spec.range_end).is_some();
-                if let Some(w) = self.place(id, spec.clone()) {
+                let cache = self.front.cache_for(&spec.key, &spec.range_end).cloned();
+                let cacheable = cache.is_some();
+                // "From now" means after etcd's current revision, as etcd
+                // means it: the cache must have caught up with it first
+                // (bounded; else etcd serves the watch).
+                let mut created_at = None;
+                let mut placeable = true;
+                if spec.start_revision == 0
+                    && let Some(cache) = cache.filter(|c| c.is_ready())
+                {
+                    placeable = false;
+                    if let Ok(fresh) = self.front.storage.fresh_revision().await
+                        && cache
+                            .wait_for_rev(fresh, self.front.consistent_read_timeout)
+                            .await
+                    {
+                        spec.start_revision = fresh + 1;
+                        created_at = Some(fresh);
+                        placeable = true;
+                    }
+                }
+                let placed = if placeable {
+                    self.place(id, spec.clone())
+                } else {
+                    None
+                };
+                if let Some(w) = placed {
+                    let rev = created_at.unwrap_or_else(|| w.cache.revision());
                     let created = PbWatchResponse {
-                        header: self.header(w.cache.revision()),
+                        header: self.header(rev),
                         watch_id: id,
                         created: true,
                         ..Default::default()
