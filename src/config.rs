@@ -49,6 +49,9 @@ pub struct Config {
     /// Address the HTTP API listens on.
     #[serde(default = "default_listen")]
     pub listen: String,
+    /// Address of the etcd v3 gRPC front (`--grpc-listen`); off when unset.
+    #[serde(default)]
+    pub grpc_listen: Option<String>,
     #[serde(default)]
     pub etcd: EtcdConfig,
     #[serde(default)]
@@ -159,6 +162,10 @@ pub struct ServerConfig {
     /// at one revision (and relisted on a mismatch); 0 turns it off.
     #[serde(default = "default_consistency_check_interval_seconds")]
     pub consistency_check_interval_seconds: u64,
+    /// gRPC front: how often an idle `progress_notify` watch gets a progress
+    /// notification (etcd's `--experimental-watch-progress-notify-interval`).
+    #[serde(default = "default_watch_progress_notify_interval_ms")]
+    pub watch_progress_notify_interval_ms: u64,
 }
 
 /// `[server.tls]` (kube-apiserver's `--tls-cert-file`,
@@ -327,6 +334,9 @@ fn default_tls_min_version() -> String {
 fn default_consistency_check_interval_seconds() -> u64 {
     300
 }
+fn default_watch_progress_notify_interval_ms() -> u64 {
+    600_000
+}
 fn default_history_capacity() -> usize {
     10_000
 }
@@ -363,6 +373,7 @@ impl Default for ServerConfig {
             authentication: AuthenticationConfig::default(),
             authorization: AuthorizationConfig::default(),
             consistency_check_interval_seconds: default_consistency_check_interval_seconds(),
+            watch_progress_notify_interval_ms: default_watch_progress_notify_interval_ms(),
         }
     }
 }
@@ -447,6 +458,8 @@ impl Config {
     pub fn validate(&self, file: &str) -> Result<(), ConfigError> {
         self.listen_addr()
             .map_err(|m| ConfigError::invalid(file, "listen", m))?;
+        self.grpc_listen_addr()
+            .map_err(|m| ConfigError::invalid(file, "grpc_listen", m))?;
         if self.etcd.endpoints.is_empty() {
             return Err(ConfigError::invalid(
                 file,
@@ -488,6 +501,11 @@ impl Config {
             (
                 "server.bookmark_interval_ms",
                 self.server.bookmark_interval_ms,
+                false,
+            ),
+            (
+                "server.watch_progress_notify_interval_ms",
+                self.server.watch_progress_notify_interval_ms,
                 false,
             ),
         ] {
@@ -697,6 +715,17 @@ impl Config {
                 "https:// endpoints need [etcd.tls] ca_file (--etcd-cafile)",
             )),
             _ => Ok(()),
+        }
+    }
+
+    /// The gRPC front's address, `None` when the front is off.
+    pub fn grpc_listen_addr(&self) -> Result<Option<SocketAddr>, String> {
+        match &self.grpc_listen {
+            None => Ok(None),
+            Some(a) => a
+                .parse::<SocketAddr>()
+                .map(Some)
+                .map_err(|e| format!("invalid address {a:?}: {e} (want HOST:PORT)")),
         }
     }
 
@@ -941,6 +970,23 @@ indexes = ["spec.nodeName"]
     #[test]
     fn bad_listen_address() {
         error_naming(&GOOD.replace("127.0.0.1:8080", "localhost"), "listen");
+    }
+
+    #[test]
+    fn grpc_listen_is_off_by_default_and_checked() {
+        let cfg = Config::parse(GOOD, "test.toml").unwrap();
+        assert_eq!(cfg.grpc_listen, None);
+        assert_eq!(cfg.grpc_listen_addr(), Ok(None));
+        let on = format!("grpc_listen = \"127.0.0.1:2379\"\n{GOOD}");
+        let cfg = Config::parse(&on, "test.toml").unwrap();
+        assert_eq!(
+            cfg.grpc_listen_addr(),
+            Ok(Some("127.0.0.1:2379".parse().unwrap()))
+        );
+        error_naming(
+            &format!("grpc_listen = \"localhost\"\n{GOOD}"),
+            "grpc_listen",
+        );
     }
 
     #[test]

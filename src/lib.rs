@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod cacher;
 pub mod config;
 pub mod etcd_server;
+pub mod grpc;
 pub mod metrics;
 pub mod object;
 pub mod server_tls;

@@ -12,6 +12,7 @@ use tracing::info;
 use watchcache::api::Server;
 use watchcache::config::{AuthorizationMode, Config, ConfigError, TlsConfig};
 use watchcache::etcd_server::EtcdServer;
+use watchcache::grpc::GrpcServer;
 use watchcache::storage::tls::EtcdTls;
 use watchcache::storage::{EncryptionTransformer, Storage};
 
@@ -31,6 +32,10 @@ struct Cli {
     /// Address to listen on (overrides `listen` in the file), e.g. 127.0.0.1:8080.
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// Address of the etcd v3 gRPC front (overrides `grpc_listen`), e.g.
+    /// 127.0.0.1:2381: etcd clients get Range/Watch from the cache. Off unless set.
+    #[arg(long, value_name = "ADDR")]
+    grpc_listen: Option<String>,
     /// etcd endpoints (overrides `etcd.endpoints`), comma-separated.
     #[arg(long, value_name = "URL[,URL]", value_delimiter = ',')]
     etcd_endpoints: Option<Vec<String>>,
@@ -127,6 +132,10 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     let mut overridden = false;
     if let Some(listen) = &cli.listen {
         cfg.listen = listen.clone();
+        overridden = true;
+    }
+    if let Some(grpc) = &cli.grpc_listen {
+        cfg.grpc_listen = Some(grpc.clone());
         overridden = true;
     }
     if let Some(eps) = &cli.etcd_endpoints {
@@ -308,7 +317,16 @@ async fn main() -> Result<()> {
         .await
         .with_context(|| format!("binding {addr}"))?;
     info!(listen = %listener.local_addr()?, resources = cfg.resources.len(), "watchcache listening");
-    run(cfg, tls, transformer, listener).await
+    let grpc_listener = match cfg.grpc_listen_addr() {
+        Ok(None) => None,
+        Ok(Some(addr)) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr} (grpc_listen)"))?,
+        ),
+        Err(m) => bail!("grpc_listen: {m}"),
+    };
+    run(cfg, tls, transformer, listener, grpc_listener).await
 }
 
 /// Loads `[etcd.tls]` for `https://` endpoints and checks one handshake,
@@ -329,12 +347,14 @@ async fn load_etcd_tls(cfg: &Config) -> Result<Option<Arc<EtcdTls>>, String> {
 }
 
 /// Connects to etcd (lazily: an etcd that is down at start only delays
-/// readiness), starts one Cacher per resource and serves until a signal.
+/// readiness), starts one Cacher per resource (and the gRPC front when
+/// configured) and serves until a signal.
 async fn run(
     cfg: Config,
     tls: Option<Arc<EtcdTls>>,
     transformer: Option<Arc<EncryptionTransformer>>,
     listener: tokio::net::TcpListener,
+    grpc_listener: Option<tokio::net::TcpListener>,
 ) -> Result<()> {
     let mut storage = Storage::connect_with_tls(&cfg.etcd, tls)
         .await
@@ -342,8 +362,28 @@ async fn run(
     if let Some(t) = transformer {
         storage = storage.with_transformer(t);
     }
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.cancel();
+        }
+    });
+    // The gRPC front reads etcd's stored bytes as they are (no transformer).
+    let grpc = grpc_listener.map(|l| {
+        let front = GrpcServer::new(&cfg, storage.clone());
+        tokio::spawn(front.serve(l, stop.clone().cancelled_owned()))
+    });
     let server = Server::new(cfg, storage)?;
-    server.serve(listener, shutdown_signal()).await?;
+    server.serve(listener, stop.cancelled_owned()).await?;
+    if let Some(g) = grpc {
+        match g.await {
+            Ok(Err(e)) => tracing::warn!(error = %e, "gRPC front ended with an error"),
+            Err(e) => tracing::warn!(error = %e, "gRPC front task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
     info!("watchcache stopped");
     Ok(())
 }

@@ -48,6 +48,8 @@ pub struct Metrics {
     /// Connections the server closed on a client that held them without use:
     /// `first_request_timeout`, `idle_timeout`, `stalled_watch`.
     pub api_connections_closed: IntCounterVec,
+    pub grpc_requests: IntCounterVec,
+    pub grpc_watchers: prometheus::IntGaugeVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -193,6 +195,25 @@ impl Metrics {
                 "Connections closed by the server, by reason (first_request_timeout, idle_timeout, stalled_watch).",
                 &["reason"],
             ),
+            grpc_requests: counter(
+                &r,
+                "watchcache_grpc_requests_total",
+                "etcd v3 gRPC front: Range calls and watch creations by method and source (cache, etcd).",
+                &["method", "source"],
+            ),
+            grpc_watchers: {
+                let g = prometheus::IntGaugeVec::new(
+                    Opts::new(
+                        "watchcache_grpc_watchers",
+                        "etcd v3 gRPC front: open client watches by source (cache, etcd).",
+                    ),
+                    &["source"],
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
             registry: r,
         }
     }

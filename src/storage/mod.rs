@@ -23,7 +23,7 @@ pub use error::StorageError;
 pub use lease::{DEFAULT_MAX_ATTACHED_OBJECTS, LeaseManager};
 pub use preconditions::Preconditions;
 pub use transformer::{IdentityTransformer, Transformer};
-pub use watch::{Watch, WatchEvent, WatchItem};
+pub use watch::{RawWatch, RawWatchItem, Watch, WatchEvent, WatchItem};
 
 use std::future::Future;
 use std::sync::Arc;
@@ -200,6 +200,9 @@ pub struct Storage {
     revisions: Arc<revision_batcher::RevisionBatcher>,
     /// TLS material of `https://` endpoints (reloaded on change).
     tls: Option<Arc<tls::EtcdTls>>,
+    /// A tonic channel to etcd (same endpoints, same TLS connector) for
+    /// callers that speak etcd's protos themselves (the gRPC front).
+    channel: tonic::transport::Channel,
 }
 
 impl std::fmt::Debug for Storage {
@@ -222,6 +225,25 @@ pub fn prefix_range_end(prefix: &str) -> Vec<u8> {
     }
     // All 0xff (or empty): the range runs to the end of the keyspace.
     vec![0]
+}
+
+/// A lazy, balanced tonic channel over plain-HTTP endpoints, with the
+/// client's dial timeout and keepalives.
+fn plain_channel(cfg: &EtcdConfig) -> Result<tonic::transport::Channel, etcd_client::Error> {
+    let mut endpoints = Vec::with_capacity(cfg.endpoints.len());
+    for ep in &cfg.endpoints {
+        let e = tonic::transport::Endpoint::from_shared(ep.clone())
+            .map_err(|e| etcd_client::Error::InvalidArgs(e.to_string()))?
+            .connect_timeout(cfg.dial_timeout())
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(false)
+            .tcp_keepalive(Some(TCP_KEEPALIVE));
+        endpoints.push(e);
+    }
+    Ok(tonic::transport::Channel::balance_list(
+        endpoints.into_iter(),
+    ))
 }
 
 /// Records one etcd round trip in `watchcache_etcd_request_duration_seconds`
@@ -290,29 +312,39 @@ impl Storage {
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
             .with_tcp_keepalive(TCP_KEEPALIVE);
         let connecting = async {
-            match &tls {
-                // Our connector does TLS (see `tls`); tonic sees plain
-                // HTTP/2 over it, so the endpoint URI is http://.
-                Some(t) => {
-                    let connector = tls::Connector::new(Arc::clone(t), &cfg.endpoints);
-                    let first = cfg
-                        .endpoints
-                        .first()
-                        .map(|e| e.replacen("https://", "http://", 1))
-                        .unwrap_or_default();
-                    let endpoint = tonic::transport::Endpoint::from_shared(first)
-                        .map_err(|e| etcd_client::Error::InvalidArgs(e.to_string()))?
-                        .connect_timeout(cfg.dial_timeout())
-                        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-                        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
-                        .keep_alive_while_idle(false);
-                    let channel = endpoint.connect_with_connector_lazy(tower::service_fn(
-                        move |_: hyper::Uri| connector.clone().connect(),
-                    ));
-                    Client::from_channel(etcd_client::Channel::Tonic(channel), Some(opts)).await
-                }
-                None => Client::connect(&cfg.endpoints, Some(opts)).await,
-            }
+            let connected: Result<(Client, tonic::transport::Channel), etcd_client::Error> =
+                match &tls {
+                    // Our connector does TLS (see `tls`); tonic sees plain
+                    // HTTP/2 over it, so the endpoint URI is http://.
+                    Some(t) => {
+                        let connector = tls::Connector::new(Arc::clone(t), &cfg.endpoints);
+                        let first = cfg
+                            .endpoints
+                            .first()
+                            .map(|e| e.replacen("https://", "http://", 1))
+                            .unwrap_or_default();
+                        let endpoint = tonic::transport::Endpoint::from_shared(first)
+                            .map_err(|e| etcd_client::Error::InvalidArgs(e.to_string()))?
+                            .connect_timeout(cfg.dial_timeout())
+                            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+                            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+                            .keep_alive_while_idle(false);
+                        let channel = endpoint.connect_with_connector_lazy(tower::service_fn(
+                            move |_: hyper::Uri| connector.clone().connect(),
+                        ));
+                        let client = Client::from_channel(
+                            etcd_client::Channel::Tonic(channel.clone()),
+                            Some(opts),
+                        )
+                        .await?;
+                        Ok((client, channel))
+                    }
+                    None => {
+                        let client = Client::connect(&cfg.endpoints, Some(opts)).await?;
+                        Ok((client, plain_channel(cfg)?))
+                    }
+                };
+            connected
         };
         let client = match tokio::time::timeout(cfg.dial_timeout(), connecting).await {
             Err(_) => {
@@ -325,6 +357,7 @@ impl Storage {
             Ok(Err(e)) => return Err(StorageError::from_etcd("connect", 0, e)),
             Ok(Ok(c)) => c,
         };
+        let (client, channel) = client;
         debug!(endpoints = ?cfg.endpoints, "etcd client ready");
         let leases = LeaseManager::new(
             client.clone(),
@@ -343,7 +376,43 @@ impl Storage {
             conflict_retries: Arc::new(AtomicU64::new(0)),
             revisions: Arc::default(),
             tls,
+            channel,
         })
+    }
+
+    /// A tonic channel to etcd over the same endpoints and TLS as the
+    /// client: for speaking etcd's protos unchanged (the gRPC front's
+    /// passthrough). Cheap to clone.
+    pub fn channel(&self) -> tonic::transport::Channel {
+        self.channel.clone()
+    }
+
+    /// One raw etcd range `[key, range_end)` (etcd's own semantics for
+    /// `range_end`), at `revision` (0 = latest), at most `limit` keys (0 =
+    /// all): values exactly as stored (no transformer), with `version`,
+    /// `lease` and the header. A read: retried within the request deadline.
+    pub async fn range_raw(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        revision: i64,
+        limit: i64,
+    ) -> Result<etcd_client::proto::PbRangeResponse, StorageError> {
+        let (key, end) = (key.to_vec(), range_end.to_vec());
+        let resp = self
+            .read("range_raw", revision, |mut c| {
+                let (key, end) = (key.clone(), end.clone());
+                async move {
+                    let mut o = GetOptions::new().with_range(end).with_limit(limit);
+                    if revision > 0 {
+                        o = o.with_revision(revision);
+                    }
+                    c.get(key, Some(o)).await
+                }
+            })
+            .instrument(debug_span!("storage.range_raw", revision, limit))
+            .await?;
+        Ok(resp.0)
     }
 
     /// The latest failed TLS handshake with etcd, if the latest one failed

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use etcd_client::proto::{PbEvent, PbResponseHeader};
 use etcd_client::{EventType, WatchOptions, WatchRequestSender, WatchResponseStream};
 
 use super::{Storage, StorageError, Transformer, Unreadable, utf8_key};
@@ -193,6 +194,138 @@ impl Watch {
 
     /// Asks etcd for a progress notification (answered as a
     /// [`WatchItem::Progress`] once every event up to its revision was sent).
+    pub async fn request_progress(&mut self) -> Result<(), StorageError> {
+        self.requests
+            .request_progress()
+            .await
+            .map_err(|e| StorageError::from_etcd("watch progress request", 0, e))
+    }
+}
+
+/// One item of a [`RawWatch`]: etcd's own messages, values as stored.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RawWatchItem {
+    /// The events of one etcd watch response (one or more revisions, in
+    /// order, each with its `prev_kv`); `revision` is the highest of them.
+    Events {
+        header: PbResponseHeader,
+        events: Vec<PbEvent>,
+        revision: i64,
+    },
+    /// Every event up to `revision` has been delivered.
+    Progress {
+        header: PbResponseHeader,
+        revision: i64,
+    },
+}
+
+/// An open etcd watch stream over one key range, yielding etcd's events
+/// untouched: the exact stored bytes (no [`Transformer`]), `version`,
+/// `lease` and `prev_kv`, for keys that need not be UTF-8. Same protocol
+/// decisions as [`Watch`] (creation skipped, empty = progress, compaction =
+/// [`StorageError::Compacted`]).
+pub struct RawWatch {
+    requests: WatchRequestSender,
+    responses: WatchResponseStream,
+    from_revision: i64,
+}
+
+impl std::fmt::Debug for RawWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawWatch")
+            .field("from_revision", &self.from_revision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Storage {
+    /// Watches `[key, range_end)` from `from_revision` on, with previous
+    /// values and progress notifications, without the transformer. Opening
+    /// the stream is bounded by the request deadline; the stream is not.
+    pub async fn watch_raw(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        from_revision: i64,
+    ) -> Result<RawWatch, StorageError> {
+        let opts = WatchOptions::new()
+            .with_range(range_end.to_vec())
+            .with_start_revision(from_revision)
+            .with_prev_key()
+            .with_progress_notify();
+        let mut client = self.watch_client();
+        let stream = match tokio::time::timeout(
+            self.request_timeout,
+            client.watch(key.to_vec(), Some(opts)),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(StorageError::from_etcd("watch", from_revision, e)),
+            Err(_) => {
+                return Err(StorageError::Timeout(format!(
+                    "watch: etcd did not open the stream within {:?}",
+                    self.request_timeout
+                )));
+            }
+        };
+        let (requests, responses) = stream.split();
+        Ok(RawWatch {
+            requests,
+            responses,
+            from_revision,
+        })
+    }
+}
+
+impl RawWatch {
+    /// The next item; errors end the stream as for [`Watch::next`].
+    /// Cancel-safe.
+    pub async fn next(&mut self) -> Result<RawWatchItem, StorageError> {
+        loop {
+            let resp = match self.responses.message().await {
+                Ok(Some(r)) => r.0,
+                Ok(None) => {
+                    return Err(StorageError::Unavailable("watch stream closed".into()));
+                }
+                Err(e) => return Err(StorageError::from_etcd("watch", self.from_revision, e)),
+            };
+            if resp.canceled {
+                if resp.compact_revision > 0 {
+                    return Err(StorageError::Compacted {
+                        requested: self.from_revision,
+                        compacted: resp.compact_revision,
+                    });
+                }
+                return Err(StorageError::Unavailable(format!(
+                    "watch canceled by etcd: {}",
+                    resp.cancel_reason
+                )));
+            }
+            let Some(header) = resp.header else { continue };
+            if resp.events.is_empty() {
+                if resp.created {
+                    continue;
+                }
+                let revision = header.revision;
+                return Ok(RawWatchItem::Progress { header, revision });
+            }
+            let revision = resp
+                .events
+                .iter()
+                .filter_map(|e| e.kv.as_ref().map(|kv| kv.mod_revision))
+                .max()
+                .unwrap_or(0);
+            self.from_revision = self.from_revision.max(revision + 1);
+            return Ok(RawWatchItem::Events {
+                header,
+                events: resp.events,
+                revision,
+            });
+        }
+    }
+
+    /// Asks etcd for a progress notification.
     pub async fn request_progress(&mut self) -> Result<(), StorageError> {
         self.requests
             .request_progress()

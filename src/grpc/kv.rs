@@ -1,0 +1,333 @@
+//! The KV service: `Range` from the raw cache when the range lies inside one
+//! cached prefix, evaluated exactly as etcd's `Range` (limit, sort, filters,
+//! keys_only, count_only, count, more); everything else (other ranges,
+//! Put, DeleteRange, Txn, Compact) goes to etcd unchanged. The cache learns
+//! of writes from its own watch.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use tonic::{Request, Response, Status};
+
+use etcd_client::proto::*;
+
+use super::Front;
+use super::kv_cache::{KvMap, range_iter};
+
+/// etcd's `RangeRequest.SortOrder`.
+const SORT_NONE: i32 = 0;
+const SORT_ASCEND: i32 = 1;
+const SORT_DESCEND: i32 = 2;
+/// etcd's `RangeRequest.SortTarget`.
+const TARGET_KEY: i32 = 0;
+const TARGET_VERSION: i32 = 1;
+const TARGET_CREATE: i32 = 2;
+const TARGET_MOD: i32 = 3;
+const TARGET_VALUE: i32 = 4;
+
+#[derive(Debug, Clone)]
+pub struct KvService {
+    pub(crate) front: Arc<Front>,
+}
+
+impl Front {
+    /// The answer from the cache, or `None` when etcd must answer: the
+    /// range is not inside one cached prefix, the cache is not ready, the
+    /// revision is not retained, or a linearizable read could not wait
+    /// for the cache in time.
+    pub(crate) async fn range_from_cache(&self, r: &PbRangeRequest) -> Option<PbRangeResponse> {
+        let cache = self.cache_for(&r.key, &r.range_end)?;
+        // Values etcd refuses or treats specially are left to etcd.
+        if !cache.is_ready() || r.revision < 0 || r.limit < 0 || invalid_sort(r) {
+            return None;
+        }
+        let (map, current) = if r.revision > 0 {
+            cache.snapshot(r.revision)?
+        } else if r.serializable {
+            cache.snapshot(0)?
+        } else {
+            // Linearizable: at least every write etcd acknowledged before
+            // this request (the REST API's consistent-read wait).
+            let fresh = self.storage.fresh_revision().await.ok()?;
+            if !cache
+                .wait_for_rev(fresh, self.consistent_read_timeout)
+                .await
+            {
+                return None;
+            }
+            cache.snapshot(0)?
+        };
+        let (kvs, count, more) = evaluate(r, &map);
+        Some(PbRangeResponse {
+            header: Some(self.headers.header(current)),
+            kvs,
+            more,
+            count,
+        })
+    }
+}
+
+fn invalid_sort(r: &PbRangeRequest) -> bool {
+    !(SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
+        || !(TARGET_KEY..=TARGET_VALUE).contains(&r.sort_target)
+}
+
+/// etcd's `Range` over one map (server/etcdserver/txn `Range`): fetch (all
+/// when sorting or filtering, else limit + 1), prune by revision filters,
+/// sort, truncate to `limit` (`more`), clear values for `keys_only`.
+/// `count` is every key in the range, as etcd counts it.
+pub fn evaluate(r: &PbRangeRequest, map: &KvMap) -> (Vec<PbKeyValue>, i64, bool) {
+    let fetch_all = r.sort_order != SORT_NONE
+        || r.min_mod_revision != 0
+        || r.max_mod_revision != 0
+        || r.min_create_revision != 0
+        || r.max_create_revision != 0;
+    let fetch = if fetch_all || r.limit <= 0 {
+        usize::MAX
+    } else {
+        usize::try_from(r.limit)
+            .unwrap_or(usize::MAX)
+            .saturating_add(1)
+    };
+    let mut count: i64 = 0;
+    let mut kvs: Vec<&Arc<PbKeyValue>> = Vec::new();
+    for kv in range_iter(map, &r.key, &r.range_end) {
+        count += 1;
+        if !r.count_only && kvs.len() < fetch {
+            kvs.push(kv);
+        }
+    }
+    kvs.retain(|kv| {
+        !(r.max_mod_revision != 0 && kv.mod_revision > r.max_mod_revision
+            || r.min_mod_revision != 0 && kv.mod_revision < r.min_mod_revision
+            || r.max_create_revision != 0 && kv.create_revision > r.max_create_revision
+            || r.min_create_revision != 0 && kv.create_revision < r.min_create_revision)
+    });
+    let mut order = r.sort_order;
+    if r.sort_target != TARGET_KEY && order == SORT_NONE {
+        order = SORT_ASCEND;
+    } else if r.sort_target == TARGET_KEY && order == SORT_ASCEND {
+        order = SORT_NONE; // already in key order
+    }
+    if order != SORT_NONE {
+        let target = r.sort_target;
+        let cmp = move |a: &&Arc<PbKeyValue>, b: &&Arc<PbKeyValue>| -> Ordering {
+            match target {
+                TARGET_VERSION => a.version.cmp(&b.version),
+                TARGET_CREATE => a.create_revision.cmp(&b.create_revision),
+                TARGET_MOD => a.mod_revision.cmp(&b.mod_revision),
+                TARGET_VALUE => a.value.cmp(&b.value),
+                _ => a.key.cmp(&b.key),
+            }
+        };
+        if order == SORT_DESCEND {
+            kvs.sort_by(|a, b| cmp(b, a));
+        } else {
+            kvs.sort_by(cmp);
+        }
+    }
+    let mut more = false;
+    if r.limit > 0 && kvs.len() as i64 > r.limit {
+        kvs.truncate(r.limit as usize);
+        more = true;
+    }
+    let kvs = kvs
+        .into_iter()
+        .map(|kv| {
+            if r.keys_only {
+                PbKeyValue {
+                    value: Vec::new(),
+                    ..PbKeyValue::clone(kv)
+                }
+            } else {
+                PbKeyValue::clone(kv)
+            }
+        })
+        .collect();
+    (kvs, count, more)
+}
+
+#[tonic::async_trait]
+impl PbKvService for KvService {
+    async fn range(
+        &self,
+        req: Request<PbRangeRequest>,
+    ) -> Result<Response<PbRangeResponse>, Status> {
+        if let Some(resp) = self.front.range_from_cache(req.get_ref()).await {
+            super::count_range(true);
+            return Ok(Response::new(resp));
+        }
+        super::count_range(false);
+        self.front
+            .upstream
+            .unary("/etcdserverpb.KV/Range", req)
+            .await
+    }
+
+    type RangeStreamStream = BoxStream<'static, Result<PbRangeStreamResponse, Status>>;
+
+    async fn range_stream(
+        &self,
+        req: Request<PbRangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        let up = self
+            .front
+            .upstream
+            .server_streaming("/etcdserverpb.KV/RangeStream", req)
+            .await?;
+        Ok(Response::new(up.into_inner().boxed()))
+    }
+
+    async fn put(&self, req: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
+        self.front.upstream.unary("/etcdserverpb.KV/Put", req).await
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<PbDeleteRequest>,
+    ) -> Result<Response<PbDeleteResponse>, Status> {
+        self.front
+            .upstream
+            .unary("/etcdserverpb.KV/DeleteRange", req)
+            .await
+    }
+
+    async fn txn(&self, req: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
+        self.front.upstream.unary("/etcdserverpb.KV/Txn", req).await
+    }
+
+    async fn compact(
+        &self,
+        req: Request<PbCompactionRequest>,
+    ) -> Result<Response<PbCompactionResponse>, Status> {
+        self.front
+            .upstream
+            .unary("/etcdserverpb.KV/Compact", req)
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map() -> KvMap {
+        let mut m = KvMap::new();
+        // (key, value, create, mod, version)
+        for (k, v, c, md, ver) in [
+            ("/p/a", "z", 5, 9, 3),
+            ("/p/b", "y", 6, 6, 1),
+            ("/p/c", "x", 2, 7, 2),
+            ("/p/d", "w", 8, 8, 1),
+        ] {
+            m.insert(
+                k.as_bytes().to_vec(),
+                Arc::new(PbKeyValue {
+                    key: k.as_bytes().to_vec(),
+                    value: v.as_bytes().to_vec(),
+                    create_revision: c,
+                    mod_revision: md,
+                    version: ver,
+                    lease: 0,
+                }),
+            );
+        }
+        m
+    }
+
+    fn req() -> PbRangeRequest {
+        PbRangeRequest {
+            key: b"/p/".to_vec(),
+            range_end: b"/p0".to_vec(),
+            ..Default::default()
+        }
+    }
+
+    fn keys(kvs: &[PbKeyValue]) -> Vec<String> {
+        kvs.iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn limit_sets_more_and_count_is_the_whole_range() {
+        let (kvs, count, more) = evaluate(&PbRangeRequest { limit: 2, ..req() }, &map());
+        assert_eq!(keys(&kvs), ["/p/a", "/p/b"]);
+        assert_eq!((count, more), (4, true));
+        let (_, _, more) = evaluate(&PbRangeRequest { limit: 4, ..req() }, &map());
+        assert!(!more);
+    }
+
+    #[test]
+    fn sort_targets_and_orders() {
+        let sorted = |target, order| {
+            let (kvs, _, _) = evaluate(
+                &PbRangeRequest {
+                    sort_target: target,
+                    sort_order: order,
+                    ..req()
+                },
+                &map(),
+            );
+            keys(&kvs)
+        };
+        assert_eq!(
+            sorted(TARGET_CREATE, SORT_ASCEND),
+            ["/p/c", "/p/a", "/p/b", "/p/d"]
+        );
+        assert_eq!(
+            sorted(TARGET_MOD, SORT_DESCEND),
+            ["/p/a", "/p/d", "/p/c", "/p/b"]
+        );
+        assert_eq!(
+            sorted(TARGET_VALUE, SORT_NONE),
+            ["/p/d", "/p/c", "/p/b", "/p/a"]
+        );
+        assert_eq!(
+            sorted(TARGET_KEY, SORT_DESCEND),
+            ["/p/d", "/p/c", "/p/b", "/p/a"]
+        );
+        // Ties keep key order (as etcd's insertion sort on small results).
+        assert_eq!(
+            sorted(TARGET_VERSION, SORT_ASCEND),
+            ["/p/b", "/p/d", "/p/c", "/p/a"]
+        );
+    }
+
+    #[test]
+    fn filters_keys_only_and_count_only() {
+        let (kvs, count, _) = evaluate(
+            &PbRangeRequest {
+                min_mod_revision: 7,
+                max_create_revision: 6,
+                keys_only: true,
+                ..req()
+            },
+            &map(),
+        );
+        assert_eq!(keys(&kvs), ["/p/a", "/p/c"]);
+        assert!(kvs.iter().all(|kv| kv.value.is_empty()));
+        assert_eq!(count, 4);
+        let (kvs, count, more) = evaluate(
+            &PbRangeRequest {
+                count_only: true,
+                limit: 1,
+                ..req()
+            },
+            &map(),
+        );
+        assert!(kvs.is_empty());
+        assert_eq!((count, more), (4, false));
+        let (kvs, count, _) = evaluate(
+            &PbRangeRequest {
+                key: b"/p/b".to_vec(),
+                range_end: Vec::new(),
+                ..Default::default()
+            },
+            &map(),
+        );
+        assert_eq!((keys(&kvs), count), (vec!["/p/b".to_string()], 1));
+    }
+}

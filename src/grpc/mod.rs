@@ -1,0 +1,247 @@
+//! The etcd v3 gRPC front (`--grpc-listen`): etcd's own API (the
+//! `etcdserverpb` services, served by tonic) for any etcd client, with Range
+//! and Watch answered from a raw cache of every configured resource's key
+//! prefix and everything else passed to etcd unchanged.
+//!
+//! - [`kv_cache`]: `KvCache`, the raw cache of one prefix (etcd's own
+//!   KeyValues, snapshots per revision, a ring of events with prev_kv), fed
+//!   by one etcd watch per prefix however many clients watch it.
+//! - [`kv`]: KV (Range from the cache when inside one cached prefix).
+//! - [`watch`]: Watch (cursor-based fan-out from the ring).
+//! - [`passthrough`]: Lease, Maintenance, Cluster, unchanged.
+//! - [`upstream`]: the raw gRPC client of etcd (the store's channel and TLS).
+
+pub mod kv;
+pub mod kv_cache;
+pub mod passthrough;
+pub mod upstream;
+pub mod watch;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use etcd_client::proto::{
+    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
+};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::Config;
+use crate::storage::{MAX_DECODING_MESSAGE_BYTES, Storage};
+use kv_cache::{HeaderSource, KvCache};
+use upstream::Upstream;
+
+/// How long [`GrpcServer::serve`] waits for streams to end after shutdown.
+const DRAIN_TIMEOUT: Duration = Duration::from_millis(4_000);
+
+/// Errors of the gRPC server itself (request errors are gRPC statuses).
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("gRPC server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// State shared by the front's services.
+pub struct Front {
+    caches: Vec<Arc<KvCache>>,
+    pub(crate) upstream: Upstream,
+    pub(crate) storage: Storage,
+    pub(crate) headers: Arc<HeaderSource>,
+    /// Bumped by every cache change; watch streams wait on it.
+    pub(crate) changes: Arc<tokio::sync::watch::Sender<u64>>,
+    pub(crate) consistent_read_timeout: Duration,
+    /// Idle `progress_notify` watches get a progress notification this often.
+    pub(crate) progress_notify_interval: Duration,
+    pub(crate) shutdown: CancellationToken,
+    /// Open client watches served from the caches / by etcd.
+    pub(crate) watchers_cached: AtomicI64,
+    pub(crate) watchers_forwarded: AtomicI64,
+}
+
+impl std::fmt::Debug for Front {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Front")
+            .field("caches", &self.caches)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Front {
+    /// The cache whose prefix holds all of `[key, range_end)`.
+    pub(crate) fn cache_for(&self, key: &[u8], range_end: &[u8]) -> Option<&Arc<KvCache>> {
+        self.caches
+            .iter()
+            .find(|c| c.contains_range(key, range_end))
+    }
+
+    /// The highest revision any cache is at.
+    pub(crate) fn revision(&self) -> i64 {
+        self.caches.iter().map(|c| c.revision()).max().unwrap_or(0)
+    }
+
+    /// Open client watches: (served from the caches, served by etcd).
+    pub fn watchers(&self) -> (i64, i64) {
+        (
+            self.watchers_cached.load(Ordering::Relaxed),
+            self.watchers_forwarded.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The raw caches, one per configured resource prefix.
+    pub fn caches(&self) -> &[Arc<KvCache>] {
+        &self.caches
+    }
+
+    /// Waits until every cache has listed (at most `timeout`).
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while !self.caches.iter().all(|c| c.is_ready()) {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+}
+
+/// The gRPC server: one raw cache per resource prefix and the services.
+pub struct GrpcServer {
+    front: Arc<Front>,
+}
+
+impl GrpcServer {
+    /// Starts the raw caches (one etcd watch per resource prefix). Must be
+    /// called inside a tokio runtime.
+    pub fn new(config: &Config, storage: Storage) -> GrpcServer {
+        let changes = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        let headers = Arc::new(HeaderSource::default());
+        let shutdown = CancellationToken::new();
+        let mut prefixes: Vec<(String, usize)> = Vec::new();
+        for r in &config.resources {
+            let p = r.key_prefix(&config.etcd.prefix);
+            if !prefixes.iter().any(|(q, _)| *q == p) {
+                prefixes.push((p, r.history_capacity));
+            }
+        }
+        let caches: Vec<Arc<KvCache>> = prefixes
+            .iter()
+            .map(|(p, cap)| {
+                Arc::new(KvCache::new(
+                    p,
+                    *cap,
+                    Arc::clone(&changes),
+                    Arc::clone(&headers),
+                ))
+            })
+            .collect();
+        for c in &caches {
+            tokio::spawn(Arc::clone(c).run(
+                storage.clone(),
+                config.etcd.list_page_size,
+                shutdown.clone(),
+            ));
+        }
+        GrpcServer {
+            front: Arc::new(Front {
+                caches,
+                upstream: Upstream::new(storage.channel()),
+                storage,
+                headers,
+                changes,
+                consistent_read_timeout: Duration::from_millis(
+                    config.server.consistent_read_timeout_ms,
+                ),
+                progress_notify_interval: Duration::from_millis(
+                    config.server.watch_progress_notify_interval_ms.max(1),
+                ),
+                shutdown,
+                watchers_cached: AtomicI64::new(0),
+                watchers_forwarded: AtomicI64::new(0),
+            }),
+        }
+    }
+
+    pub fn front(&self) -> &Arc<Front> {
+        &self.front
+    }
+
+    /// Serves etcd's v3 API on `listener` until `shutdown` resolves; then
+    /// ends every watch stream and stops the caches.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), GrpcError> {
+        if let Ok(addr) = listener.local_addr() {
+            info!(%addr, "serving the etcd v3 gRPC API");
+        }
+        let front = self.front;
+        let max = MAX_DECODING_MESSAGE_BYTES;
+        let kv = PbKvServer::new(kv::KvService {
+            front: Arc::clone(&front),
+        })
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(max);
+        let watch = PbWatchServer::new(watch::WatchService {
+            front: Arc::clone(&front),
+        })
+        .max_encoding_message_size(max);
+        let lease = PbLeaseServer::new(passthrough::LeaseService {
+            upstream: front.upstream.clone(),
+            shutdown: front.shutdown.clone(),
+        });
+        let maintenance = PbMaintenanceServer::new(passthrough::MaintenanceService {
+            upstream: front.upstream.clone(),
+        })
+        .max_encoding_message_size(max);
+        let cluster = PbClusterServer::new(passthrough::ClusterService {
+            upstream: front.upstream.clone(),
+        });
+        let token = front.shutdown.clone();
+        let stop = async move {
+            shutdown.await;
+            // Watch streams end first, so the server's graceful drain
+            // does not wait for them.
+            token.cancel();
+        };
+        let served = tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(30)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .add_service(kv)
+            .add_service(watch)
+            .add_service(lease)
+            .add_service(maintenance)
+            .add_service(cluster)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+        // Streams that are not the front's own (a lease keep-alive passed
+        // to etcd) may outlive the shutdown: bounded, as the REST server.
+        let drain_expired = async {
+            front.shutdown.cancelled().await;
+            tokio::time::sleep(DRAIN_TIMEOUT).await;
+        };
+        let result = tokio::select! {
+            r = served => r,
+            _ = drain_expired => {
+                warn!("gRPC streams still open after the drain timeout; closing them");
+                Ok(())
+            }
+        };
+        front.shutdown.cancel();
+        result?;
+        info!("gRPC front stopped");
+        Ok(())
+    }
+}
+
+/// Counts a Range by where it was answered.
+pub(crate) fn count_range(from_cache: bool) {
+    crate::metrics::metrics()
+        .grpc_requests
+        .with_label_values(&["range", if from_cache { "cache" } else { "etcd" }])
+        .inc();
+}

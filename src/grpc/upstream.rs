@@ -1,0 +1,122 @@
+//! `Upstream`: etcd's v3 API spoken unchanged over the store's tonic channel
+//! (same endpoints, same TLS), with the prost codec: what the front does
+//! not serve from its cache goes to etcd as it came, and etcd's answer goes
+//! back as it is.
+
+use futures::Stream;
+use tonic::client::Grpc;
+use tonic::codegen::http::uri::PathAndQuery;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_prost::ProstCodec;
+
+use crate::storage::MAX_DECODING_MESSAGE_BYTES;
+
+/// Request metadata passed on to etcd: its auth token. (Transport headers
+/// such as `content-type` or `te` belong to each hop.)
+const FORWARDED_METADATA: &[&str] = &["token", "authorization"];
+
+/// A raw gRPC client of etcd. Cheap to clone.
+#[derive(Clone)]
+pub struct Upstream {
+    grpc: Grpc<Channel>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Upstream").finish_non_exhaustive()
+    }
+}
+
+impl Upstream {
+    pub fn new(channel: Channel) -> Upstream {
+        Upstream {
+            grpc: Grpc::new(channel)
+                .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_DECODING_MESSAGE_BYTES),
+        }
+    }
+
+    async fn ready(&self) -> Result<Grpc<Channel>, Status> {
+        let mut g = self.grpc.clone();
+        g.ready()
+            .await
+            .map_err(|e| Status::unavailable(format!("etcd: {e}")))?;
+        Ok(g)
+    }
+
+    /// One unary call, e.g. `/etcdserverpb.KV/Put`.
+    pub async fn unary<Req, Resp>(
+        &self,
+        path: &'static str,
+        req: Request<Req>,
+    ) -> Result<Response<Resp>, Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut g = self.ready().await?;
+        g.unary(
+            forward(req),
+            PathAndQuery::from_static(path),
+            ProstCodec::default(),
+        )
+        .await
+    }
+
+    /// A call with a server stream, e.g. `/etcdserverpb.Maintenance/Snapshot`.
+    pub async fn server_streaming<Req, Resp>(
+        &self,
+        path: &'static str,
+        req: Request<Req>,
+    ) -> Result<Response<Streaming<Resp>>, Status>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut g = self.ready().await?;
+        g.server_streaming(
+            forward(req),
+            PathAndQuery::from_static(path),
+            ProstCodec::default(),
+        )
+        .await
+    }
+
+    /// A bidirectional stream, e.g. `/etcdserverpb.Watch/Watch`; `md` is the
+    /// client's request metadata.
+    pub async fn streaming<Req, Resp, S>(
+        &self,
+        path: &'static str,
+        md: &tonic::metadata::MetadataMap,
+        requests: S,
+    ) -> Result<Response<Streaming<Resp>>, Status>
+    where
+        S: Stream<Item = Req> + Send + 'static,
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut g = self.ready().await?;
+        let mut req = Request::new(requests);
+        copy_metadata(md, req.metadata_mut());
+        g.streaming(req, PathAndQuery::from_static(path), ProstCodec::default())
+            .await
+    }
+}
+
+/// The same message with only the metadata etcd should see.
+fn forward<T>(req: Request<T>) -> Request<T> {
+    let (md, ext, msg) = req.into_parts();
+    let mut out = Request::new(msg);
+    copy_metadata(&md, out.metadata_mut());
+    let _ = ext;
+    out
+}
+
+fn copy_metadata(from: &tonic::metadata::MetadataMap, to: &mut tonic::metadata::MetadataMap) {
+    for key in FORWARDED_METADATA {
+        if let Some(v) = from.get(*key) {
+            to.insert(*key, v.clone());
+        }
+    }
+}

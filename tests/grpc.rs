@@ -1,0 +1,1557 @@
+//! The etcd v3 gRPC front (`--grpc-listen`) with real etcd clients:
+//! `etcdctl` against the front vs. against etcd directly (equal outputs),
+//! and the `etcd-client` crate (many watches per stream, watch ids,
+//! progress ordering, compaction, slow clients).
+
+mod common;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, Compare, CompareOp, EventType, Txn, TxnOp, WatchOptions, WatchResponse};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::oneshot;
+
+use watchcache::config::Config;
+use watchcache::grpc::{Front, GrpcServer};
+use watchcache::storage::Storage;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// The gRPC front on a free loopback port over `endpoint`, resources under `prefix`.
+struct TestFront {
+    addr: SocketAddr,
+    front: Arc<Front>,
+    shutdown: Option<oneshot::Sender<()>>,
+}
+
+impl TestFront {
+    async fn start(endpoint: &str, prefix: &str, tweak: impl FnOnce(&mut Config)) -> TestFront {
+        let mut cfg = common::server::test_config(endpoint, prefix);
+        tweak(&mut cfg);
+        let storage = Storage::connect(&cfg.etcd).await.expect("connect");
+        let server = GrpcServer::new(&cfg, storage);
+        let front = Arc::clone(server.front());
+        assert!(front.wait_ready(WAIT).await, "raw caches ready");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(server.serve(listener, async move {
+            let _ = rx.await;
+        }));
+        TestFront {
+            addr,
+            front,
+            shutdown: Some(tx),
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    async fn client(&self) -> Client {
+        Client::connect([self.endpoint()], None)
+            .await
+            .expect("client of the front")
+    }
+
+    /// Waits until every raw cache reached `rev`.
+    async fn wait_rev(&self, rev: i64) {
+        let front = Arc::clone(&self.front);
+        let ok = common::eventually(WAIT, || {
+            let front = Arc::clone(&front);
+            async move { front.caches().iter().all(|c| c.revision() >= rev) }
+        })
+        .await;
+        assert!(ok, "raw caches reached revision {rev}");
+    }
+}
+
+impl Drop for TestFront {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+fn etcdctl_bin() -> std::path::PathBuf {
+    watchcache::etcd_server::find_etcdctl_binary().expect("etcdctl (tools/etcd/usr/bin)")
+}
+
+/// Runs etcdctl against `endpoint`; returns (success, stdout, stderr).
+async fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    let mut cmd = tokio::process::Command::new(etcdctl_bin());
+    cmd.env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .arg("--command-timeout=10s")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().expect("spawn etcdctl");
+    let mut input = child.stdin.take().expect("stdin");
+    if let Some(s) = stdin {
+        input.write_all(s.as_bytes()).await.expect("write stdin");
+    }
+    drop(input);
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("etcdctl finished")
+        .expect("etcdctl output");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+async fn put(c: &mut Client, key: &str, value: impl Into<Vec<u8>>) -> i64 {
+    common::etcd_put(c, key, value).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_reads_through_the_front_equal_etcd() {
+    // A private etcd: nothing else writes, so even headers (revision,
+    // raft term, ids) must be equal.
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("ctl");
+    let p = format!("{prefix}/pods/");
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    put(&mut c, &format!("{p}ns/a"), "1").await;
+    put(&mut c, &format!("{p}ns/b"), "two").await;
+    let mid = put(&mut c, &format!("{p}ns/a"), "1-again").await;
+    put(&mut c, &format!("{p}ns/c"), r#"{"kind":"Pod"}"#).await;
+    put(&mut c, &format!("{prefix}/elsewhere"), "x").await;
+    let del = c
+        .delete(format!("{p}ns/b"), None)
+        .await
+        .expect("delete")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    put(&mut c, &format!("{p}ns/d"), vec![0xffu8, 0, 1]).await; // not UTF-8, not JSON
+
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let last = put(&mut c, &format!("{p}ns/e"), "after-start").await;
+    front.wait_rev(last).await;
+    let fe = front.endpoint();
+    let mid = mid.to_string();
+    let del = del.to_string();
+    let key_a = format!("{p}ns/a");
+    let from_c = format!("{p}ns/c");
+    let else_prefix = format!("{prefix}/else");
+    let cases: Vec<Vec<&str>> = vec![
+        vec!["get", "--prefix", &p],
+        vec!["get", "--prefix", &p, "--limit", "2"],
+        vec![
+            "get",
+            "--prefix",
+            &p,
+            "--sort-by",
+            "MODIFY",
+            "--order",
+            "DESCEND",
+        ],
+        vec!["get", "--prefix", &p, "--sort-by", "CREATE"],
+        vec![
+            "get",
+            "--prefix",
+            &p,
+            "--sort-by",
+            "VERSION",
+            "--order",
+            "DESCEND",
+        ],
+        vec!["get", "--prefix", &p, "--keys-only"],
+        vec!["get", "--prefix", &p, "--count-only"],
+        vec!["get", "--prefix", &p, "--rev", &mid],
+        vec!["get", "--prefix", &p, "--rev", &del],
+        vec!["get", "--prefix", &p, "--consistency", "s"],
+        vec!["get", "--prefix", &p, "--limit", "1", "--sort-by", "VALUE"],
+        vec!["get", &key_a],
+        vec!["get", &key_a, "--rev", &mid],
+        vec!["get", &from_c, "--from-key"],
+        vec!["get", "--prefix", &else_prefix],
+    ];
+    for case in &cases {
+        let formats: &[&str] = if case.contains(&"--count-only") {
+            &["fields"]
+        } else {
+            &["simple", "json", "fields"]
+        };
+        for format in formats {
+            let mut args = case.clone();
+            args.extend(["-w", *format]);
+            let direct = etcdctl(&ep, &args, None).await;
+            let via = etcdctl(&fe, &args, None).await;
+            assert!(direct.0, "etcdctl {args:?} against etcd: {}", direct.2);
+            assert_eq!(via, direct, "etcdctl {args:?}: front vs etcd");
+        }
+    }
+    // The reads inside the prefixes were served by the cache (the from-key
+    // and `elsewhere` ones were forwarded).
+    let text = watchcache::metrics::gather();
+    assert!(
+        text.lines()
+            .any(|l| l
+                .starts_with("watchcache_grpc_requests_total{method=\"range\",source=\"cache\"}")),
+        "cache-served ranges counted"
+    );
+
+    // endpoint status: passthrough (the endpoint column differs by nature).
+    let status = |out: &str| -> serde_json::Value {
+        let mut v: serde_json::Value = serde_json::from_str(out).expect("status JSON");
+        for s in v.as_array_mut().expect("array") {
+            s.as_object_mut().expect("object").remove("Endpoint");
+        }
+        v
+    };
+    let direct = etcdctl(&ep, &["endpoint", "status", "-w", "json"], None).await;
+    let via = etcdctl(&fe, &["endpoint", "status", "-w", "json"], None).await;
+    assert!(via.0, "endpoint status via the front: {}", via.2);
+    assert_eq!(status(&via.1), status(&direct.1));
+    let via = etcdctl(&fe, &["member", "list"], None).await;
+    assert_eq!(via, etcdctl(&ep, &["member", "list"], None).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_writes_and_leases_pass_through() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("ctlw");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let fe = front.endpoint();
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let key = format!("{p}ns/x");
+
+    let out = etcdctl(&fe, &["put", &key, "v1"], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "OK"), "{}", out.2);
+    let got = c.get(key.as_str(), None).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"v1");
+
+    // txn: compare on the value just written, then put; else branch untouched.
+    let script = format!("value(\"{key}\") = \"v1\"\n\nput {key} v2\n\nput {key} never\n\n");
+    let out = etcdctl(&fe, &["txn"], Some(&script)).await;
+    assert!(out.0, "txn: {}", out.2);
+    assert_eq!(out.1.lines().next(), Some("SUCCESS"), "{}", out.1);
+    let got = c.get(key.as_str(), None).await.expect("get");
+    assert_eq!(got.kvs()[0].value(), b"v2");
+
+    // lease grant, then a put attached to it.
+    let out = etcdctl(&fe, &["lease", "grant", "600"], None).await;
+    assert!(out.0, "lease grant: {}", out.2);
+    // "lease 694d7b6c2a8f6e0b granted with TTL(600s)"
+    let id = out
+        .1
+        .split_whitespace()
+        .nth(1)
+        .expect("lease id")
+        .to_string();
+    assert!(out.1.contains("granted with TTL(600s)"), "{}", out.1);
+    let leased = format!("{p}ns/leased");
+    let out = etcdctl(&fe, &["put", &leased, "l", &format!("--lease={id}")], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "OK"), "{}", out.2);
+    let got = c.get(leased.as_str(), None).await.expect("get");
+    assert_eq!(
+        Ok(got.kvs()[0].lease()),
+        i64::from_str_radix(&id, 16),
+        "the key carries the lease"
+    );
+    let ttl = etcdctl(&fe, &["lease", "timetolive", &id], None).await;
+    assert!(ttl.0 && ttl.1.contains(&id), "timetolive: {:?}", ttl);
+    let keep = etcdctl(&fe, &["lease", "keep-alive", "--once", &id], None).await;
+    assert!(
+        keep.0 && keep.1.contains("keepalived"),
+        "keep-alive: {keep:?}"
+    );
+
+    // The cache learns of the writes by its watch: a serializable read
+    // through the front sees them once the cache caught up.
+    let rev = c
+        .get("/", None)
+        .await
+        .expect("rev")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    front.wait_rev(rev).await;
+    let out = etcdctl(
+        &fe,
+        &["get", &key, "--print-value-only", "--consistency=s"],
+        None,
+    )
+    .await;
+    assert_eq!(out.1.trim(), "v2");
+
+    let out = etcdctl(&fe, &["del", &key], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "1"), "{}", out.2);
+    assert!(
+        c.get(key.as_str(), None)
+            .await
+            .expect("get")
+            .kvs()
+            .is_empty()
+    );
+    let out = etcdctl(&fe, &["lease", "revoke", &id], None).await;
+    assert!(out.0 && out.1.contains("revoked"), "{out:?}");
+}
+
+/// Reads etcdctl watch output lines until `n` lines came (or `WAIT` passed).
+async fn watch_lines(endpoint: &str, args: &[&str], n: usize) -> Vec<String> {
+    let mut child = tokio::process::Command::new(etcdctl_bin())
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={endpoint}"))
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn etcdctl watch");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(WAIT, async {
+        while out.len() < n {
+            match lines.next_line().await {
+                Ok(Some(l)) => out.push(l),
+                _ => break,
+            }
+        }
+    })
+    .await;
+    let _ = child.kill().await;
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_watch_history_with_prev_kv_equals_etcd() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("ctlwatch");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let first = put(&mut c, &format!("{p}a"), "1").await;
+    put(&mut c, &format!("{p}b"), "1").await;
+    put(&mut c, &format!("{prefix}/elsewhere"), "not watched").await;
+    put(&mut c, &format!("{p}a"), "2").await;
+    c.delete(format!("{p}b"), None).await.expect("delete");
+    let last = put(&mut c, &format!("{p}c"), "3").await;
+    front.wait_rev(last).await;
+    let from = (first + 1).to_string();
+    let args = [
+        "watch",
+        "--prefix",
+        p.as_str(),
+        "--rev",
+        from.as_str(),
+        "--prev-kv",
+    ];
+    // From `first + 1`: b put (3 lines), a put with prev (5), b delete with
+    // prev (5), c put (3).
+    let n = 16;
+    let direct = watch_lines(&ep, &args, n).await;
+    assert_eq!(direct.len(), n, "etcd's own output: {direct:?}");
+    let via = watch_lines(&front.endpoint(), &args, n).await;
+    assert_eq!(via, direct);
+}
+
+/// Reads responses until `done` says so; fails after `WAIT`.
+async fn read_until(
+    stream: &mut etcd_client::WatchStream,
+    mut done: impl FnMut(&WatchResponse) -> bool,
+) -> Vec<WatchResponse> {
+    let mut out = Vec::new();
+    let r = tokio::time::timeout(WAIT, async {
+        loop {
+            let resp = stream
+                .message()
+                .await
+                .expect("watch message")
+                .expect("stream open");
+            let stop = done(&resp);
+            out.push(resp);
+            if stop {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        r.is_ok(),
+        "watch responses so far (watch id, created, canceled, events): {:?}",
+        out.iter()
+            .map(|r| (r.watch_id(), r.created(), r.canceled(), r.events().len()))
+            .collect::<Vec<_>>()
+    );
+    out
+}
+
+fn is_progress(r: &WatchResponse) -> bool {
+    r.watch_id() == -1 && r.events().is_empty() && !r.created() && !r.canceled()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_watches_on_one_stream_with_ids_cancel_and_progress() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("streams");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let outside = format!("{prefix}/outside/x");
+
+    // Watch 7: one key; 9: another; auto ids: the prefix (0), a range
+    // outside every cached prefix (1, forwarded to etcd).
+    let mut s = fc
+        .watch(format!("{p}a"), Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .expect("watch");
+    s.watch(format!("{p}b"), Some(WatchOptions::new().with_watch_id(9)))
+        .await
+        .expect("watch");
+    s.watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    s.watch(outside.as_str(), None).await.expect("watch");
+    // A taken id is refused as etcd refuses it.
+    s.watch(format!("{p}z"), Some(WatchOptions::new().with_watch_id(7)))
+        .await
+        .expect("watch");
+    let created = read_until(&mut s, {
+        let mut n = 0;
+        move |_| {
+            n += 1;
+            n == 5
+        }
+    })
+    .await;
+    let ids: Vec<(i64, bool, bool)> = created
+        .iter()
+        .map(|r| (r.watch_id(), r.created(), r.canceled()))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            (7, true, false),
+            (9, true, false),
+            (0, true, false),
+            (1, true, false),
+            (-1, true, true)
+        ]
+    );
+
+    let ra = put(&mut ec, &format!("{p}a"), "1").await;
+    let rb = put(&mut ec, &format!("{p}b"), "1").await;
+    let rx = put(&mut ec, &outside, "1").await;
+    let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+    let total = |seen: &HashMap<i64, Vec<i64>>| seen.values().map(Vec::len).sum::<usize>();
+    read_until(&mut s, |r| {
+        for e in r.events() {
+            seen.entry(r.watch_id())
+                .or_default()
+                .push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+        }
+        total(&seen) == 5
+    })
+    .await;
+    assert_eq!(seen[&7], [ra]);
+    assert_eq!(seen[&9], [rb]);
+    assert_eq!(seen[&0], [ra, rb]);
+    assert_eq!(seen[&1], [rx]);
+
+    // Cancel 9 (cached) and 1 (forwarded): each answered canceled.
+    s.cancel(9).await.expect("cancel");
+    s.cancel(1).await.expect("cancel");
+    let mut canceled = Vec::new();
+    read_until(&mut s, |r| {
+        if r.canceled() {
+            canceled.push(r.watch_id());
+        }
+        canceled.len() == 2
+    })
+    .await;
+    canceled.sort();
+    assert_eq!(canceled, [1, 9]);
+
+    // After cancel, b's change reaches only the prefix watch; the progress
+    // answer comes after every event up to its revision.
+    let rb2 = put(&mut ec, &format!("{p}b"), "2").await;
+    front.wait_rev(rb2).await;
+    s.request_progress().await.expect("progress");
+    let got = read_until(&mut s, is_progress).await;
+    let progress = got
+        .last()
+        .and_then(|r| r.header())
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    assert!(progress >= rb2, "progress at {progress} < {rb2}");
+    let events: Vec<(i64, i64)> = got
+        .iter()
+        .flat_map(|r| {
+            r.events().iter().map(move |e| {
+                (
+                    r.watch_id(),
+                    e.kv().map(|kv| kv.mod_revision()).unwrap_or(0),
+                )
+            })
+        })
+        .collect();
+    assert_eq!(events, [(0, rb2)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_answers_only_after_every_event_up_to_its_revision() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("progress");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut s = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    // A forwarded watch on the same stream: etcd's answer is held too.
+    s.watch(
+        format!("{prefix}/outside/"),
+        Some(WatchOptions::new().with_prefix()),
+    )
+    .await
+    .expect("watch");
+    read_until(&mut s, {
+        let mut n = 0;
+        move |r| {
+            n += usize::from(r.created());
+            n == 2
+        }
+    })
+    .await;
+    let writer = tokio::spawn(async move {
+        let mut revs = Vec::new();
+        for i in 0..200 {
+            revs.push(put(&mut ec, &format!("{p}k{}", i % 20), format!("{i}")).await);
+        }
+        revs
+    });
+    // Progress requests while the writes are under way: each answer's
+    // revision, and how many events had arrived before it.
+    let mut received: Vec<i64> = Vec::new();
+    let mut answers: Vec<(i64, usize)> = Vec::new();
+    loop {
+        let done = writer.is_finished();
+        s.request_progress().await.expect("progress");
+        let got = read_until(&mut s, is_progress).await;
+        for r in &got {
+            for e in r.events() {
+                received.push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+            }
+        }
+        let rev = got
+            .last()
+            .and_then(|r| r.header())
+            .map(|h| h.revision())
+            .unwrap_or(0);
+        answers.push((rev, received.len()));
+        if done {
+            break;
+        }
+    }
+    let revs = writer.await.expect("writer");
+    let last = *revs.last().expect("writes");
+    // One more answer at or past the last write.
+    loop {
+        s.request_progress().await.expect("progress");
+        let got = read_until(&mut s, is_progress).await;
+        for r in &got {
+            for e in r.events() {
+                received.push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+            }
+        }
+        let rev = got
+            .last()
+            .and_then(|r| r.header())
+            .map(|h| h.revision())
+            .unwrap_or(0);
+        answers.push((rev, received.len()));
+        if rev >= last {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(received, revs, "every write once, in order");
+    assert!(answers.len() > 2);
+    for (rev, before) in answers {
+        let due = revs.iter().filter(|r| **r <= rev).count();
+        assert_eq!(
+            before, due,
+            "the answer at {rev} came after exactly the events up to it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_older_than_the_ring_and_compaction_answer_as_etcd() {
+    let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("compact");
+    let p = format!("{prefix}/pods/");
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    // A ring of 3 events.
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        for r in &mut cfg.resources {
+            r.history_capacity = 3;
+        }
+    })
+    .await;
+    let mut revs = Vec::new();
+    for i in 0..10 {
+        revs.push(put(&mut ec, &format!("{p}k{i}"), format!("{i}")).await);
+    }
+    front.wait_rev(revs[9]).await;
+    let mut fc = front.client().await;
+
+    // Older than the ring, not compacted: etcd's own answer (forwarded).
+    let events = |rs: &[WatchResponse]| -> Vec<(EventType, i64)> {
+        rs.iter()
+            .flat_map(|r| {
+                r.events().iter().map(|e| {
+                    (
+                        e.event_type(),
+                        e.kv().map(|kv| kv.mod_revision()).unwrap_or(0),
+                    )
+                })
+            })
+            .collect()
+    };
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revs[2])
+        .with_prev_key();
+    let mut via = fc
+        .watch(p.as_str(), Some(opts.clone()))
+        .await
+        .expect("watch");
+    let mut direct = ec.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let count = |n: usize| {
+        let mut seen = 0;
+        move |r: &WatchResponse| {
+            seen += r.events().len();
+            seen >= n
+        }
+    };
+    let a = read_until(&mut via, count(8)).await;
+    let b = read_until(&mut direct, count(8)).await;
+    assert_eq!(events(&a), events(&b));
+    assert_eq!(events(&a).len(), 8);
+    // etcd's catch-up reached the ring: the watch moved onto the cache
+    // (etcd's watch canceled) and goes on without a gap or a duplicate.
+    let f = Arc::clone(&front.front);
+    let moved = common::eventually(WAIT, || {
+        let f = Arc::clone(&f);
+        async move { f.watchers() == (1, 0) }
+    })
+    .await;
+    assert!(moved, "handed over: {:?}", front.front.watchers());
+    for i in 10..12 {
+        revs.push(put(&mut ec, &format!("{p}k{i}"), format!("{i}")).await);
+    }
+    let a = read_until(&mut via, count(2)).await;
+    let b = read_until(&mut direct, count(2)).await;
+    assert_eq!(events(&a), events(&b));
+    assert_eq!(
+        events(&a).iter().map(|e| e.1).collect::<Vec<_>>(),
+        revs[10..12].to_vec()
+    );
+    // From inside the ring: served by the cache, same events.
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revs[8]);
+    let mut via = fc
+        .watch(p.as_str(), Some(opts.clone()))
+        .await
+        .expect("watch");
+    let mut direct = ec.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let a = read_until(&mut via, count(2)).await;
+    let b = read_until(&mut direct, count(2)).await;
+    assert_eq!(events(&a), events(&b));
+
+    // Compacted in etcd: canceled with compact_revision, as etcd does.
+    front.wait_rev(revs[11]).await;
+    ec.compact(revs[5], None).await.expect("compact");
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revs[1]);
+    let mut via = fc
+        .watch(p.as_str(), Some(opts.clone()))
+        .await
+        .expect("watch");
+    let mut direct = ec.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let a = read_until(&mut via, |r| r.canceled()).await;
+    let b = read_until(&mut direct, |r| r.canceled()).await;
+    let last = |rs: &[WatchResponse]| rs.last().map(|r| (r.canceled(), r.compact_revision()));
+    assert_eq!(last(&a), last(&b));
+    assert_eq!(last(&a), Some((true, revs[5])));
+    etcd.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_client_is_canceled_with_compact_revision_when_the_ring_overruns_it() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("slow");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        for r in &mut cfg.resources {
+            r.history_capacity = 5;
+        }
+    })
+    .await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut slow = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    let created = read_until(&mut slow, |r| r.created()).await;
+    assert_eq!(created.len(), 1);
+    // A fast watcher on another stream keeps up all along.
+    let mut fast = front
+        .client()
+        .await
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    read_until(&mut fast, |r| r.created()).await;
+    // `slow` reads nothing while 100 values of 256 KiB are written: flow
+    // control stops its stream, its cursor stays, the ring overruns it.
+    let big = vec![b'x'; 256 * 1024];
+    let mut revs = Vec::new();
+    let mut fast_seen = 0;
+    for i in 0..100 {
+        revs.push(put(&mut ec, &format!("{p}k{}", i % 10), big.clone()).await);
+        let got = read_until(&mut fast, |r| !r.events().is_empty()).await;
+        fast_seen += got.iter().map(|r| r.events().len()).sum::<usize>();
+        while fast_seen < i + 1 {
+            let got = read_until(&mut fast, |r| !r.events().is_empty()).await;
+            fast_seen += got.iter().map(|r| r.events().len()).sum::<usize>();
+        }
+    }
+    assert_eq!(fast_seen, 100, "the fast watcher got every event");
+    let got = read_until(&mut slow, |r| r.canceled()).await;
+    let received: Vec<i64> = got
+        .iter()
+        .flat_map(|r| {
+            r.events()
+                .iter()
+                .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+        })
+        .collect();
+    let cancel = got.last().expect("cancel");
+    assert!(cancel.compact_revision() > 0, "compact_revision set");
+    assert!(received.len() < 100, "the slow watcher was overrun");
+    assert_eq!(
+        received,
+        revs[..received.len()],
+        "what it got is contiguous"
+    );
+    // Re-watching from the compact revision is served (from the ring or
+    // etcd) and resumes without a gap.
+    let mut again = fc
+        .watch(
+            p.as_str(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(cancel.compact_revision()),
+            ),
+        )
+        .await
+        .expect("watch");
+    let got = read_until(&mut again, |r| {
+        r.events()
+            .last()
+            .and_then(|e| e.kv())
+            .is_some_and(|kv| kv.mod_revision() == revs[99])
+    })
+    .await;
+    let resumed: Vec<i64> = got
+        .iter()
+        .flat_map(|r| {
+            r.events()
+                .iter()
+                .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+        })
+        .collect();
+    let due: Vec<i64> = revs
+        .iter()
+        .copied()
+        .filter(|r| *r >= cancel.compact_revision())
+        .collect();
+    assert_eq!(resumed, due, "every write from the compact revision on");
+    assert!(
+        received
+            .last()
+            .is_some_and(|r| due.first().is_some_and(|d| d > r)),
+        "nothing the slow watcher got is repeated"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranges_with_options_equal_etcd_through_the_crate() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("ranges");
+    let p = format!("{prefix}/widgets-not/");
+    let w = format!("{prefix}/example.com/widgets/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut revs = Vec::new();
+    for (k, v) in [("a", "3"), ("b", "1"), ("c", "2"), ("a", "4"), ("d", "0")] {
+        revs.push(put(&mut ec, &format!("{w}{k}"), v).await);
+    }
+    put(&mut ec, &format!("{p}z"), "other").await;
+    // A txn writes two keys at one revision.
+    let t = Txn::new()
+        .when([Compare::version(format!("{w}a"), CompareOp::Equal, 2)])
+        .and_then([
+            TxnOp::put(format!("{w}e"), "5", None),
+            TxnOp::delete(format!("{w}b"), None),
+        ]);
+    let tr = fc.txn(t).await.expect("txn through the front");
+    assert!(tr.succeeded());
+    let last = tr.header().map(|h| h.revision()).expect("header");
+    front.wait_rev(last).await;
+    use etcd_client::{GetOptions, SortOrder, SortTarget};
+    let opts = [
+        GetOptions::new().with_prefix(),
+        GetOptions::new().with_prefix().with_limit(2),
+        GetOptions::new()
+            .with_prefix()
+            .with_min_mod_revision(revs[2])
+            .with_max_create_revision(revs[3]),
+        GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Value, SortOrder::Descend)
+            .with_limit(3),
+        GetOptions::new().with_prefix().with_count_only(),
+        GetOptions::new()
+            .with_prefix()
+            .with_keys_only()
+            .with_serializable(),
+        GetOptions::new().with_prefix().with_revision(revs[3]),
+        GetOptions::new()
+            .with_prefix()
+            .with_max_mod_revision(revs[2])
+            .with_min_create_revision(revs[1]),
+    ];
+    for o in opts {
+        let a = fc
+            .get(w.as_str(), Some(o.clone()))
+            .await
+            .expect("front get");
+        let b = ec.get(w.as_str(), Some(o.clone())).await.expect("etcd get");
+        let view = |r: &etcd_client::GetResponse| {
+            (
+                r.count(),
+                r.more(),
+                r.kvs()
+                    .iter()
+                    .map(|kv| {
+                        (
+                            kv.key().to_vec(),
+                            kv.value().to_vec(),
+                            kv.create_revision(),
+                            kv.mod_revision(),
+                            kv.version(),
+                            kv.lease(),
+                        )
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        };
+        assert_eq!(view(&a), view(&b), "{o:?}");
+        let (ha, hb) = (a.header().expect("header"), b.header().expect("header"));
+        assert_eq!(
+            (ha.cluster_id(), ha.member_id()),
+            (hb.cluster_id(), hb.member_id())
+        );
+        assert!(ha.revision() >= last);
+    }
+}
+
+/// The daemon with `--grpc-listen` in front of an etcd that requires mutual
+/// TLS: the front's passthrough and its cache both use the store's TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn daemon_grpc_listen_over_mtls_etcd() {
+    let pki = common::pki::Pki::generate();
+    let etcd = common::PrivateEtcd::start_tls(pki.etcd_server_tls())
+        .await
+        .expect("TLS etcd");
+    let prefix = common::unique_prefix("grpc-daemon");
+    let base = common::daemon_config(&etcd.endpoint(), &prefix, "");
+    let (head, resources) = base
+        .split_once("\n[[resources]]")
+        .expect("daemon_config has resources");
+    let tls = format!(
+        "[etcd.tls]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        pki.path("ca.crt").display(),
+        pki.path("client.crt").display(),
+        pki.path("client.key").display()
+    );
+    let text = format!("{head}\n{tls}\n[[resources]]{resources}");
+    let port = watchcache::etcd_server::free_port().expect("port");
+    let grpc = format!("127.0.0.1:{port}");
+    let daemon = common::Daemon::start(&text, &["--grpc-listen", &grpc]).await;
+    let fe = format!("http://{grpc}");
+    let key = format!("{prefix}/pods/default/a");
+    let up = common::eventually(WAIT, || {
+        let (fe, key) = (fe.clone(), key.clone());
+        async move { etcdctl(&fe, &["put", &key, "v"], None).await.0 }
+    })
+    .await;
+    assert!(up, "put through the front; log:\n{}", daemon.log());
+    // Linearizable read: served once the cache caught up with the put.
+    let out = etcdctl(&fe, &["get", &key, "--print-value-only"], None).await;
+    assert_eq!((out.0, out.1.trim()), (true, "v"), "{}", out.2);
+    let out = etcdctl(&fe, &["endpoint", "status"], None).await;
+    assert!(out.0, "endpoint status: {}", out.2);
+
+    // SIGTERM with a watch and a (passed-through) lease keep-alive open:
+    // the daemon still exits, cleanly.
+    let mut c = Client::connect([fe.as_str()], None).await.expect("client");
+    let mut w = c.watch(key.as_str(), None).await.expect("watch");
+    read_until(&mut w, |r| r.created()).await;
+    let lease = c.lease_grant(60, None).await.expect("lease").id();
+    let (mut keeper, mut alive) = c.lease_keep_alive(lease).await.expect("keep-alive");
+    keeper.keep_alive().await.expect("keep alive");
+    assert!(alive.message().await.expect("keep-alive answer").is_some());
+    let mut daemon = daemon;
+    daemon.sigterm();
+    let status = daemon.wait_exit(Duration::from_secs(30)).await;
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit status {status:?}; log:\n{}",
+        daemon.log()
+    );
+}
+
+/// One event as a comparable tuple: (type, key, value, create, mod,
+/// version, lease, prev (value, mod) if any).
+type EventView = (
+    i32,
+    Vec<u8>,
+    Vec<u8>,
+    i64,
+    i64,
+    i64,
+    i64,
+    Option<(Vec<u8>, i64)>,
+);
+
+fn event_views(r: &WatchResponse) -> Vec<EventView> {
+    r.events()
+        .iter()
+        .map(|e| {
+            let kv = e.kv().expect("event kv");
+            (
+                e.event_type() as i32,
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+                e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision())),
+            )
+        })
+        .collect()
+}
+
+/// Reads a stream until a progress answer at or past `rev`, asking for
+/// progress as it goes (again after a second without an answer: etcd
+/// ignores a progress request while a watch catches up); returns the events
+/// per watch id.
+async fn events_until(s: &mut etcd_client::WatchStream, rev: i64) -> HashMap<i64, Vec<EventView>> {
+    let mut out: HashMap<i64, Vec<EventView>> = HashMap::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no progress answer at {rev}"
+        );
+        s.request_progress().await.expect("progress");
+        let ask_again = tokio::time::Instant::now() + Duration::from_secs(1);
+        while let Ok(msg) = tokio::time::timeout_at(ask_again, s.message()).await {
+            let r = msg.expect("watch message").expect("stream open");
+            if !r.events().is_empty() {
+                out.entry(r.watch_id()).or_default().extend(event_views(&r));
+            }
+            if is_progress(&r) {
+                if r.header().map(|h| h.revision()).unwrap_or(0) >= rev {
+                    return out;
+                }
+                break;
+            }
+        }
+    }
+}
+
+/// A random workload (puts, overwrites, deletes, range deletes, multi-key
+/// txns, leases, binary and large values): every watch stream and every
+/// Range through the front equals the same through etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn differential_random_workload_equals_etcd() {
+    use etcd_client::{
+        DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget, WatchFilterType,
+    };
+    use rand::{Rng, SeedableRng};
+    let seed: u64 = rand::random();
+    println!("seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("diff");
+    let p = format!("{prefix}/nodes/");
+    // The streams are read only after the workload: the ring must hold it
+    // all (a smaller one cancels the watches with compact_revision).
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        for r in &mut cfg.resources {
+            r.history_capacity = 1000;
+        }
+    })
+    .await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let key = |i: usize| format!("{p}k{i}");
+
+    // The same five watches on one stream each, through the front and direct.
+    let watches: Vec<(i64, String, WatchOptions)> = vec![
+        (
+            1,
+            p.clone(),
+            WatchOptions::new().with_prefix().with_prev_key(),
+        ),
+        (2, key(3), WatchOptions::new()),
+        (
+            3,
+            key(2),
+            WatchOptions::new().with_range(key(6)).with_prev_key(),
+        ),
+        (
+            4,
+            p.clone(),
+            WatchOptions::new()
+                .with_prefix()
+                .with_filters([WatchFilterType::NoDelete]),
+        ),
+        (
+            5,
+            p.clone(),
+            WatchOptions::new()
+                .with_prefix()
+                .with_filters([WatchFilterType::NoPut])
+                .with_prev_key(),
+        ),
+    ];
+    // etcd's own catch-up batches can exceed tonic's default 4 MiB.
+    let wide = |c: &Client| c.watch_client().max_decoding_message_size(64 << 20);
+    let mut streams = Vec::new();
+    for c in [&fc, &ec] {
+        let mut c = wide(c);
+        let mut s: Option<etcd_client::WatchStream> = None;
+        for (id, k, o) in &watches {
+            let o = o.clone().with_watch_id(*id);
+            match &mut s {
+                None => s = Some(c.watch(k.as_str(), Some(o)).await.expect("watch")),
+                Some(s) => s.watch(k.as_str(), Some(o)).await.expect("watch"),
+            }
+        }
+        let mut s = s.expect("stream");
+        read_until(&mut s, {
+            let mut n = 0;
+            move |r| {
+                n += usize::from(r.created());
+                n == 5
+            }
+        })
+        .await;
+        streams.push(s);
+    }
+    let lease = ec.lease_grant(600, None).await.expect("lease").id();
+
+    let first = ec
+        .get("/", None)
+        .await
+        .expect("rev")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    let mut last = first;
+    for _ in 0..300 {
+        let i = rng.random_range(0..10);
+        let value: Vec<u8> = match rng.random_range(0..10) {
+            0 => vec![0xff, 0x00, rng.random()],
+            1 => vec![b'L'; 100_000],
+            _ => format!("v{}", rng.random::<u32>()).into_bytes(),
+        };
+        let rev = match rng.random_range(0..10) {
+            0..=4 => ec
+                .put(key(i), value, None)
+                .await
+                .expect("put")
+                .header()
+                .map(|h| h.revision()),
+            5 => ec
+                .put(key(i), value, Some(PutOptions::new().with_lease(lease)))
+                .await
+                .expect("put")
+                .header()
+                .map(|h| h.revision()),
+            6 | 7 => ec
+                .delete(key(i), None)
+                .await
+                .expect("delete")
+                .header()
+                .map(|h| h.revision()),
+            8 => ec
+                .delete(key(4), Some(DeleteOptions::new().with_range(key(7))))
+                .await
+                .expect("delete range")
+                .header()
+                .map(|h| h.revision()),
+            _ => {
+                let j = (i + 1 + rng.random_range(0..8)) % 10;
+                let t = Txn::new()
+                    .and_then([TxnOp::put(key(i), value, None), TxnOp::delete(key(j), None)]);
+                ec.txn(t).await.expect("txn").header().map(|h| h.revision())
+            }
+        };
+        last = last.max(rev.unwrap_or(0));
+    }
+    front.wait_rev(last).await;
+    let (front_stream, etcd_stream) = streams.split_at_mut(1);
+    let via = events_until(&mut front_stream[0], last).await;
+    let direct = events_until(&mut etcd_stream[0], last).await;
+    for (id, _, _) in &watches {
+        let (a, b) = (via.get(id), direct.get(id));
+        if a != b {
+            let (a, b) = (
+                a.cloned().unwrap_or_default(),
+                b.cloned().unwrap_or_default(),
+            );
+            let at = a
+                .iter()
+                .zip(&b)
+                .position(|(x, y)| x != y)
+                .unwrap_or(a.len().min(b.len()));
+            let brief = |e: Option<&EventView>| {
+                e.map(|e| {
+                    (
+                        e.0,
+                        String::from_utf8_lossy(&e.1).into_owned(),
+                        e.2.len(),
+                        e.3,
+                        e.4,
+                        e.5,
+                        e.6,
+                        e.7.as_ref().map(|p| (p.0.len(), p.1)),
+                    )
+                })
+            };
+            panic!(
+                "watch {id} (seed {seed}): {} events via the front, {} direct; first difference at {at}: {:?} vs {:?}",
+                a.len(),
+                b.len(),
+                brief(a.get(at)),
+                brief(b.get(at))
+            );
+        }
+    }
+    assert!(
+        direct.get(&1).is_some_and(|e| e.len() > 100),
+        "the workload was seen"
+    );
+
+    // A watch from a revision in the middle of the workload.
+    let mid = first + (last - first) / 2;
+    let o = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_start_revision(mid);
+    let mut a = wide(&fc)
+        .watch(p.as_str(), Some(o.clone()))
+        .await
+        .expect("watch");
+    let mut b = wide(&ec).watch(p.as_str(), Some(o)).await.expect("watch");
+    let a = events_until(&mut a, last).await;
+    let b = events_until(&mut b, last).await;
+    assert_eq!(a, b, "watch from {mid} (seed {seed})");
+
+    // Ranges at random revisions (some beyond the retained snapshots: etcd
+    // answers) with random options.
+    let view = |r: &etcd_client::GetResponse| {
+        (
+            r.count(),
+            r.more(),
+            r.kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key().to_vec(),
+                        kv.value().to_vec(),
+                        kv.create_revision(),
+                        kv.mod_revision(),
+                        kv.version(),
+                        kv.lease(),
+                    )
+                })
+                .collect::<Vec<_>>(),
+        )
+    };
+    for _ in 0..60 {
+        let mut o = GetOptions::new();
+        let k = match rng.random_range(0..3) {
+            0 => {
+                o = o.with_prefix();
+                p.clone()
+            }
+            1 => {
+                o = o.with_range(key(rng.random_range(5..10)));
+                key(rng.random_range(0..5))
+            }
+            _ => key(rng.random_range(0..10)),
+        };
+        if rng.random_bool(0.5) {
+            o = o.with_revision(rng.random_range(first..=last));
+        }
+        if rng.random_bool(0.3) {
+            o = o.with_limit(rng.random_range(1..5));
+        }
+        if rng.random_bool(0.3) {
+            let t = [
+                SortTarget::Key,
+                SortTarget::Version,
+                SortTarget::Create,
+                SortTarget::Mod,
+                SortTarget::Value,
+            ][rng.random_range(0..5)];
+            let ord = [SortOrder::Ascend, SortOrder::Descend][rng.random_range(0..2)];
+            o = o.with_sort(t, ord);
+        }
+        if rng.random_bool(0.2) {
+            o = o.with_keys_only();
+        }
+        if rng.random_bool(0.2) {
+            o = o.with_min_mod_revision(rng.random_range(first..=last));
+        }
+        if rng.random_bool(0.2) {
+            o = o.with_max_create_revision(rng.random_range(first..=last));
+        }
+        if rng.random_bool(0.5) {
+            o = o.with_serializable();
+        }
+        let a = fc
+            .get(k.as_str(), Some(o.clone()))
+            .await
+            .expect("front get");
+        let b = ec.get(k.as_str(), Some(o.clone())).await.expect("etcd get");
+        assert_eq!(view(&a), view(&b), "{k} {o:?} (seed {seed})");
+    }
+}
+
+/// `fragment`: a response over etcd's request limit is split as etcd
+/// splits it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fragment_splits_a_large_revision_like_etcd() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("fragment");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let big = |c: u8| vec![c; 350 * 1024];
+    for i in 0..4 {
+        put(&mut ec, &format!("{p}k{i}"), big(b'a')).await;
+    }
+    let start = ec
+        .get("/", None)
+        .await
+        .expect("rev")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0)
+        + 1;
+    // One revision of 4 x 350 KiB, with prev_kv: about 2.8 MiB of events.
+    let t = Txn::new().and_then(
+        (0..4)
+            .map(|i| TxnOp::put(format!("{p}k{i}"), big(b'b'), None))
+            .collect::<Vec<_>>(),
+    );
+    let rev = ec
+        .txn(t)
+        .await
+        .expect("txn")
+        .header()
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    front.wait_rev(rev).await;
+    let o = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_fragment()
+        .with_start_revision(start);
+    let shape = |rs: &[WatchResponse]| -> Vec<(bool, usize)> {
+        rs.iter()
+            .filter(|r| !r.created())
+            .map(|r| (r.0.fragment, r.events().len()))
+            .collect()
+    };
+    let mut a = fc.watch(p.as_str(), Some(o.clone())).await.expect("watch");
+    let mut b = ec.watch(p.as_str(), Some(o)).await.expect("watch");
+    let done = || {
+        let mut n = 0;
+        move |r: &WatchResponse| {
+            n += r.events().len();
+            n >= 4
+        }
+    };
+    let a = read_until(&mut a, done()).await;
+    let b = read_until(&mut b, done()).await;
+    assert!(
+        shape(&b).len() > 1 && shape(&b)[0].0,
+        "etcd fragmented: {:?}",
+        shape(&b)
+    );
+    assert_eq!(shape(&a), shape(&b));
+    let all = |rs: &[WatchResponse]| rs.iter().flat_map(event_views).collect::<Vec<_>>();
+    assert_eq!(all(&a), all(&b));
+}
+
+/// The front loses etcd while etcd compacts past the cache: the cache
+/// relists, and every watch it served is canceled with etcd's compaction
+/// revision (its events in between are gone), as etcd cancels a compacted
+/// watch; reads then show the new state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relist_after_compaction_cancels_cached_watches() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let target: SocketAddr = format!("127.0.0.1:{}", etcd.client_port())
+        .parse()
+        .expect("addr");
+    let proxy = common::TcpProxy::start(target).await;
+    let prefix = common::unique_prefix("relist");
+    let p = format!("{prefix}/pods/");
+    let mut ec = Client::connect([etcd.endpoint()], None)
+        .await
+        .expect("etcd");
+    put(&mut ec, &format!("{p}a"), "1").await;
+    let front = TestFront::start(&proxy.endpoint(), &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut w = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    read_until(&mut w, |r| r.created()).await;
+
+    proxy.cut();
+    put(&mut ec, &format!("{p}b"), "2").await;
+    let c = put(&mut ec, &format!("{p}a"), "3").await;
+    ec.compact(c, None).await.expect("compact");
+    proxy.restore();
+
+    let got = read_until(&mut w, |r| r.canceled()).await;
+    let last = got.last().expect("cancel");
+    assert_eq!(last.compact_revision(), c);
+    assert!(
+        got.iter().all(|r| r.events().is_empty()),
+        "no events from the old epoch"
+    );
+    front.wait_rev(c).await;
+    let r = fc
+        .get(
+            p.as_str(),
+            Some(
+                etcd_client::GetOptions::new()
+                    .with_prefix()
+                    .with_serializable(),
+            ),
+        )
+        .await
+        .expect("get");
+    let values: Vec<&[u8]> = r.kvs().iter().map(|kv| kv.value()).collect();
+    assert_eq!(values, [b"3".as_slice(), b"2".as_slice()]);
+}
+
+/// `progress_notify` watches (etcdctl `watch --progress-notify`) get a
+/// progress notification when idle, every
+/// `server.watch_progress_notify_interval_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notify_reaches_idle_watches() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("notify");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        cfg.server.watch_progress_notify_interval_ms = 200;
+    })
+    .await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let rev = put(&mut ec, &format!("{p}a"), "1").await;
+    front.wait_rev(rev).await;
+    let from = rev.to_string();
+    let args = [
+        "watch",
+        "--prefix",
+        p.as_str(),
+        "--rev",
+        from.as_str(),
+        "--progress-notify",
+    ];
+    // The event (3 lines), then a notification.
+    let lines = watch_lines(&front.endpoint(), &args, 4).await;
+    assert_eq!(lines.len(), 4, "{lines:?}");
+    assert_eq!(lines[..2], ["PUT".to_string(), format!("{p}a")]);
+    let notified: i64 = lines[3]
+        .strip_prefix("progress notify: ")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a progress notification: {lines:?}"));
+    assert!(notified >= rev);
+
+    // Through the crate: the notification carries the watch's own id.
+    let mut fc = front.client().await;
+    let mut w = fc
+        .watch(
+            p.as_str(),
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_progress_notify()
+                    .with_watch_id(42),
+            ),
+        )
+        .await
+        .expect("watch");
+    let got = read_until(&mut w, |r| !r.created() && r.events().is_empty()).await;
+    let n = got.last().expect("notification");
+    assert_eq!(n.watch_id(), 42);
+    assert!(n.header().map(|h| h.revision()).unwrap_or(0) >= rev);
+}
+
+/// Many clients on one prefix cost etcd nothing more: every watch is served
+/// from the cache (none forwarded), and each gets every event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_share_the_prefix_watch() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("fanout");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut streams = Vec::new();
+    for _ in 0..10 {
+        let mut c = front.client().await;
+        let mut s = c
+            .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+            .await
+            .expect("watch");
+        for _ in 1..10 {
+            s.watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+                .await
+                .expect("watch");
+        }
+        read_until(&mut s, {
+            let mut n = 0;
+            move |r| {
+                n += usize::from(r.created());
+                n == 10
+            }
+        })
+        .await;
+        streams.push(s);
+    }
+    assert_eq!(
+        front.front.watchers(),
+        (100, 0),
+        "(from the cache, from etcd)"
+    );
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let revs = [
+        put(&mut ec, &format!("{p}a"), "1").await,
+        put(&mut ec, &format!("{p}b"), "2").await,
+    ];
+    for s in &mut streams {
+        let mut seen: HashMap<i64, Vec<i64>> = HashMap::new();
+        read_until(s, |r| {
+            for e in r.events() {
+                seen.entry(r.watch_id())
+                    .or_default()
+                    .push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+            }
+            seen.len() == 10 && seen.values().all(|v| v.len() == 2)
+        })
+        .await;
+        assert!(seen.values().all(|v| v[..] == revs[..]));
+    }
+    drop(streams);
+    let f = Arc::clone(&front.front);
+    let gone = common::eventually(WAIT, || {
+        let f = Arc::clone(&f);
+        async move { f.watchers() == (0, 0) }
+    })
+    .await;
+    assert!(
+        gone,
+        "closed streams end their watches: {:?}",
+        front.front.watchers()
+    );
+}
+
+/// A watch "from now" starts after etcd's current revision, as etcd's does:
+/// a write acknowledged before the watch was created is never delivered,
+/// even if the cache had not applied it yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_now_starts_after_acknowledged_writes() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("fromnow");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let filler = vec![b'f'; 8 * 1024];
+    for i in 0..20 {
+        let key = format!("{p}k{i}");
+        // A burst the cache has to take in just before: without the wait
+        // for etcd's revision the watch would start behind the write.
+        let burst = Txn::new().and_then(
+            (0..100)
+                .map(|j| TxnOp::put(format!("{p}burst{j}"), filler.clone(), None))
+                .collect::<Vec<_>>(),
+        );
+        ec.txn(burst).await.expect("burst");
+        let before = put(&mut ec, &key, "before").await;
+        let mut w = fc.watch(key.as_str(), None).await.expect("watch");
+        let created = read_until(&mut w, |r| r.created()).await;
+        let at = created[0].header().map(|h| h.revision()).unwrap_or(0);
+        assert!(
+            at >= before,
+            "created at {at}, before the write at {before}"
+        );
+        let after = put(&mut fc, &key, "after").await;
+        let got = read_until(&mut w, |r| !r.events().is_empty()).await;
+        let first = got
+            .iter()
+            .flat_map(|r| {
+                r.events()
+                    .iter()
+                    .filter_map(|e| e.kv().map(|kv| kv.mod_revision()))
+            })
+            .next();
+        assert_eq!(
+            first,
+            Some(after),
+            "round {i}: the write before the watch is not delivered"
+        );
+    }
+}
