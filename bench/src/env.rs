@@ -126,6 +126,8 @@ pub struct Daemon {
     pub pid: u32,
     /// The client side of `--secure` (None: plain HTTP).
     pub tls: Option<Arc<ClientTls>>,
+    /// `host:port` of its etcd v3 gRPC front (`--grpc-listen`), if asked for.
+    pub grpc_authority: Option<String>,
     bin: PathBuf,
     /// Flags after `--config` and `--listen` (the secure serving files).
     args: Vec<OsString>,
@@ -242,6 +244,14 @@ impl Daemon {
         Daemon::spawn_with(bin, config_text, false, None)
     }
 
+    /// [`Daemon::spawn`] with its etcd gRPC front on a second free loopback
+    /// port (`--grpc-listen`).
+    pub fn spawn_grpc(bin: &Path, config_text: &str) -> Result<Daemon> {
+        let mut d = Daemon::spawn_with_front(bin, config_text, false, None, true)?;
+        d.start_child()?;
+        Ok(d)
+    }
+
     /// [`Daemon::spawn`] serving TLS with token authentication and RBAC
     /// ([`SecureSetup`]); the client sends `token_override` when given.
     pub fn spawn_secure(
@@ -258,6 +268,19 @@ impl Daemon {
         secure: bool,
         token_override: Option<&str>,
     ) -> Result<Daemon> {
+        let mut d = Daemon::spawn_with_front(bin, config_text, secure, token_override, false)?;
+        d.start_child()?;
+        Ok(d)
+    }
+
+    /// The daemon's files and flags (not started yet).
+    fn spawn_with_front(
+        bin: &Path,
+        config_text: &str,
+        secure: bool,
+        token_override: Option<&str>,
+        grpc: bool,
+    ) -> Result<Daemon> {
         if !bin.is_file() {
             bail!(
                 "watchcache binary not found at {} (build it: cargo build --release --workspace, or pass --watchcache-bin)",
@@ -268,24 +291,31 @@ impl Daemon {
             .prefix("watchcache-bench-")
             .tempdir()?;
         std::fs::write(dir.path().join("watchcache.toml"), config_text)?;
-        let (args, tls) = if secure {
+        let (mut args, tls) = if secure {
             let s = SecureSetup::generate(dir.path(), token_override)?;
             (s.daemon_args, Some(s.client))
         } else {
             (Vec::new(), None)
         };
         let port = free_port()?;
-        let mut d = Daemon {
+        let grpc_authority = if grpc {
+            let a = format!("127.0.0.1:{}", free_port()?);
+            args.push("--grpc-listen".into());
+            args.push(a.clone().into());
+            Some(a)
+        } else {
+            None
+        };
+        Ok(Daemon {
             child: None,
             authority: format!("127.0.0.1:{port}"),
             pid: 0,
             tls,
+            grpc_authority,
             bin: bin.to_path_buf(),
             args,
             dir,
-        };
-        d.start_child()?;
-        Ok(d)
+        })
     }
 
     /// Starts the daemon process (its log is appended to).
@@ -387,6 +417,129 @@ impl Drop for Daemon {
             }
             let _ = c.kill();
             let _ = c.wait();
+        }
+    }
+}
+
+/// `etcd grpc-proxy start` in front of the bench's etcd: the etcd project's
+/// own watch-coalescing proxy, from the same etcd binary as the harness's
+/// (found as etcd is: `$WATCHCACHE_ETCD_BIN`, `tools/etcd`, `PATH`).
+pub struct GrpcProxy {
+    child: Option<Child>,
+    /// `host:port` it listens on.
+    pub authority: String,
+    pub pid: u32,
+    dir: tempfile::TempDir,
+}
+
+impl GrpcProxy {
+    /// Starts it on a free loopback port and waits until a Range through it
+    /// answers. Call it from a thread that outlives it (PDEATHSIG).
+    pub async fn start(etcd_endpoint: &str) -> Result<GrpcProxy> {
+        let bin = watchcache::etcd_server::find_etcd_binary().ok_or_else(|| {
+            anyhow!("no etcd binary for `etcd grpc-proxy start` (set WATCHCACHE_ETCD_BIN)")
+        })?;
+        // It runs in its own directory: the path must not be relative.
+        let bin = std::fs::canonicalize(&bin).unwrap_or(bin);
+        let dir = tempfile::Builder::new()
+            .prefix("watchcache-bench-grpc-proxy-")
+            .tempdir()?;
+        let authority = format!("127.0.0.1:{}", free_port()?);
+        let log = std::fs::File::create(dir.path().join("grpc-proxy.log"))?;
+        let endpoint = etcd_endpoint
+            .trim_start_matches("http://")
+            .trim_end_matches('/');
+        let mut cmd = Command::new(&bin);
+        cmd.args(["grpc-proxy", "start", "--endpoints", endpoint])
+            .arg("--listen-addr")
+            .arg(&authority)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log));
+        watchcache::etcd_server::kill_with_parent(&mut cmd);
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("spawning {} grpc-proxy start", bin.display()))?;
+        let mut p = GrpcProxy {
+            pid: child.id(),
+            child: Some(child),
+            authority,
+            dir,
+        };
+        p.wait_ready(Duration::from_secs(60)).await?;
+        Ok(p)
+    }
+
+    fn log_tail(&self) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.path().join("grpc-proxy.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+
+    async fn wait_ready(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        let endpoint = format!("http://{}", self.authority);
+        loop {
+            let ok = tokio::time::timeout(Duration::from_secs(2), async {
+                let c = etcd_connect(&endpoint).await.ok()?;
+                current_revision(&mut c.kv_client()).await.ok()
+            })
+            .await;
+            if let Ok(Some(_)) = ok {
+                return Ok(());
+            }
+            if let Some(c) = self.child.as_mut()
+                && let Ok(Some(status)) = c.try_wait()
+            {
+                bail!(
+                    "etcd grpc-proxy exited with {status}; log:\n{}",
+                    self.log_tail()
+                );
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "etcd grpc-proxy not ready after {timeout:?}; log:\n{}",
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for GrpcProxy {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits until a Range through the etcd gRPC endpoint at `authority` answers
+/// (the daemon's front opens with its HTTP listener, but not in one step).
+pub async fn wait_grpc(authority: &str, timeout: Duration) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let endpoint = format!("http://{authority}");
+    loop {
+        let r = tokio::time::timeout(Duration::from_secs(2), async {
+            let c = etcd_connect(&endpoint).await?;
+            current_revision(&mut c.kv_client()).await
+        })
+        .await;
+        match r {
+            Ok(Ok(_)) => return Ok(()),
+            Ok(Err(e)) if Instant::now() >= deadline => {
+                bail!("etcd gRPC at {authority} not answering after {timeout:?}: {e:#}")
+            }
+            Err(_) if Instant::now() >= deadline => {
+                bail!("etcd gRPC at {authority} not answering after {timeout:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
 }

@@ -61,6 +61,10 @@ enum EtcdWatchMode {
 enum TargetArg {
     Proxy,
     Etcd,
+    /// etcd watchers on watchcache's etcd v3 gRPC front (fanout only).
+    Grpc,
+    /// etcd watchers through `etcd grpc-proxy start` (fanout only).
+    GrpcProxy,
 }
 
 /// Load generator for watchcache: watch fan-out, lists, gets, start-up and
@@ -77,6 +81,11 @@ struct Cli {
     /// Run both targets in one invocation on the same etcd and print ratios.
     #[arg(long)]
     compare: bool,
+    /// fanout: three columns on the same etcd, etcd watchers on etcd
+    /// directly, through `etcd grpc-proxy start` and on watchcache's gRPC
+    /// front, with the front/grpc-proxy and etcd-CPU ratios.
+    #[arg(long)]
+    compare_grpc: bool,
     /// Serve the proxy the bench starts with TLS, bearer-token authentication
     /// and RBAC (the bench makes the CA, certificate, token file and policy);
     /// its client speaks TLS and sends the token on every request.
@@ -207,6 +216,16 @@ fn main() -> Result<()> {
     if cli.compare_secure && cli.target == TargetArg::Etcd && !cli.compare {
         bail!("--compare-secure compares proxy targets: drop --target etcd");
     }
+    let grpc_target =
+        cli.compare_grpc || matches!(cli.target, TargetArg::Grpc | TargetArg::GrpcProxy);
+    if grpc_target && cli.scenario != Scenario::Fanout {
+        bail!("--target grpc, --target grpc-proxy and --compare-grpc apply to fanout");
+    }
+    if grpc_target && (cli.compare || cli.secure || cli.compare_secure || cli.proxy.is_some()) {
+        bail!(
+            "--target grpc, --target grpc-proxy and --compare-grpc need the plain daemon the bench starts (no --compare, --secure, --compare-secure or --proxy)"
+        );
+    }
     if cli.proxy.is_some() && cli.etcd.is_none() {
         bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
     }
@@ -249,10 +268,16 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
     }
     let duration = cli.duration.unwrap_or(10.0);
     let rate = cli.rate.unwrap_or(100.0);
-    let targets: Vec<Target> = if cli.compare {
+    let targets: Vec<Target> = if cli.compare_grpc {
+        vec![Target::Etcd, Target::GrpcProxy, Target::Grpc]
+    } else if cli.compare {
         vec![Target::Proxy, Target::Etcd]
     } else if cli.target == TargetArg::Proxy || cli.compare_secure {
         vec![Target::Proxy]
+    } else if cli.target == TargetArg::Grpc {
+        vec![Target::Grpc]
+    } else if cli.target == TargetArg::GrpcProxy {
+        vec![Target::GrpcProxy]
     } else {
         vec![Target::Etcd]
     };
@@ -263,7 +288,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         .flat_map(|&t| match t {
             Target::Proxy if cli.compare_secure => vec![(t, false), (t, true)],
             Target::Proxy => vec![(t, cli.secure)],
-            Target::Etcd => vec![(t, false)],
+            Target::Etcd | Target::Grpc | Target::GrpcProxy => vec![(t, false)],
         })
         .collect();
     let default_objects = match cli.scenario {
@@ -300,7 +325,8 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         Some(p) => p.clone(),
         None => default_watchcache_bin()?,
     };
-    let needs_daemon = targets.contains(&Target::Proxy) && cli.scenario != Scenario::Startup;
+    let needs_daemon = (targets.contains(&Target::Proxy) || targets.contains(&Target::Grpc))
+        && cli.scenario != Scenario::Startup;
     let mut ctx = Ctx {
         etcd_endpoint: etcd_endpoint.clone(),
         keeper,
@@ -312,6 +338,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         }),
         proxy_pid_override: cli.proxy_pid,
         daemon: None,
+        grpc_proxy: None,
         tls: None,
         watchcache_bin,
         mp: MultiProgress::new(),
@@ -327,9 +354,26 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         history,
         ctx.p.list_page_size,
     );
-    if own_daemon {
+    if own_daemon && targets.contains(&Target::Grpc) {
+        let t = Instant::now();
+        let mut d = Daemon::spawn_grpc(&ctx.watchcache_bin, &daemon_cfg)?;
+        d.wait_ready(t, Duration::from_secs(120))
+            .await
+            .context("starting watchcache")?;
+        let front = d.grpc_authority.clone().unwrap_or_default();
+        env::wait_grpc(&front, Duration::from_secs(60)).await?;
+        ctx.proxy_authority = Some(d.authority.clone());
+        ctx.daemon = Some(d);
+    } else if own_daemon {
         let secure = runs.iter().any(|&(t, s)| t == Target::Proxy && s) && !cli.compare_secure;
         start_daemon(&mut ctx, &daemon_cfg, secure, cli.bearer_token.as_deref()).await?;
+    }
+    if targets.contains(&Target::GrpcProxy) {
+        ctx.grpc_proxy = Some(
+            env::GrpcProxy::start(&etcd_endpoint)
+                .await
+                .context("starting etcd grpc-proxy")?,
+        );
     }
 
     let etcd_version = env::etcd_version(&etcd_endpoint).await;
@@ -393,17 +437,26 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
             results.insert(key, value);
         }
     }
-    // Shut the daemon down before reporting.
+    // Shut the daemon and grpc-proxy down before reporting.
     ctx.daemon.take();
+    ctx.grpc_proxy.take();
 
     let results = Value::Object(results);
     let (mut ratios, mut goals) = ratios_and_goals(cli.scenario, &results);
+    if cli.compare_grpc {
+        (ratios, goals) = grpc_ratios_and_goals(&results);
+    }
     if cli.compare_secure {
         let (r, g) = secure_ratios_and_goals(cli.scenario, &results);
         merge(&mut ratios, r);
         merge(&mut goals, g);
     }
-    let security = if cli.compare_secure {
+    let security = if targets
+        .iter()
+        .any(|t| matches!(t, Target::Grpc | Target::GrpcProxy))
+    {
+        " (proxy cpu s / proxy MB: the front of the row: watchcache, or etcd grpc-proxy)"
+    } else if cli.compare_secure {
         " (rows *_secure: TLS + bearer token + RBAC)"
     } else if cli.secure {
         " (proxy over TLS + bearer token + RBAC)"
@@ -430,6 +483,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
             "targets": targets.iter().map(|t| t.name()).collect::<Vec<_>>(),
             "secure": cli.secure,
             "compare_secure": cli.compare_secure,
+            "compare_grpc": cli.compare_grpc,
             "watchers": ctx.p.watchers,
             "rate_per_s": ctx.p.rate,
             "duration_s": ctx.p.duration_s,
@@ -610,6 +664,52 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
     }
 }
 
+/// `--compare-grpc`: watchcache's gRPC front (`grpc`) against etcd
+/// grpc-proxy (`grpc_proxy`), and the etcd CPU each leaves to etcd against
+/// watchers on etcd directly (`etcd`). `processes.proxy` is the front of
+/// each column (the daemon, or grpc-proxy).
+fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
+    let (Some(front), Some(gp), Some(etcd)) = (r.get("grpc"), r.get("grpc_proxy"), r.get("etcd"))
+    else {
+        return (json!({}), json!({}));
+    };
+    let clean = ["lost", "duplicated", "unexpected", "out_of_order"]
+        .iter()
+        .all(|k| [front, gp, etcd].iter().all(|x| num(x, &[k]) == 0.0));
+    let all_established = [front, gp, etcd]
+        .iter()
+        .all(|x| num(x, &["watchers_established"]) == num(x, &["watchers"]));
+    let over = |path: &[&str]| ratio(num(front, path), num(gp, path));
+    let dps = ["deliveries_per_s"];
+    let p99 = ["latency_ms", "p99_ms"];
+    let cpu = ["processes", "proxy", "cpu_s"];
+    let cpu_per = ["per_delivery", "holder_cpu_us_per_delivery"];
+    let rss = ["per_delivery", "holder_rss_per_watcher_bytes"];
+    let etcd_cpu = ["processes", "etcd", "cpu_s"];
+    (
+        json!({
+            "deliveries_per_s_front_over_grpc_proxy": over(&dps),
+            "p99_latency_front_over_grpc_proxy": over(&p99),
+            "p50_latency_front_over_grpc_proxy": over(&["latency_ms", "p50_ms"]),
+            "front_cpu_front_over_grpc_proxy": over(&cpu),
+            "front_cpu_per_delivery_front_over_grpc_proxy": over(&cpu_per),
+            "front_rss_per_watcher_front_over_grpc_proxy": over(&rss),
+            "etcd_cpu_front_over_etcd_direct": ratio(num(front, &etcd_cpu), num(etcd, &etcd_cpu)),
+            "etcd_cpu_grpc_proxy_over_etcd_direct": ratio(num(gp, &etcd_cpu), num(etcd, &etcd_cpu)),
+            "p99_latency_front_over_etcd_direct": ratio(num(front, &p99), num(etcd, &p99)),
+        }),
+        json!({
+            "zero_lost_and_duplicated": clean,
+            "every_watcher_established": all_established,
+            "front_deliveries_per_s_at_least_grpc_proxy": num(front, &dps) >= num(gp, &dps),
+            "front_p99_no_worse_than_grpc_proxy": num(front, &p99) <= num(gp, &p99),
+            "front_cpu_below_grpc_proxy": num(front, &cpu) <= num(gp, &cpu),
+            "front_rss_per_watcher_below_grpc_proxy": num(front, &rss) <= num(gp, &rss),
+            "etcd_cpu_with_front_at_most_a_tenth": num(front, &etcd_cpu) <= num(etcd, &etcd_cpu) / 10.0,
+        }),
+    )
+}
+
 fn num(v: &Value, path: &[&str]) -> f64 {
     let mut cur = v;
     for p in path {
@@ -623,7 +723,10 @@ fn num(v: &Value, path: &[&str]) -> f64 {
 
 fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
     let (Some(proxy), Some(etcd)) = (r.get("proxy"), r.get("etcd")) else {
-        let goals = match (s, r.get("proxy").or(r.get("etcd"))) {
+        let one = ["proxy", "etcd", "grpc", "grpc_proxy"]
+            .iter()
+            .find_map(|k| r.get(*k));
+        let goals = match (s, one) {
             (Scenario::Fanout, Some(x)) => json!({
                 "zero_lost_and_duplicated": num(x, &["lost"]) == 0.0 && num(x, &["duplicated"]) == 0.0,
             }),

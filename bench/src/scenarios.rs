@@ -16,8 +16,8 @@ use watchcache::storage::prefix_range_end;
 
 use crate::check::{CheckResult, check_deliveries};
 use crate::env::{
-    Daemon, EtcdKeeper, big_kv, clear_prefix, current_revision, daemon_config, etcd_connect,
-    etcd_metric, load_objects, ns_prefix, object_name,
+    Daemon, EtcdKeeper, GrpcProxy, big_kv, clear_prefix, current_revision, daemon_config,
+    etcd_connect, etcd_metric, load_objects, ns_prefix, object_name,
 };
 use crate::http::{Conn, HttpTarget, Pool};
 use crate::procfs::{ProcSample, reset_peak, sample, self_pid};
@@ -31,6 +31,10 @@ use crate::wire::{extract_continue, extract_resource_version, make_object, now_n
 pub enum Target {
     Proxy,
     Etcd,
+    /// etcd watchers on watchcache's etcd v3 gRPC front (`--grpc-listen`).
+    Grpc,
+    /// etcd watchers through `etcd grpc-proxy start` (etcd's own proxy).
+    GrpcProxy,
 }
 
 impl Target {
@@ -38,6 +42,17 @@ impl Target {
         match self {
             Target::Proxy => "proxy",
             Target::Etcd => "etcd",
+            Target::Grpc => "grpc",
+            Target::GrpcProxy => "grpc_proxy",
+        }
+    }
+
+    /// The process in front of etcd that holds the watchers, if any.
+    pub fn front(self) -> Option<&'static str> {
+        match self {
+            Target::Proxy | Target::Grpc => Some("watchcache"),
+            Target::GrpcProxy => Some("etcd grpc-proxy"),
+            Target::Etcd => None,
         }
     }
 }
@@ -76,6 +91,8 @@ pub struct Ctx {
     pub proxy_authority: Option<String>,
     pub proxy_pid_override: Option<u32>,
     pub daemon: Option<Daemon>,
+    /// `etcd grpc-proxy start` for the `grpc_proxy` target.
+    pub grpc_proxy: Option<GrpcProxy>,
     /// TLS and bearer token of the proxy under test (`--secure`), None: plain.
     pub tls: Option<Arc<ClientTls>>,
     pub watchcache_bin: std::path::PathBuf,
@@ -93,6 +110,34 @@ impl Ctx {
     pub fn proxy_pid(&self) -> Option<u32> {
         self.proxy_pid_override
             .or_else(|| self.daemon.as_ref().map(|d| d.pid))
+    }
+
+    /// The pid sampled as `processes.proxy` while `target` runs: etcd
+    /// grpc-proxy for its target, else the watchcache daemon.
+    fn front_pid(&self, target: Target) -> Option<u32> {
+        match target {
+            Target::GrpcProxy => self.grpc_proxy.as_ref().map(|g| g.pid),
+            _ => self.proxy_pid(),
+        }
+    }
+
+    /// `http://host:port` of the etcd gRPC endpoint the watchers of `target` use.
+    fn grpc_endpoint(&self, target: Target) -> Result<String> {
+        match target {
+            Target::Etcd => Ok(self.etcd_endpoint.clone()),
+            Target::Grpc => self
+                .daemon
+                .as_ref()
+                .and_then(|d| d.grpc_authority.as_ref())
+                .map(|a| format!("http://{a}"))
+                .ok_or_else(|| anyhow!("no watchcache gRPC front (internal error)")),
+            Target::GrpcProxy => self
+                .grpc_proxy
+                .as_ref()
+                .map(|g| format!("http://{}", g.authority))
+                .ok_or_else(|| anyhow!("no etcd grpc-proxy (internal error)")),
+            Target::Proxy => bail!("the proxy target speaks HTTP"),
+        }
     }
 
     fn proxy(&self) -> Result<HttpTarget> {
@@ -115,6 +160,14 @@ impl Ctx {
             },
             Target::Etcd if p.etcd_mux => "grpc, one watch stream per connection",
             Target::Etcd => "grpc, one watch stream per watcher",
+            Target::Grpc if p.etcd_mux => {
+                "grpc to watchcache's etcd front, one watch stream per connection"
+            }
+            Target::Grpc => "grpc to watchcache's etcd front, one watch stream per watcher",
+            Target::GrpcProxy if p.etcd_mux => {
+                "grpc to etcd grpc-proxy, one watch stream per connection"
+            }
+            Target::GrpcProxy => "grpc to etcd grpc-proxy, one watch stream per watcher",
         }
     }
 
@@ -153,13 +206,14 @@ struct Usage {
 }
 
 impl Usage {
-    /// Resets peak RSS and samples etcd, the proxy and the bench itself.
-    fn start(ctx: &Ctx) -> Usage {
+    /// Resets peak RSS and samples etcd, the process in front of it (the
+    /// daemon, or etcd grpc-proxy for that target) and the bench itself.
+    fn start(ctx: &Ctx, target: Target) -> Usage {
         let etcd = ctx.etcd_pid().and_then(|pid| {
             reset_peak(pid);
             sample(pid).map(|s| (pid, s))
         });
-        let proxy = ctx.proxy_pid().and_then(|pid| {
+        let proxy = ctx.front_pid(target).and_then(|pid| {
             reset_peak(pid);
             sample(pid).map(|s| (pid, s))
         });
@@ -206,7 +260,7 @@ impl Usage {
 fn per_delivery_costs(usage: &Value, target: Target, deliveries: u64, watchers: usize) -> Value {
     let get = |who: &str, k: &str| usage[who][k].as_f64();
     let holder = match target {
-        Target::Proxy => "proxy",
+        Target::Proxy | Target::Grpc | Target::GrpcProxy => "proxy",
         Target::Etcd => "etcd",
     };
     let us = |cpu: Option<f64>| -> Value {
@@ -312,8 +366,14 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
                 path: ctx.list_path(),
             }
         }
-        Target::Etcd => {
-            clients = etcd_clients(&ctx.etcd_endpoint, p.connections).await?;
+        Target::Etcd | Target::Grpc | Target::GrpcProxy => {
+            if target == Target::Grpc {
+                // The front serves the ring from where the cache is: let it
+                // reach r0 first, as for the proxy target.
+                let mut c = ctx.proxy()?.connect().await?;
+                proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
+            }
+            clients = etcd_clients(&ctx.grpc_endpoint(target)?, p.connections).await?;
             WatchTarget::Etcd {
                 clients: &clients,
                 prefix: prefix.clone(),
@@ -342,7 +402,7 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
 
     // Write phase.
     let total = (p.rate * p.duration_s).round().max(1.0) as u64;
-    let usage = Usage::start(ctx);
+    let usage = Usage::start(ctx, target);
     let pb = ctx.bar(total, "writing");
     pb.set_prefix(target.name());
     let log: Arc<Mutex<Vec<WriteRecord>>> =
@@ -462,6 +522,8 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
     let per_delivery = per_delivery_costs(&usage, target, deliveries, established);
     let result = json!({
         "target": target.name(),
+        // The process sampled as `processes.proxy` (null: none in front).
+        "front": target.front(),
         "per_delivery": per_delivery,
         "watchers": p.watchers,
         "watchers_established": established,
@@ -546,7 +608,7 @@ pub async fn list(
             .get(prefix.as_str(), Some(GetOptions::new().with_prefix()))
             .await?;
         items = r.kvs().len();
-        usage = Usage::start(ctx);
+        usage = Usage::start(ctx, Target::Proxy);
         for _ in 0..p.iterations {
             let t = Instant::now();
             let r = kv
@@ -581,7 +643,7 @@ pub async fn list(
         items = v["items"].as_array().map(|a| a.len()).unwrap_or(0);
         drop(v);
         drop(body);
-        usage = Usage::start(ctx);
+        usage = Usage::start(ctx, Target::Proxy);
         for _ in 0..p.iterations {
             let t = Instant::now();
             full_bytes = conn.get_count(&full_q).await?;
@@ -706,7 +768,7 @@ pub async fn get(
         connections = if pool.len() == 0 { k } else { pool.len() };
         pool_keep = Some(pool);
     }
-    let usage = Usage::start(ctx);
+    let usage = Usage::start(ctx, Target::Proxy);
     let start = Instant::now();
     let deadline = start + dur;
     for w in 0..k {
@@ -900,6 +962,7 @@ pub async fn startup(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogr
                 "note": "etcd restarted on its data dir; time from spawn to /health ok",
             })
         }
+        Target::Grpc | Target::GrpcProxy => bail!("startup has no {} target", target.name()),
     };
     pb.finish_and_clear();
     Ok((result, None))
@@ -923,6 +986,9 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
     let mut kv = client.kv_client();
     let r0 = current_revision(&mut kv).await?;
     let settle = Duration::from_secs_f64(p.settle_s);
+    if matches!(target, Target::Grpc | Target::GrpcProxy) {
+        bail!("idle has no {} target", target.name());
+    }
 
     let mut pool: Option<Pool> = None;
     let mut clients: Vec<Client> = Vec::new();
@@ -943,7 +1009,7 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
             pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
             path: ctx.list_path(),
         },
-        Target::Etcd => WatchTarget::Etcd {
+        Target::Etcd | Target::Grpc | Target::GrpcProxy => WatchTarget::Etcd {
             clients: &clients,
             prefix,
             mux: p.etcd_mux,
@@ -975,7 +1041,7 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
         }
     };
     let holder = match target {
-        Target::Proxy => per(before_proxy, after_proxy),
+        Target::Proxy | Target::Grpc | Target::GrpcProxy => per(before_proxy, after_proxy),
         Target::Etcd => per(before_etcd, after_etcd),
     };
     let result = json!({
