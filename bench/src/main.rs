@@ -667,7 +667,8 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
 /// `--compare-grpc`: watchcache's gRPC front (`grpc`) against etcd
 /// grpc-proxy (`grpc_proxy`), and the etcd CPU each leaves to etcd against
 /// watchers on etcd directly (`etcd`). `processes.proxy` is the front of
-/// each column (the daemon, or grpc-proxy).
+/// each column (the daemon, or grpc-proxy). Both deliver what the writers
+/// offer, so deliveries/s count as matched within 1 %.
 fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
     let (Some(front), Some(gp), Some(etcd)) = (r.get("grpc"), r.get("grpc_proxy"), r.get("etcd"))
     else {
@@ -701,7 +702,7 @@ fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
         json!({
             "zero_lost_and_duplicated": clean,
             "every_watcher_established": all_established,
-            "front_deliveries_per_s_at_least_grpc_proxy": num(front, &dps) >= num(gp, &dps),
+            "front_deliveries_per_s_at_least_grpc_proxy": num(front, &dps) >= 0.99 * num(gp, &dps),
             "front_p99_no_worse_than_grpc_proxy": num(front, &p99) <= num(gp, &p99),
             "front_cpu_below_grpc_proxy": num(front, &cpu) <= num(gp, &cpu),
             "front_rss_per_watcher_below_grpc_proxy": num(front, &rss) <= num(gp, &rss),
