@@ -7,7 +7,10 @@
 //! daemon (the `watchcache` binary next to this one); `--etcd URL` and
 //! `--proxy URL` use running ones. `--secure` runs that daemon with TLS,
 //! bearer tokens and RBAC; `--compare-secure` runs the proxy target plain and
-//! secure and prints the cost as ratios. See docs/BENCHMARKS.md.
+//! secure and prints the cost as ratios. `fanout --target grpc` / `--target
+//! grpc-proxy` put etcd watchers on watchcache's etcd gRPC front or on `etcd
+//! grpc-proxy`; `--compare-grpc` runs both and etcd direct. See
+//! docs/BENCHMARKS.md.
 
 mod chaos;
 mod check;
