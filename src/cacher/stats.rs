@@ -36,6 +36,7 @@ pub(crate) enum WatchEnd {
 }
 
 impl WatchEnd {
+    /// In declaration order: `reason as usize` indexes `CacherStats::terminated`.
     const ALL: [WatchEnd; 5] = [
         WatchEnd::Expired,
         WatchEnd::Timeout,
@@ -177,15 +178,11 @@ impl CacherStats {
     }
     /// A watcher ended for `reason`.
     pub(crate) fn watcher_ended(&self, reason: WatchEnd) {
-        let i = WatchEnd::ALL.iter().position(|r| *r == reason).unwrap_or(0);
-        Self::bump(&self.terminated[i]);
+        Self::bump(&self.terminated[reason as usize]);
     }
     /// Watchers ended for `reason` so far.
     pub(crate) fn terminated(&self, reason: WatchEnd) -> u64 {
-        WatchEnd::ALL
-            .iter()
-            .position(|r| *r == reason)
-            .map_or(0, |i| self.terminated[i].load(Ordering::Relaxed))
+        self.terminated[reason as usize].load(Ordering::Relaxed)
     }
     /// Watchers that fell out of the history (410).
     pub fn watchers_expired(&self) -> u64 {

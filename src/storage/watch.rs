@@ -13,9 +13,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use etcd_client::proto::{PbEvent, PbResponseHeader};
-use etcd_client::{EventType, WatchOptions, WatchRequestSender, WatchResponseStream};
+use etcd_client::{
+    EventType as PbEventType, WatchOptions, WatchRequestSender, WatchResponseStream,
+};
 
-use super::{Storage, StorageError, Transformer, Unreadable, utf8_key};
+use super::{Storage, StorageError, Transformer, Unreadable, prefix_range_end, utf8_key};
 
 /// One change of a watched key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,18 +64,17 @@ pub enum WatchItem {
     Progress { revision: i64 },
 }
 
-/// An open etcd watch stream over one prefix.
+/// An open etcd watch stream over one prefix: a [`RawWatch`] whose values
+/// pass through the [`Transformer`].
 pub struct Watch {
-    requests: WatchRequestSender,
-    responses: WatchResponseStream,
+    raw: RawWatch,
     transformer: Arc<dyn Transformer>,
-    from_revision: i64,
 }
 
 impl std::fmt::Debug for Watch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Watch")
-            .field("from_revision", &self.from_revision)
+            .field("from_revision", &self.raw.from_revision)
             .finish_non_exhaustive()
     }
 }
@@ -84,33 +85,12 @@ impl Storage {
     /// progress notifications. Opening the stream is bounded by the request
     /// deadline; the stream itself is not.
     pub async fn watch(&self, prefix: &str, from_revision: i64) -> Result<Watch, StorageError> {
-        let opts = WatchOptions::new()
-            .with_prefix()
-            .with_start_revision(from_revision)
-            .with_prev_key()
-            .with_progress_notify();
-        let mut client = self.watch_client();
-        let stream = match tokio::time::timeout(
-            self.request_timeout,
-            client.watch(prefix.to_string(), Some(opts)),
-        )
-        .await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err(StorageError::from_etcd("watch", from_revision, e)),
-            Err(_) => {
-                return Err(StorageError::Timeout(format!(
-                    "watch: etcd did not open the stream within {:?}",
-                    self.request_timeout
-                )));
-            }
-        };
-        let (requests, responses) = stream.split();
+        let raw = self
+            .watch_raw(prefix.as_bytes(), &prefix_range_end(prefix), from_revision)
+            .await?;
         Ok(Watch {
-            requests,
-            responses,
+            raw,
             transformer: Arc::clone(&self.transformer),
-            from_revision,
         })
     }
 }
@@ -121,84 +101,53 @@ impl Watch {
     /// transient (resume from the last revision seen). Cancel-safe: the
     /// only await is the stream's next message.
     pub async fn next(&mut self) -> Result<WatchItem, StorageError> {
-        loop {
-            let resp = match self.responses.message().await {
-                Ok(Some(r)) => r,
-                Ok(None) => {
-                    return Err(StorageError::Unavailable("watch stream closed".into()));
-                }
-                Err(e) => return Err(StorageError::from_etcd("watch", self.from_revision, e)),
-            };
-            if resp.canceled() {
-                if resp.compact_revision() > 0 {
-                    return Err(StorageError::Compacted {
-                        requested: self.from_revision,
-                        compacted: resp.compact_revision(),
-                    });
-                }
-                return Err(StorageError::Unavailable(format!(
-                    "watch canceled by etcd: {}",
-                    resp.cancel_reason()
-                )));
-            }
-            if resp.events().is_empty() {
-                if resp.created() {
-                    // The creation header's revision does not mean the
-                    // events up to it have been sent.
-                    continue;
-                }
-                match resp.header().map(|h| h.revision()) {
-                    Some(revision) => return Ok(WatchItem::Progress { revision }),
-                    None => continue,
-                }
-            }
-            let mut revision = 0;
-            let mut events = Vec::with_capacity(resp.events().len());
-            for ev in resp.events() {
-                let Some(kv) = ev.kv() else { continue };
-                let mod_revision = kv.mod_revision();
-                revision = revision.max(mod_revision);
-                let key = match utf8_key(kv.key().to_vec()) {
+        let (events, revision) = match self.raw.next().await? {
+            RawWatchItem::Progress { revision, .. } => return Ok(WatchItem::Progress { revision }),
+            RawWatchItem::Events {
+                events, revision, ..
+            } => (events, revision),
+        };
+        let events = events
+            .into_iter()
+            .filter_map(|ev| {
+                let delete = ev.r#type == PbEventType::Delete as i32;
+                let kv = ev.kv?;
+                let mod_revision = kv.mod_revision;
+                let key = match utf8_key(kv.key) {
                     Ok(k) => k,
                     Err(unreadable) => {
-                        events.push(WatchEvent::Unreadable {
+                        return Some(WatchEvent::Unreadable {
                             unreadable,
                             mod_revision,
                         });
-                        continue;
                     }
                 };
-                events.push(match ev.event_type() {
-                    EventType::Delete => WatchEvent::Delete { key, mod_revision },
-                    EventType::Put => match self
-                        .transformer
-                        .from_storage(&key, Bytes::copy_from_slice(kv.value()))
-                    {
+                if delete {
+                    return Some(WatchEvent::Delete { key, mod_revision });
+                }
+                Some(
+                    match self.transformer.from_storage(&key, Bytes::from(kv.value)) {
                         Ok(value) => WatchEvent::Put {
                             key,
                             value,
                             mod_revision,
-                            create_revision: kv.create_revision(),
+                            create_revision: kv.create_revision,
                         },
                         Err(error) => WatchEvent::Unreadable {
                             unreadable: Unreadable { key, error },
                             mod_revision,
                         },
                     },
-                });
-            }
-            self.from_revision = self.from_revision.max(revision + 1);
-            return Ok(WatchItem::Events { events, revision });
-        }
+                )
+            })
+            .collect();
+        Ok(WatchItem::Events { events, revision })
     }
 
     /// Asks etcd for a progress notification (answered as a
     /// [`WatchItem::Progress`] once every event up to its revision was sent).
     pub async fn request_progress(&mut self) -> Result<(), StorageError> {
-        self.requests
-            .request_progress()
-            .await
-            .map_err(|e| StorageError::from_etcd("watch progress request", 0, e))
+        self.raw.request_progress().await
     }
 }
 

@@ -154,27 +154,29 @@ impl Chain {
         }
     }
 
-    fn encrypt(&self, key: &str, value: &[u8]) -> Result<Vec<u8>, TransformError> {
+    /// Identity returns the value itself (a shared `Bytes`, no copy): it is
+    /// the default for every resource, on every read and write.
+    fn encrypt(&self, key: &str, value: &Bytes) -> Result<Bytes, TransformError> {
         // A chain is never empty: the config requires a provider per entry.
         let Some(first) = self.providers.first() else {
-            return Ok(value.to_vec());
+            return Ok(value.clone());
         };
         match &first.cipher {
-            None => Ok(value.to_vec()),
+            None => Ok(value.clone()),
             Some(c) => {
                 let sealed =
                     c.seal(value, key.as_bytes())
                         .map_err(|_| TransformError::EncryptFailed {
                             provider: first.name.clone(),
                         })?;
-                Ok([&first.prefix[..], &sealed].concat())
+                Ok(Bytes::from([&first.prefix[..], &sealed].concat()))
             }
         }
     }
 
     /// Every provider whose prefix the value has is tried in order; the
     /// first that reads it wins (kube-apiserver's prefixTransformers).
-    fn decrypt(&self, key: &str, value: &[u8]) -> Result<Vec<u8>, TransformError> {
+    fn decrypt(&self, key: &str, value: &Bytes) -> Result<Bytes, TransformError> {
         let mut first_err = None;
         for p in &self.providers {
             let Some(data) = value.strip_prefix(&p.prefix[..]) else {
@@ -185,10 +187,10 @@ impl Chain {
                 if value.starts_with(ENCRYPTED_PREFIX) {
                     continue;
                 }
-                return Ok(value.to_vec());
+                return Ok(value.clone());
             };
             match cipher.open(data, key.as_bytes()) {
-                Ok(v) => return Ok(v),
+                Ok(v) => return Ok(Bytes::from(v)),
                 Err(e) => {
                     let provider = p.name.clone();
                     first_err.get_or_insert(match e {
@@ -383,7 +385,7 @@ impl Transformer for EncryptionTransformer {
         match route.chain.encrypt(key, &value) {
             Ok(v) => {
                 route.ops.to_ok.inc();
-                Ok(Bytes::from(v))
+                Ok(v)
             }
             Err(error) => {
                 route.ops.to_err.inc();
@@ -397,7 +399,7 @@ impl Transformer for EncryptionTransformer {
         match route.chain.decrypt(key, &value) {
             Ok(v) => {
                 route.ops.from_ok.inc();
-                Ok(Bytes::from(v))
+                Ok(v)
             }
             Err(error) => {
                 route.ops.from_err.inc();
