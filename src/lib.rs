@@ -8,6 +8,7 @@ pub mod api;
 pub mod auth;
 pub mod backoff;
 pub mod cacher;
+pub mod coalesced_stream;
 pub mod config;
 pub mod etcd_server;
 pub mod grpc;

@@ -140,10 +140,16 @@ pub fn daemon_config(
     prefix: &str,
     history_capacity: usize,
     list_page_size: Option<usize>,
+    server: &[String],
 ) -> String {
     let page = list_page_size
         .map(|n| format!("list_page_size = {n}\n"))
         .unwrap_or_default();
+    let server = if server.is_empty() {
+        String::new()
+    } else {
+        format!("\n[server]\n{}\n", server.join("\n"))
+    };
     format!(
         r#"listen = "127.0.0.1:8080"
 
@@ -158,7 +164,7 @@ kind = "Pod"
 plural = "pods"
 namespaced = true
 history_capacity = {history_capacity}
-"#
+{server}"#
     )
 }
 

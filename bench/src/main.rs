@@ -194,6 +194,11 @@ struct Cli {
     /// No progress bars.
     #[arg(long)]
     no_progress: bool,
+    /// A `[server]` setting of the daemon the bench starts, as TOML
+    /// `KEY=VALUE` (repeatable), e.g. `--daemon-server coalesce_writes=false`
+    /// to measure what a setting is worth.
+    #[arg(long = "daemon-server", value_name = "KEY=VALUE")]
+    daemon_server: Vec<String>,
 }
 
 fn main() -> Result<()> {
@@ -323,6 +328,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         etcd_prefix: cli.etcd_prefix.clone(),
         settle_s: cli.settle,
         list_page_size: cli.list_page_size,
+        daemon_server: cli.daemon_server.clone(),
     };
     let watchcache_bin = match &cli.watchcache_bin {
         Some(p) => p.clone(),
@@ -356,6 +362,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         &ctx.p.etcd_prefix,
         history,
         ctx.p.list_page_size,
+        &ctx.p.daemon_server,
     );
     if own_daemon && targets.contains(&Target::Grpc) {
         let t = Instant::now();

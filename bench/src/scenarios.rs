@@ -81,6 +81,8 @@ pub struct Params {
     pub settle_s: f64,
     /// `etcd.list_page_size` of the daemons the bench starts (None: its default).
     pub list_page_size: Option<usize>,
+    /// `[server]` settings (`KEY=VALUE`) of the daemon the bench starts.
+    pub daemon_server: Vec<String>,
 }
 
 /// The environment every scenario runs in.
@@ -896,6 +898,7 @@ async fn daemon_ready(ctx: &Ctx, etcd_prefix: &str) -> Result<(f64, u64)> {
         etcd_prefix,
         10_000,
         ctx.p.list_page_size,
+        &ctx.p.daemon_server,
     );
     let t = Instant::now();
     let mut d = Daemon::spawn(&ctx.watchcache_bin, &cfg)?;

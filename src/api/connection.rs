@@ -12,6 +12,7 @@
 //! The cap on open connections (`server.max_connections`) is applied at
 //! accept, in [`super::Server::serve`], with the permit this task holds.
 
+use crate::coalesced_stream::ServerStream;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -45,6 +46,8 @@ pub(crate) struct ConnectionLimits {
     pub first_request_timeout: Duration,
     /// Without a request in flight (`idle_timeout_ms`); `None` = never.
     pub idle_timeout: Option<Duration>,
+    /// `coalesce_writes`: one system call per batch of frames.
+    pub coalesce_writes: bool,
 }
 
 impl ConnectionLimits {
@@ -53,6 +56,7 @@ impl ConnectionLimits {
             first_request_timeout: Duration::from_millis(cfg.header_read_timeout_ms.max(1)),
             idle_timeout: (cfg.idle_timeout_ms > 0)
                 .then(|| Duration::from_millis(cfg.idle_timeout_ms)),
+            coalesce_writes: cfg.coalesce_writes,
         }
     }
 }
@@ -189,14 +193,13 @@ pub(crate) async fn serve(
     let _open = Open::new();
     let first_request_deadline = Instant::now() + limits.first_request_timeout;
     let Some(acceptor) = tls else {
-        let io = TokioIo::new(stream);
+        let io = TokioIo::new(ServerStream::new(stream, limits.coalesce_writes));
         let conn = secure::Connection::default();
         let at = first_request_deadline;
         serve_io(io, conn, peer, &builder, state, limits, at, close_rx).await;
         return;
     };
-    let Some(tls) = tls_handshake(&acceptor, stream, limits.first_request_timeout, peer).await
-    else {
+    let Some(tls) = tls_handshake(&acceptor, stream, &limits, peer).await else {
         return;
     };
     // The client certificate is verified once per connection; every request
@@ -308,10 +311,11 @@ const PLAIN_HTTP_ON_TLS: &[u8] =
 async fn tls_handshake(
     acceptor: &tokio_rustls::TlsAcceptor,
     mut stream: tokio::net::TcpStream,
-    timeout: Duration,
+    limits: &ConnectionLimits,
     peer: std::net::SocketAddr,
-) -> Option<tokio_rustls::server::TlsStream<tokio::net::TcpStream>> {
+) -> Option<tokio_rustls::server::TlsStream<ServerStream>> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let timeout = limits.first_request_timeout;
     let mut first = [0u8; 1];
     match tokio::time::timeout(timeout, stream.peek(&mut first)).await {
         Ok(Ok(1)) => {}
@@ -333,7 +337,12 @@ async fn tls_handshake(
         }
         return None;
     }
-    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+    match tokio::time::timeout(
+        timeout,
+        acceptor.accept(ServerStream::new(stream, limits.coalesce_writes)),
+    )
+    .await
+    {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
             debug!(%peer, error = %e, "TLS handshake failed");

@@ -71,7 +71,12 @@ pub(crate) struct WatchStreamParams {
 
 /// Starts the pump of `watcher` and returns the response body.
 pub(crate) fn spawn(watcher: Watcher, params: WatchStreamParams) -> Body {
-    let pipe = Arc::new(Pipe::default());
+    let pipe = Arc::new(Pipe {
+        // A child of the server's token: the pump waits on one token of
+        // its own, not on one that every watch shares (and locks).
+        reader_gone: params.shutdown.child_token(),
+        ..Pipe::default()
+    });
     tokio::spawn(pump(watcher, Arc::clone(&pipe), params));
     StreamBody::new(PipeReader(pipe)).boxed_unsync()
 }
@@ -84,7 +89,8 @@ struct Pipe {
     reader: AtomicWaker,
     /// The pump, waiting for room.
     room: Notify,
-    /// The body was dropped (the response ended or the client went away).
+    /// The body was dropped (the response ended or the client went away),
+    /// or the server is shutting down.
     reader_gone: CancellationToken,
 }
 
@@ -209,21 +215,31 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
     let mut pushed = false;
     // `found_empty` when the last chunk was queued while catching up.
     let mut mark = 0u64;
+    // Created once, not per event: a token's `cancelled()` registers with
+    // the token under its lock. It also fires on shutdown (see `spawn`).
+    let gone = pipe.reader_gone.cancelled();
+    tokio::pin!(gone);
+    let gone_or_shutdown = || {
+        if shutdown.is_cancelled() {
+            End::Shutdown
+        } else {
+            End::Gone
+        }
+    };
     let end = loop {
         if catching_up && pipe.unread() >= cap {
             tokio::select! {
                 _ = pipe.room.notified() => continue,
-                _ = pipe.reader_gone.cancelled() => break End::Gone,
-                _ = shutdown.cancelled() => break End::Shutdown,
+                _ = &mut gone => break gone_or_shutdown(),
                 _ = sleep_opt(&mut backstop) => break End::Deadline,
             }
         }
         let initial = watcher.sending_initial_events();
         let item = tokio::select! {
             biased;
-            _ = pipe.reader_gone.cancelled() => break End::Gone,
-            _ = shutdown.cancelled() => break End::Shutdown,
-            _ = sleep_opt(&mut backstop) => break End::Deadline,
+            _ = &mut gone => break gone_or_shutdown(),
+            // No backstop timer here: the watcher ends itself at its
+            // deadline, and polling a timer per event is not free.
             item = watcher.next() => item,
         };
         match item {

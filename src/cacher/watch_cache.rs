@@ -66,7 +66,9 @@ pub struct WatchCache {
     ready_tx: watch::Sender<bool>,
     ready: AtomicBool,
     watchers: IndexedWatchers,
-    closed: CancellationToken,
+    /// Set by [`WatchCache::close`]. A plain flag: every watcher checks it
+    /// on every wake, and a token's check takes a lock they all share.
+    closed: AtomicBool,
     stats: Arc<CacherStats>,
 }
 
@@ -95,7 +97,7 @@ impl WatchCache {
             ready_tx: watch::Sender::new(false),
             ready: AtomicBool::new(false),
             watchers: IndexedWatchers::new(),
-            closed: CancellationToken::new(),
+            closed: AtomicBool::new(false),
             stats,
         }
     }
@@ -131,8 +133,8 @@ impl WatchCache {
     pub fn oldest_watch_rv(&self) -> i64 {
         self.history.read().start_rv()
     }
-    pub(crate) fn closed(&self) -> &CancellationToken {
-        &self.closed
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Ends every watcher: they are woken through their channel and see the
@@ -140,7 +142,7 @@ impl WatchCache {
     /// either woken here or registered after the token is set.
     pub fn close(&self) {
         let _g = self.apply_lock.lock();
-        self.closed.cancel();
+        self.closed.store(true, Ordering::Release);
         self.watchers.close();
     }
 

@@ -167,7 +167,7 @@ impl Watcher {
     }
 
     /// Appends JSON lines (initial events, bookmarks) in this watcher's encoding.
-    fn push_lines(&self, buf: &mut BytesMut, lines: &[u8]) -> Result<(), CacherError> {
+    fn push_lines(&self, buf: &mut Chunk, lines: &[u8]) -> Result<(), CacherError> {
         if self.protobuf {
             let frames = protobuf_watch_frames(lines, &self.params.api_version)
                 .map_err(|e| CacherError::Encoding(e.to_string()))?;
@@ -216,7 +216,7 @@ impl Watcher {
                 return Some(WatchChunk::Error(e));
             }
             // `WatchCache::close` wakes every watcher to see this.
-            if self.cache.closed().is_cancelled() {
+            if self.cache.is_closed() {
                 self.end_by(WatchEnd::Shutdown);
                 return None;
             }
@@ -232,7 +232,7 @@ impl Watcher {
             if self.deadline.is_some_and(|d| now >= d) {
                 // The stream's time is up: flush, one last bookmark, end.
                 self.end_by(WatchEnd::Timeout);
-                let mut buf = BytesMut::new();
+                let mut buf = Chunk::default();
                 let r = if self.params.allow_bookmarks {
                     self.bookmark(&mut buf)
                 } else {
@@ -244,7 +244,7 @@ impl Watcher {
                 }
                 return (!buf.is_empty()).then(|| WatchChunk::Data(buf.freeze()));
             }
-            let mut buf = BytesMut::new();
+            let mut buf = Chunk::default();
             let drained = if self.params.allow_bookmarks && now >= self.next_bookmark {
                 self.next_bookmark = now + self.params.bookmark_interval;
                 self.bookmark(&mut buf)
@@ -295,7 +295,7 @@ impl Watcher {
     }
 
     /// Sends what was drained before the error, then the error.
-    fn fail(&mut self, buf: BytesMut, e: CacherError) -> Option<WatchChunk> {
+    fn fail(&mut self, buf: Chunk, e: CacherError) -> Option<WatchChunk> {
         if buf.is_empty() {
             self.done = true;
             Some(WatchChunk::Error(e))
@@ -341,7 +341,7 @@ impl Watcher {
         if lines.is_empty() || !self.protobuf {
             return (!lines.is_empty()).then(|| lines.freeze());
         }
-        let mut buf = BytesMut::new();
+        let mut buf = Chunk::default();
         if let Err(e) = self.push_lines(&mut buf, &lines) {
             self.initial = None;
             self.pending_error = Some(e);
@@ -351,7 +351,7 @@ impl Watcher {
     }
 
     /// Appends every available event for this watcher to `buf`.
-    fn drain(&mut self, buf: &mut BytesMut) -> Result<(), CacherError> {
+    fn drain(&mut self, buf: &mut Chunk) -> Result<(), CacherError> {
         let events = match &self.route {
             Some((_, route)) => match self.cache.read_route(route, self.cursor) {
                 Ok((evs, next)) => {
@@ -398,7 +398,7 @@ impl Watcher {
                 ev.line(ty)
             };
             if let Some(bytes) = bytes {
-                buf.extend_from_slice(bytes);
+                buf.push(bytes);
                 sent += 1;
                 delays
                     .get_or_insert_with(|| stats.event_delays())
@@ -414,7 +414,7 @@ impl Watcher {
 
     /// Drains, then appends a bookmark at the newest RV the watcher has
     /// provably seen everything up to.
-    fn bookmark(&mut self, buf: &mut BytesMut) -> Result<(), CacherError> {
+    fn bookmark(&mut self, buf: &mut Chunk) -> Result<(), CacherError> {
         let snap = self.cache.current();
         self.drain(buf)?;
         let rv = snap.rv.max(self.last_rv);
@@ -427,6 +427,45 @@ impl Watcher {
     }
 }
 
+/// A chunk being built. One event's shared bytes go out as they are (no
+/// per-watcher copy or allocation, the common case under steady load);
+/// several are joined into one buffer, written as one frame.
+#[derive(Default)]
+struct Chunk {
+    one: Option<Bytes>,
+    many: BytesMut,
+}
+
+impl Chunk {
+    /// Appends shared bytes, without copying them if they are the first.
+    fn push(&mut self, b: &Bytes) {
+        if self.one.is_none() && self.many.is_empty() {
+            self.one = Some(b.clone());
+        } else {
+            self.extend_from_slice(b);
+        }
+    }
+
+    fn extend_from_slice(&mut self, s: &[u8]) {
+        if let Some(one) = self.one.take() {
+            self.many.reserve(one.len() + s.len());
+            self.many.extend_from_slice(&one);
+        }
+        self.many.extend_from_slice(s);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.one.is_none() && self.many.is_empty()
+    }
+
+    fn freeze(self) -> Bytes {
+        match self.one {
+            Some(b) => b,
+            None => self.many.freeze(),
+        }
+    }
+}
+
 impl Drop for Watcher {
     fn drop(&mut self) {
         // A watcher the server did not end was closed by its client.
@@ -436,5 +475,31 @@ impl Drop for Watcher {
         if let Some(rx) = self.rx.take() {
             self.cache.unregister(self.route.take(), rx);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_shares_a_single_event_and_joins_several() {
+        let a = Bytes::from_static(b"{\"type\":\"ADDED\"}\n");
+        let b = Bytes::from(b"{\"type\":\"DELETED\"}\n".to_vec());
+        let mut one = Chunk::default();
+        assert!(one.is_empty());
+        one.push(&b);
+        let out = one.freeze();
+        // The same allocation, not a copy.
+        assert_eq!(out.as_ptr(), b.as_ptr());
+
+        let mut two = Chunk::default();
+        two.push(&a);
+        two.push(&b);
+        two.extend_from_slice(b"tail");
+        assert_eq!(
+            &two.freeze()[..],
+            b"{\"type\":\"ADDED\"}\n{\"type\":\"DELETED\"}\ntail"
+        );
     }
 }

@@ -30,6 +30,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::coalesced_stream::ServerStream;
 use crate::config::Config;
 use crate::storage::{MAX_DECODING_MESSAGE_BYTES, Storage};
 use kv_cache::{HeaderSource, KvCache};
@@ -57,6 +58,8 @@ pub struct Front {
     /// Idle `progress_notify` watches get a progress notification this often.
     pub(crate) progress_notify_interval: Duration,
     pub(crate) shutdown: CancellationToken,
+    /// `server.coalesce_writes`.
+    pub(crate) coalesce_writes: bool,
     /// Open client watches served from the caches / by etcd.
     pub(crate) watchers_cached: AtomicI64,
     pub(crate) watchers_forwarded: AtomicI64,
@@ -107,6 +110,28 @@ impl Front {
         }
         true
     }
+}
+
+/// Accepted connections, with nodelay and (`server.coalesce_writes`) their
+/// writes coalesced as the REST API's: one system call per batch of
+/// responses, not per HTTP/2 frame.
+fn incoming(
+    listener: TcpListener,
+    coalesce: bool,
+) -> impl tokio_stream::Stream<Item = std::io::Result<ServerStream>> {
+    use tokio_stream::StreamExt;
+    TcpListenerStream::new(listener).map(move |accepted| {
+        accepted.map(|s| {
+            let _ = s.set_nodelay(true);
+            ServerStream::new(s, coalesce)
+        })
+    })
+}
+
+impl tonic::transport::server::Connected for ServerStream {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
 /// The gRPC server: one raw cache per resource prefix and the services.
@@ -160,6 +185,7 @@ impl GrpcServer {
                     config.server.watch_progress_notify_interval_ms.max(1),
                 ),
                 shutdown,
+                coalesce_writes: config.server.coalesce_writes,
                 watchers_cached: AtomicI64::new(0),
                 watchers_forwarded: AtomicI64::new(0),
             }),
@@ -217,7 +243,7 @@ impl GrpcServer {
             .add_service(lease)
             .add_service(maintenance)
             .add_service(cluster)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop);
+            .serve_with_incoming_shutdown(incoming(listener, front.coalesce_writes), stop);
         // Streams that are not the front's own (a lease keep-alive passed
         // to etcd) may outlive the shutdown: bounded, as the REST server.
         let drain_expired = async {

@@ -232,7 +232,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 })?;
             let px = TcpProxy::start(target).await?;
             let history = ((p.rate * p.duration.as_secs_f64()) as usize * 2).max(10_000);
-            let cfg = daemon_config(&px.endpoint(), &p.etcd_prefix, history, None);
+            let cfg = daemon_config(&px.endpoint(), &p.etcd_prefix, history, None, &[]);
             let mut d = Daemon::spawn(&p.watchcache_bin, &cfg)?;
             d.wait_ready(Instant::now(), Duration::from_secs(120))
                 .await
