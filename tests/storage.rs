@@ -10,8 +10,8 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use watchcache::config::EtcdConfig;
 use watchcache::storage::{
-    ListOptions, Preconditions, Storage, StorageError, StoredObject, Transformer, UpdateAction,
-    WriteOptions,
+    EncryptionTransformer, ListOptions, Preconditions, Storage, StorageError, StoredObject,
+    Transformer, UpdateAction, WriteOptions,
 };
 
 async fn storage_with(cfg: EtcdConfig) -> Storage {
@@ -820,6 +820,108 @@ async fn transformer_applies_on_every_write_and_read() {
     assert_eq!(raw, g.value.iter().rev().copied().collect::<Vec<u8>>());
     let d = s.delete(&key, &Preconditions::uid("u1"), &w).await.unwrap();
     assert_eq!(counter(&d), 2);
+}
+
+/// An `EncryptionConfiguration` for `secrets` with aesgcm keys in this
+/// order (the first writes), over the storage's etcd prefix.
+fn aesgcm_transformer(prefix: &str, keys: &[(&str, u8)]) -> Arc<EncryptionTransformer> {
+    use base64::Engine;
+    let providers: String = keys
+        .iter()
+        .map(|(name, byte)| {
+            let secret = base64::engine::general_purpose::STANDARD.encode([*byte; 32]);
+            format!("      - aesgcm:\n          keys:\n            - name: {name}\n              secret: {secret}\n")
+        })
+        .collect();
+    let text = format!(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n  - resources: [secrets]\n    providers:\n{providers}"
+    );
+    let mut secrets = common::pods_resource(10);
+    secrets.kind = "Secret".into();
+    secrets.plural = "secrets".into();
+    secrets.indexes.clear();
+    Arc::new(EncryptionTransformer::parse(&text, "enc.yaml", &[secrets], prefix).expect("config"))
+}
+
+/// Key rotation as kube-apiserver does it: after the config puts key2 first,
+/// a no-op update of a value stored under key1 rewrites it under key2 (the
+/// read reported it stale); a no-op on a current value still writes nothing.
+#[tokio::test]
+async fn noop_update_rewrites_a_value_stored_with_a_stale_key() {
+    let (plain, p) = shared("stale-key").await;
+    let key = format!("{p}/secrets/ns/a");
+    let w = WriteOptions::default();
+    let key1 = plain
+        .clone()
+        .with_transformer(aesgcm_transformer(&p, &[("key1", 1)]));
+    let created = key1.create(&key, obj("a", "u", 1), &w).await.unwrap();
+    let (raw, _) = raw_get(common::etcd(), &key).await.unwrap();
+    assert!(raw.starts_with(b"k8s:enc:aesgcm:v1:key1:"), "{raw:?}");
+
+    // Rotated config: key2 writes, key1 still reads.
+    let rotated = plain.with_transformer(aesgcm_transformer(&p, &[("key2", 2), ("key1", 1)]));
+    assert_eq!(rotated.get(&key, 0).await.unwrap().value, created.value);
+    // A no-op from a cached suggestion: re-read, found stale, rewritten.
+    let rewritten = rotated
+        .guaranteed_update(
+            &key,
+            &Preconditions::none(),
+            Some(created.clone()),
+            &w,
+            |_| Ok::<_, StorageError>(UpdateAction::Unchanged),
+        )
+        .await
+        .unwrap();
+    assert!(rewritten.mod_revision > created.mod_revision);
+    assert_eq!(rewritten.value, created.value, "same content, new key");
+    let (raw, rev) = raw_get(common::etcd(), &key).await.unwrap();
+    assert!(raw.starts_with(b"k8s:enc:aesgcm:v1:key2:"), "{raw:?}");
+    assert_eq!(rev, rewritten.mod_revision);
+
+    // Now current: no-op updates (without and with a suggestion) write nothing.
+    let same = rotated
+        .guaranteed_update(&key, &Preconditions::none(), None, &w, |cur| {
+            Ok::<_, StorageError>(UpdateAction::Update(cur.value.clone()))
+        })
+        .await
+        .unwrap();
+    let unchanged = rotated
+        .guaranteed_update(
+            &key,
+            &Preconditions::none(),
+            Some(rewritten.clone()),
+            &w,
+            |_| Ok::<_, StorageError>(UpdateAction::Unchanged),
+        )
+        .await
+        .unwrap();
+    assert_eq!(same, rewritten);
+    assert_eq!(unchanged, rewritten);
+    let (raw2, rev2) = raw_get(common::etcd(), &key).await.unwrap();
+    assert_eq!(rev2, rewritten.mod_revision, "no write on a current value");
+    assert_eq!(raw2, raw);
+
+    // A stale value and a dry run: nothing is written.
+    let moved = key1
+        .update(&key, obj("a", "u", 2), rewritten.mod_revision, &w)
+        .await
+        .unwrap();
+    let dry = rotated
+        .guaranteed_update(
+            &key,
+            &Preconditions::none(),
+            None,
+            &WriteOptions {
+                dry_run: true,
+                ..WriteOptions::default()
+            },
+            |_| Ok::<_, StorageError>(UpdateAction::Unchanged),
+        )
+        .await
+        .unwrap();
+    assert_eq!(dry.mod_revision, moved.mod_revision);
+    let (raw, _) = raw_get(common::etcd(), &key).await.unwrap();
+    assert!(raw.starts_with(b"k8s:enc:aesgcm:v1:key1:"), "{raw:?}");
 }
 
 #[tokio::test]

@@ -76,24 +76,41 @@ impl StoredObject {
 
     /// Like `from_kv`, but a failure names the key it is about.
     fn read_kv(kv: KeyValue, transformer: &dyn Transformer) -> Result<Self, Unreadable> {
+        Self::read_kv_checked(kv, transformer).map(|(o, _)| o)
+    }
+
+    /// Like `from_kv`, plus whether the stored bytes are stale
+    /// ([`Transformer::from_storage_checked`]).
+    fn from_kv_checked(
+        kv: KeyValue,
+        transformer: &dyn Transformer,
+    ) -> Result<(Self, bool), StorageError> {
+        Self::read_kv_checked(kv, transformer).map_err(|u| u.error)
+    }
+
+    fn read_kv_checked(
+        kv: KeyValue,
+        transformer: &dyn Transformer,
+    ) -> Result<(Self, bool), Unreadable> {
         let create_revision = kv.create_revision();
         let mod_revision = kv.mod_revision();
         let version = kv.version();
         let lease = kv.lease();
         let (key, value) = kv.into_key_value();
         let key = utf8_key(key)?;
-        let value = match transformer.from_storage(&key, Bytes::from(value)) {
+        let (value, stale) = match transformer.from_storage_checked(&key, Bytes::from(value)) {
             Ok(v) => v,
             Err(error) => return Err(Unreadable { key, error }),
         };
-        Ok(StoredObject {
+        let obj = StoredObject {
             key,
             value,
             mod_revision,
             create_revision,
             version,
             lease,
-        })
+        };
+        Ok((obj, stale))
     }
 }
 
@@ -180,7 +197,9 @@ pub struct ListPage {
 pub enum UpdateAction {
     /// Store this new (plain) value.
     Update(Bytes),
-    /// Leave the object as it is; no write happens.
+    /// Leave the object as it is; no write happens, unless the stored bytes
+    /// are stale (see [`Transformer::from_storage_checked`]): then the same
+    /// value is rewritten under the current write key, as kube-apiserver does.
     Unchanged,
 }
 
@@ -567,6 +586,14 @@ impl Storage {
 
     /// Reads the key at the latest revision; `None` if it does not exist.
     async fn read_current(&self, key: &str) -> Result<Option<StoredObject>, StorageError> {
+        Ok(self.read_current_checked(key).await?.map(|(o, _)| o))
+    }
+
+    /// `read_current`, plus whether the stored bytes are stale.
+    async fn read_current_checked(
+        &self,
+        key: &str,
+    ) -> Result<Option<(StoredObject, bool)>, StorageError> {
         let k = key.to_string();
         let mut resp = self
             .read("get", 0, |mut c| {
@@ -575,13 +602,21 @@ impl Storage {
             })
             .await?;
         match resp.take_kvs().into_iter().next() {
-            Some(kv) => Ok(Some(StoredObject::from_kv(kv, self.transformer.as_ref())?)),
+            Some(kv) => Ok(Some(StoredObject::from_kv_checked(
+                kv,
+                self.transformer.as_ref(),
+            )?)),
             None => Ok(None),
         }
     }
 
     async fn read_existing(&self, key: &str) -> Result<StoredObject, StorageError> {
-        self.read_current(key)
+        Ok(self.read_existing_checked(key).await?.0)
+    }
+
+    /// `read_existing`, plus whether the stored bytes are stale.
+    async fn read_existing_checked(&self, key: &str) -> Result<(StoredObject, bool), StorageError> {
+        self.read_current_checked(key)
             .await?
             .ok_or_else(|| StorageError::not_found(key))
     }
@@ -884,7 +919,9 @@ impl Storage {
     /// a no-op decided on it is re-checked against a fresh read before it is
     /// believed. On a lost CAS the txn's else-branch read is the fresh state,
     /// so a retry costs one round trip. Retries are bounded by
-    /// `max_update_retries`, then `Conflict`.
+    /// `max_update_retries`, then `Conflict`. A no-op on a value the
+    /// transformer reports stale (read with a key that is no longer the write
+    /// key) is written anyway, re-encrypting it, as kube-apiserver does.
     ///
     /// The update fn's error type `E` is the caller's own (the REST API
     /// returns its `Status` answers through it untouched); the store's errors
@@ -903,9 +940,15 @@ impl Storage {
     {
         let span = debug_span!("storage.guaranteed_update", key, dry_run = opts.dry_run);
         async {
-            let (mut state, mut is_current) = match suggestion {
-                Some(s) if s.key == key => (s, false),
-                _ => (self.read_existing(key).await?, true),
+            // `stale`: the stored bytes are not what a write would store now
+            // (read with a key that is no longer the write key); unknown,
+            // so false, for a suggestion, which is re-read before a no-op.
+            let (mut state, mut is_current, mut stale) = match suggestion {
+                Some(s) if s.key == key => (s, false, false),
+                _ => {
+                    let (s, stale) = self.read_existing_checked(key).await?;
+                    (s, true, stale)
+                }
             };
             let mut lease: Option<i64> = None;
             let mut conflicts: u32 = 0;
@@ -915,7 +958,7 @@ impl Storage {
                         return Err(e.into());
                     }
                     debug!("precondition failed on suggestion, re-reading");
-                    state = self.read_existing(key).await?;
+                    (state, stale) = self.read_existing_checked(key).await?;
                     is_current = true;
                     continue;
                 }
@@ -926,7 +969,7 @@ impl Storage {
                             return Err(e);
                         }
                         let cached_rev = state.mod_revision;
-                        state = self.read_existing(key).await?;
+                        (state, stale) = self.read_existing_checked(key).await?;
                         is_current = true;
                         if state.mod_revision == cached_rev {
                             return Err(e);
@@ -936,13 +979,19 @@ impl Storage {
                 };
                 let new_value = match action {
                     UpdateAction::Update(v) if v != state.value => Some(v),
+                    // kube-apiserver's GuaranteedUpdate writes a no-op on a
+                    // stale value anyway: that moves it to the current key.
+                    _ if is_current && stale => {
+                        debug!("no change, but stored with a stale key: rewriting");
+                        Some(state.value.clone())
+                    }
                     _ => None,
                 };
                 let Some(new_value) = new_value else {
                     if !is_current {
                         // A no-op against possibly stale data proves nothing.
                         debug!("no-op on suggestion, re-reading");
-                        state = self.read_existing(key).await?;
+                        (state, stale) = self.read_existing_checked(key).await?;
                         is_current = true;
                         continue;
                     }
@@ -952,7 +1001,7 @@ impl Storage {
                 let data = self.transformer.to_storage(key, new_value.clone())?;
                 if opts.dry_run {
                     if !is_current {
-                        state = self.read_existing(key).await?;
+                        (state, stale) = self.read_existing_checked(key).await?;
                         is_current = true;
                         continue;
                     }
@@ -1005,8 +1054,8 @@ impl Storage {
                     .into());
                 }
                 debug!(conflicts, "CAS lost, retrying on the fresh state");
-                state = match txn_else_kv(&resp) {
-                    Some(kv) => StoredObject::from_kv(kv, self.transformer.as_ref())?,
+                (state, stale) = match txn_else_kv(&resp) {
+                    Some(kv) => StoredObject::from_kv_checked(kv, self.transformer.as_ref())?,
                     None => return Err(StorageError::not_found(key).into()),
                 };
                 is_current = true;

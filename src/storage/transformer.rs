@@ -16,6 +16,17 @@ pub trait Transformer: Send + Sync {
     // it is not a `From`-style constructor.
     #[allow(clippy::wrong_self_convention)]
     fn from_storage(&self, key: &str, value: Bytes) -> Result<Bytes, StorageError>;
+
+    /// [`Transformer::from_storage`], also telling whether the stored bytes
+    /// are stale: readable, but not what [`Transformer::to_storage`] would
+    /// write now (e.g. encrypted with a key that is no longer the write key).
+    /// `GuaranteedUpdate` rewrites a stale value even when the update changes
+    /// nothing, which is how kube-apiserver migrates data to a rotated key.
+    /// The default never reports staleness.
+    #[allow(clippy::wrong_self_convention)]
+    fn from_storage_checked(&self, key: &str, value: Bytes) -> Result<(Bytes, bool), StorageError> {
+        Ok((self.from_storage(key, value)?, false))
+    }
 }
 
 /// Stores values as they are (the default).

@@ -554,7 +554,55 @@ pub(super) fn json_to_message(
             message.set_field(&field, PValue::Message(m));
         }
     }
+    set_go_zero_fields(schema, desc, &mut message)?;
     Ok(message)
+}
+
+/// Sets the fields the JSON left out (or gave as null) that Go's generated
+/// marshalers write anyway: every non-pointer field that is not a slice, a
+/// map or `[]byte` is written even when zero (`name: ""`, `generation: 0`,
+/// `paused: false`, a struct with its own zero fields), since the Go struct
+/// kube-apiserver decodes the JSON into has no "unset" for them. Pointers
+/// (the tags' `ptr`) are written only when set, as here.
+fn set_go_zero_fields(
+    schema: &Schema,
+    desc: &MessageDescriptor,
+    message: &mut DynamicMessage,
+) -> Result<(), ProtobufError> {
+    for field in desc.fields() {
+        if field.is_list() || field.is_map() || message.has_field(&field) {
+            continue;
+        }
+        if schema.field_tag(&field).is_some_and(|t| t.pointer) {
+            continue;
+        }
+        let value = match field.kind() {
+            Kind::Bytes => continue,
+            Kind::Message(inner) => {
+                let zero = go_zero_json(schema, &inner);
+                PValue::Message(json_to_message(schema, &inner, &zero).map_err(|e| {
+                    ProtobufError::Schema(format!("zero value of {}: {e}", inner.full_name()))
+                })?)
+            }
+            kind => PValue::default_value(&kind),
+        };
+        message.set_field(&field, value);
+    }
+    Ok(())
+}
+
+/// The JSON of Go's zero value of a message type, as its JSON marshaler
+/// writes it: the types with their own marshalers have their own zero.
+pub(super) fn go_zero_json(schema: &Schema, desc: &MessageDescriptor) -> Value {
+    match desc.full_name() {
+        DURATION => Value::String("0s".into()),
+        QUANTITY | QUANTITY_VALUE => Value::String("0".into()),
+        INT_OR_STRING => Value::Number(0.into()),
+        GROUP_VERSION => Value::String(String::new()),
+        TIME | MICRO_TIME | RAW_EXTENSION | FIELDS_V1 => Value::Null,
+        _ if apiextensions_type(desc).is_some() || schema.is_slice_wrapper(desc) => Value::Null,
+        _ => Value::Object(Map::new()),
+    }
 }
 
 enum JsonField {
@@ -598,13 +646,8 @@ fn field_value(
     json: &Value,
 ) -> Result<Option<PValue>, ProtobufError> {
     if json.is_null() {
-        // Go writes a non-pointer zero Time (JSON null) as an empty message.
-        return Ok(match field.kind() {
-            Kind::Message(m) if !field.is_list() && m.full_name() == TIME => {
-                Some(PValue::Message(DynamicMessage::new(m)))
-            }
-            _ => None,
-        });
+        // Unset: a non-pointer field gets Go's zero value, see `set_go_zero_fields`.
+        return Ok(None);
     }
     if field.is_list() {
         return list_to_value(schema, field, json).map(Some);

@@ -129,6 +129,11 @@ impl Schema {
         })
     }
 
+    #[cfg(test)]
+    pub(crate) fn all_messages(&self) -> impl Iterator<Item = MessageDescriptor> + '_ {
+        self.pool.all_messages()
+    }
+
     pub(crate) fn message(&self, full_name: &str) -> Option<MessageDescriptor> {
         self.pool.get_message_by_name(full_name)
     }

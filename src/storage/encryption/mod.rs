@@ -175,10 +175,13 @@ impl Chain {
     }
 
     /// Every provider whose prefix the value has is tried in order; the
-    /// first that reads it wins (kube-apiserver's prefixTransformers).
-    fn decrypt(&self, key: &str, value: &Bytes) -> Result<Bytes, TransformError> {
+    /// first that reads it wins (kube-apiserver's prefixTransformers). The
+    /// flag is staleness: a provider other than the first (the write key)
+    /// read it, so a write now would store different bytes.
+    fn decrypt(&self, key: &str, value: &Bytes) -> Result<(Bytes, bool), TransformError> {
         let mut first_err = None;
-        for p in &self.providers {
+        for (i, p) in self.providers.iter().enumerate() {
+            let stale = i != 0;
             let Some(data) = value.strip_prefix(&p.prefix[..]) else {
                 continue;
             };
@@ -187,10 +190,10 @@ impl Chain {
                 if value.starts_with(ENCRYPTED_PREFIX) {
                     continue;
                 }
-                return Ok(value.clone());
+                return Ok((value.clone(), stale));
             };
             match cipher.open(data, key.as_bytes()) {
-                Ok(v) => return Ok(Bytes::from(v)),
+                Ok(v) => return Ok((Bytes::from(v), stale)),
                 Err(e) => {
                     let provider = p.name.clone();
                     first_err.get_or_insert(match e {
@@ -395,6 +398,10 @@ impl Transformer for EncryptionTransformer {
     }
 
     fn from_storage(&self, key: &str, value: Bytes) -> Result<Bytes, StorageError> {
+        self.from_storage_checked(key, value).map(|(v, _)| v)
+    }
+
+    fn from_storage_checked(&self, key: &str, value: Bytes) -> Result<(Bytes, bool), StorageError> {
         let route = self.route(key);
         match route.chain.decrypt(key, &value) {
             Ok(v) => {

@@ -172,6 +172,44 @@ fn rotation_reads_old_key_writes_new() {
     assert!(write(&t, &cbc.etcd_key, b"{}").starts_with(b"k8s:enc:secretbox:v1:new:"));
 }
 
+fn stale(t: &EncryptionTransformer, key: &str, v: &[u8]) -> bool {
+    t.from_storage_checked(key, Bytes::copy_from_slice(v))
+        .unwrap()
+        .1
+}
+
+#[test]
+fn reads_report_staleness_like_kube_apiserver() {
+    let old = vectors()
+        .into_iter()
+        .find(|v| v.provider == "aesgcm" && v.key_name == "key1")
+        .unwrap();
+    let key = &old.etcd_key;
+    let new_secret = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    // key2 writes, key1 still reads: key1's value is stale, key2's is not.
+    let t = transformer(&config(&format!(
+        "{}{}      - identity: {{}}\n",
+        provider("aesgcm", "key2", &new_secret),
+        provider("aesgcm", "key1", &old.secret)
+    )));
+    assert!(stale(&t, key, &old.stored()));
+    assert!(!stale(&t, key, &write(&t, key, b"{}")));
+    // Identity read while aesgcm encrypts: stale (the value is plaintext).
+    assert!(stale(&t, key, b"{\"a\":1}"));
+    // The vector's own key first: current.
+    let t = transformer(&config(&provider("aesgcm", "key1", &old.secret)));
+    assert!(!stale(&t, key, &old.stored()));
+    // Identity first: plaintext is current, an encrypted value is stale.
+    let t = transformer(&config(&format!(
+        "      - identity: {{}}\n{}",
+        provider("aesgcm", "key1", &old.secret)
+    )));
+    assert!(!stale(&t, key, b"{\"a\":1}"));
+    assert!(stale(&t, key, &old.stored()));
+    // A key outside every configured resource (identity): never stale.
+    assert!(!stale(&t, "/registry/other/x", b"{}"));
+}
+
 #[test]
 fn wrong_key_fails_authentication() {
     let wrong = base64::engine::general_purpose::STANDARD.encode([1u8; 32]);
