@@ -90,6 +90,24 @@ pub struct EtcdConfig {
     /// encryption at rest, as `--encryption-provider-config`.
     #[serde(default)]
     pub encryption_provider_config: Option<PathBuf>,
+    /// etcd user (etcd's own auth, `etcdctl --user`): the daemon's identity
+    /// when etcd has auth enabled and no client certificate names it.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Password of `username`.
+    #[serde(default)]
+    pub password: Option<Password>,
+}
+
+/// A password: kept out of `Debug` output (configs are logged).
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+#[serde(transparent)]
+pub struct Password(pub String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// `[etcd.tls]`: the files of etcd's client `TransportConfig`, named like
@@ -353,6 +371,8 @@ impl Default for EtcdConfig {
             list_page_size: default_list_page_size(),
             tls: None,
             encryption_provider_config: None,
+            username: None,
+            password: None,
         }
     }
 }
@@ -472,6 +492,13 @@ impl Config {
                 .map_err(|m| ConfigError::invalid(file, format!("etcd.endpoints[{i}]"), m))?;
         }
         self.validate_tls(file)?;
+        if self.etcd.username.is_some() != self.etcd.password.is_some() {
+            return Err(ConfigError::invalid(
+                file,
+                "etcd.username",
+                "etcd.username and etcd.password go together",
+            ));
+        }
         if !self.etcd.prefix.starts_with('/') {
             return Err(ConfigError::invalid(
                 file,
