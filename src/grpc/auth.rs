@@ -4,6 +4,7 @@
 //!   AuthEnable/Disable, User*, Role*) relayed to etcd as it is, so
 //!   `etcdctl --user` authenticates against the front and sends the token.
 //! - [`AuthGate`]: whether etcd has auth enabled (its `AuthStatus`, asked
+//!   without a token, so a refusal for auth also means "on";
 //!   every [`AUTH_STATUS_INTERVAL`], at once after an auth change through
 //!   the front or an auth error from etcd while believed off), and, when
 //!   it has, etcd's own verdict on a caller reading a range before the
@@ -31,7 +32,7 @@ use tracing::{debug, info};
 
 use etcd_client::proto::{PbRangeRequest, PbRangeResponse, PbResponseHeader};
 
-use super::upstream::{RawCodec, Upstream};
+use super::upstream::{RawCodec, Upstream, is_auth_error};
 
 /// How often etcd's auth status is asked: the longest the front takes to
 /// notice `auth enable` done on etcd directly (through the front: at once).
@@ -105,6 +106,15 @@ impl AuthGate {
         }
     }
 
+    /// etcd's auth status as last learned (`None`: not known yet).
+    pub fn status(&self) -> Option<bool> {
+        match self.state.load(Ordering::Acquire) {
+            ON => Some(true),
+            OFF => Some(false),
+            _ => None,
+        }
+    }
+
     /// Whether cached reads are checked with etcd (auth on, or not known yet).
     pub fn enabled(&self) -> bool {
         self.state.load(Ordering::Acquire) != OFF
@@ -144,6 +154,10 @@ impl AuthGate {
             .await;
         match r {
             Ok(resp) => self.set(resp.into_inner().enabled),
+            // etcd asks for an admin (root) to answer `AuthStatus` when
+            // auth is on, and refuses for auth only when it is on: the
+            // refusal is the answer.
+            Err(s) if is_auth_error(&s) => self.set(true),
             Err(s) => debug!(error = %s, "etcd auth status unknown; keeping the last one"),
         }
     }
