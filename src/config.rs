@@ -841,6 +841,24 @@ pub fn validate_field_path(path: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    /// etcd credentials come as a pair, and the password never reaches
+    /// `Debug` output (configs are logged).
+    #[test]
+    fn etcd_username_needs_password_and_password_is_redacted() {
+        let res = "[[resources]]\nversion = \"v1\"\nkind = \"Pod\"\nplural = \"pods\"\n";
+        let cfg = Config::parse(
+            &format!("[etcd]\nusername = \"root\"\npassword = \"s3cret\"\n{res}"),
+            "t.toml",
+        )
+        .expect("both set");
+        assert_eq!(cfg.etcd.username.as_deref(), Some("root"));
+        assert_eq!(cfg.etcd.password, Some(Password("s3cret".into())));
+        assert!(!format!("{cfg:?}").contains("s3cret"));
+        let err = Config::parse(&format!("[etcd]\nusername = \"root\"\n{res}"), "t.toml")
+            .expect_err("username alone");
+        assert!(err.to_string().contains("etcd.username"), "{err}");
+    }
+
     #[test]
     fn example_config_is_valid() {
         let cfg = Config::example();

@@ -1625,9 +1625,13 @@ async fn etcd_auth_is_enforced_on_cached_reads_as_etcd_does() {
     put(&mut c, &format!("{pa}1"), "a1").await;
     put(&mut c, &format!("{pa}2"), "a2").await;
     put(&mut c, &format!("{pb}1"), "b1").await;
-    c.user_add("root", "rootpw", None).await.expect("user add root");
+    c.user_add("root", "rootpw", None)
+        .await
+        .expect("user add root");
     c.user_grant_role("root", "root").await.expect("root role");
-    c.user_add("reader", "readpw", None).await.expect("user add reader");
+    c.user_add("reader", "readpw", None)
+        .await
+        .expect("user add reader");
     c.role_add("read-a").await.expect("role add");
     c.role_grant_permission(
         "read-a",
@@ -1635,7 +1639,9 @@ async fn etcd_auth_is_enforced_on_cached_reads_as_etcd_does() {
     )
     .await
     .expect("grant read on /a");
-    c.user_grant_role("reader", "read-a").await.expect("grant role");
+    c.user_grant_role("reader", "read-a")
+        .await
+        .expect("grant role");
     c.auth_enable().await.expect("auth enable");
     drop(c);
 
@@ -1696,7 +1702,10 @@ async fn etcd_auth_is_enforced_on_cached_reads_as_etcd_does() {
     let rev = put(&mut root_e, &format!("{pa}3"), "a3").await;
     let got = read_until(&mut w, |r| !r.events().is_empty()).await;
     let kv = got[0].events()[0].kv().expect("kv");
-    assert_eq!((kv.key(), kv.mod_revision()), (format!("{pa}3").as_bytes(), rev));
+    assert_eq!(
+        (kv.key(), kv.mod_revision()),
+        (format!("{pa}3").as_bytes(), rev)
+    );
     front.wait_rev(rev).await;
 
     // root: everything, as from etcd.
@@ -1730,11 +1739,19 @@ async fn etcd_auth_is_enforced_on_cached_reads_as_etcd_does() {
         // stderr: client-side retry logs (times, addresses), then etcd's
         // error as `Error: ...`, which must be equal.
         let error_line = |o: (bool, String, String)| {
-            let err = o.2.lines().filter(|l| l.starts_with("Error:")).collect::<Vec<_>>().join("\n");
+            let err =
+                o.2.lines()
+                    .filter(|l| l.starts_with("Error:"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
             (o.0, o.1, err)
         };
         let direct = error_line(etcdctl(&ep, &args, None).await);
-        assert_eq!(error_line(etcdctl(&fe, &args, None).await), direct, "etcdctl {args:?}");
+        assert_eq!(
+            error_line(etcdctl(&fe, &args, None).await),
+            direct,
+            "etcdctl {args:?}"
+        );
     }
 
     // auth disable / enable through the front: the checks follow at once.

@@ -288,10 +288,11 @@ where
         Box::pin(async move {
             match relay {
                 Some(relay) => {
-                    let mut grpc = tonic::server::Grpc::new(RawCodec).apply_max_message_size_config(
-                        Some(crate::storage::MAX_DECODING_MESSAGE_BYTES),
-                        Some(crate::storage::MAX_DECODING_MESSAGE_BYTES),
-                    );
+                    let mut grpc = tonic::server::Grpc::new(RawCodec)
+                        .apply_max_message_size_config(
+                            Some(crate::storage::MAX_DECODING_MESSAGE_BYTES),
+                            Some(crate::storage::MAX_DECODING_MESSAGE_BYTES),
+                        );
                     Ok(grpc.unary(relay, req).await)
                 }
                 None => Ok(Status::unimplemented("").into_http()),
