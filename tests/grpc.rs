@@ -810,6 +810,14 @@ async fn ranges_with_options_equal_etcd_through_the_crate() {
     let p = format!("{prefix}/widgets-not/");
     let w = format!("{prefix}/example.com/widgets/");
     let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    // etcd without auth: learned as off, so cached reads ask etcd nothing.
+    let off = common::eventually(WAIT, || {
+        let front = Arc::clone(&front.front);
+        async move { front.auth().status() == Some(false) }
+    })
+    .await;
+    assert!(off, "the front learned that etcd's auth is off");
+    assert!(!front.front.auth().enabled());
     let mut fc = front.client().await;
     let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
     let mut revs = Vec::new();
@@ -1708,8 +1716,21 @@ async fn etcd_auth_is_enforced_on_cached_reads_as_etcd_does() {
     );
     front.wait_rev(rev).await;
 
-    // root: everything, as from etcd.
+    // Forwarded calls carry the caller's token: a write by the read-only
+    // user is refused as etcd refuses it; root's write goes through.
+    let direct = status_of(rd_e.put(format!("{pa}x"), "x", None).await);
+    assert_eq!(direct.0, tonic::Code::PermissionDenied);
+    assert_eq!(
+        status_of(rd_f.put(format!("{pa}x"), "x", None).await),
+        direct
+    );
     let mut root_f = client_as(&fe, Some(("root", "rootpw"))).await;
+    root_f
+        .delete(format!("{pa}x"), None)
+        .await
+        .expect("root deletes through the front");
+
+    // root: everything, as from etcd.
     let all = range_view(&mut root_e, &p).await;
     assert_eq!(all.as_ref().map(|v| v.len()), Ok(4));
     assert_eq!(range_view(&mut root_f, &p).await, all);
