@@ -90,6 +90,24 @@ pub struct EtcdConfig {
     /// encryption at rest, as `--encryption-provider-config`.
     #[serde(default)]
     pub encryption_provider_config: Option<PathBuf>,
+    /// etcd user (etcd's own auth, `etcdctl --user`): the daemon's identity
+    /// when etcd has auth enabled and no client certificate names it.
+    #[serde(default)]
+    pub username: Option<String>,
+    /// Password of `username`.
+    #[serde(default)]
+    pub password: Option<Password>,
+}
+
+/// A password: kept out of `Debug` output (configs are logged).
+#[derive(Clone, Serialize, Deserialize, PartialEq)]
+#[serde(transparent)]
+pub struct Password(pub String);
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// `[etcd.tls]`: the files of etcd's client `TransportConfig`, named like
@@ -362,6 +380,8 @@ impl Default for EtcdConfig {
             list_page_size: default_list_page_size(),
             tls: None,
             encryption_provider_config: None,
+            username: None,
+            password: None,
         }
     }
 }
@@ -482,6 +502,13 @@ impl Config {
                 .map_err(|m| ConfigError::invalid(file, format!("etcd.endpoints[{i}]"), m))?;
         }
         self.validate_tls(file)?;
+        if self.etcd.username.is_some() != self.etcd.password.is_some() {
+            return Err(ConfigError::invalid(
+                file,
+                "etcd.username",
+                "etcd.username and etcd.password go together",
+            ));
+        }
         if !self.etcd.prefix.starts_with('/') {
             return Err(ConfigError::invalid(
                 file,
@@ -823,6 +850,24 @@ pub fn validate_field_path(path: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// etcd credentials come as a pair, and the password never reaches
+    /// `Debug` output (configs are logged).
+    #[test]
+    fn etcd_username_needs_password_and_password_is_redacted() {
+        let res = "[[resources]]\nversion = \"v1\"\nkind = \"Pod\"\nplural = \"pods\"\n";
+        let cfg = Config::parse(
+            &format!("[etcd]\nusername = \"root\"\npassword = \"s3cret\"\n{res}"),
+            "t.toml",
+        )
+        .expect("both set");
+        assert_eq!(cfg.etcd.username.as_deref(), Some("root"));
+        assert_eq!(cfg.etcd.password, Some(Password("s3cret".into())));
+        assert!(!format!("{cfg:?}").contains("s3cret"));
+        let err = Config::parse(&format!("[etcd]\nusername = \"root\"\n{res}"), "t.toml")
+            .expect_err("username alone");
+        assert!(err.to_string().contains("etcd.username"), "{err}");
+    }
 
     #[test]
     fn example_config_is_valid() {

@@ -810,6 +810,14 @@ async fn ranges_with_options_equal_etcd_through_the_crate() {
     let p = format!("{prefix}/widgets-not/");
     let w = format!("{prefix}/example.com/widgets/");
     let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    // etcd without auth: learned as off, so cached reads ask etcd nothing.
+    let off = common::eventually(WAIT, || {
+        let front = Arc::clone(&front.front);
+        async move { front.auth().status() == Some(false) }
+    })
+    .await;
+    assert!(off, "the front learned that etcd's auth is off");
+    assert!(!front.front.auth().enabled());
     let mut fc = front.client().await;
     let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
     let mut revs = Vec::new();
@@ -1554,4 +1562,230 @@ async fn a_watch_from_now_starts_after_acknowledged_writes() {
             "round {i}: the write before the watch is not delivered"
         );
     }
+}
+
+// ---- etcd auth (`auth enable`) -------------------------------------------
+
+/// A call's error as (gRPC code, message), to compare the front with etcd.
+fn status_of<T: std::fmt::Debug>(r: Result<T, etcd_client::Error>) -> (tonic::Code, String) {
+    match r {
+        Err(etcd_client::Error::GRpcStatus(s)) => (s.code(), s.message().to_string()),
+        other => panic!("expected a gRPC error, got {other:?}"),
+    }
+}
+
+/// Keys and values of a range, or its error (code, message).
+type RangeView = Result<Vec<(Vec<u8>, Vec<u8>, i64)>, (tonic::Code, String)>;
+
+async fn range_view(c: &mut Client, prefix: &str) -> RangeView {
+    match c
+        .get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+    {
+        Ok(r) => Ok(r
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.mod_revision()))
+            .collect()),
+        Err(e) => Err(status_of::<()>(Err(e))),
+    }
+}
+
+/// The first answer to a watch creation: (created, canceled, watch_id,
+/// cancel_reason).
+async fn watch_creation(c: &mut Client, prefix: &str) -> (bool, bool, i64, String) {
+    let mut w = c
+        .watch(prefix, Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch stream");
+    let r = tokio::time::timeout(WAIT, w.message())
+        .await
+        .expect("watch answered")
+        .expect("watch answer")
+        .expect("a watch response");
+    (
+        r.created(),
+        r.canceled(),
+        r.watch_id(),
+        r.cancel_reason().to_string(),
+    )
+}
+
+async fn client_as(endpoint: &str, user: Option<(&str, &str)>) -> Client {
+    let opts = user.map(|(u, p)| etcd_client::ConnectOptions::new().with_user(u, p));
+    Client::connect([endpoint], opts).await.expect("client")
+}
+
+/// etcd with `auth enable`: the front answers every caller as etcd does.
+/// No token -> etcd's error; a user who may read only `/a` gets `/a` from
+/// the cache (Range and Watch) and etcd's refusal for `/b`; root reads
+/// everything; the Auth service (etcdctl `--user`, `auth status`, `user
+/// list`) passes through; `auth disable`/`enable` through the front
+/// switch the checks at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_auth_is_enforced_on_cached_reads_as_etcd_does() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("auth");
+    let p = format!("{prefix}/pods/");
+    let (pa, pb) = (format!("{p}a/"), format!("{p}b/"));
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    put(&mut c, &format!("{pa}1"), "a1").await;
+    put(&mut c, &format!("{pa}2"), "a2").await;
+    put(&mut c, &format!("{pb}1"), "b1").await;
+    c.user_add("root", "rootpw", None)
+        .await
+        .expect("user add root");
+    c.user_grant_role("root", "root").await.expect("root role");
+    c.user_add("reader", "readpw", None)
+        .await
+        .expect("user add reader");
+    c.role_add("read-a").await.expect("role add");
+    c.role_grant_permission(
+        "read-a",
+        etcd_client::Permission::read(pa.as_str()).with_prefix(),
+    )
+    .await
+    .expect("grant read on /a");
+    c.user_grant_role("reader", "read-a")
+        .await
+        .expect("grant role");
+    c.auth_enable().await.expect("auth enable");
+    drop(c);
+
+    // The front's own identity: root (its cache lists and watches).
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        cfg.etcd.username = Some("root".into());
+        cfg.etcd.password = Some(watchcache::config::Password("rootpw".into()));
+    })
+    .await;
+    let fe = front.endpoint();
+    let ok = common::eventually(WAIT, || {
+        let front = Arc::clone(&front.front);
+        async move { front.auth().status() == Some(true) }
+    })
+    .await;
+    assert!(ok, "the front learned that etcd has auth enabled");
+
+    // No token: etcd's own error, Range and Watch.
+    let mut anon_e = client_as(&ep, None).await;
+    let mut anon_f = client_as(&fe, None).await;
+    for range in [&p, &pa] {
+        let direct = range_view(&mut anon_e, range).await;
+        assert!(direct.is_err(), "etcd refuses a caller without a token");
+        assert_eq!(range_view(&mut anon_f, range).await, direct, "{range}");
+        let direct = watch_creation(&mut anon_e, range).await;
+        assert!(direct.1, "etcd cancels the watch: {direct:?}");
+        assert_eq!(watch_creation(&mut anon_f, range).await, direct, "{range}");
+    }
+
+    // reader: /a from the cache, /b refused as etcd refuses it.
+    let mut rd_e = client_as(&ep, Some(("reader", "readpw"))).await;
+    let mut rd_f = client_as(&fe, Some(("reader", "readpw"))).await;
+    let a = range_view(&mut rd_e, &pa).await;
+    assert_eq!(a.as_ref().map(|v| v.len()), Ok(2), "reader reads /a");
+    assert_eq!(range_view(&mut rd_f, &pa).await, a);
+    for denied in [&pb, &p] {
+        let direct = range_view(&mut rd_e, denied).await;
+        assert_eq!(
+            direct.as_ref().map_err(|e| e.0),
+            Err(tonic::Code::PermissionDenied),
+            "{denied}"
+        );
+        assert_eq!(range_view(&mut rd_f, denied).await, direct, "{denied}");
+        let direct = watch_creation(&mut rd_e, denied).await;
+        assert!(direct.1, "etcd cancels the watch: {direct:?}");
+        assert_eq!(watch_creation(&mut rd_f, denied).await, direct, "{denied}");
+    }
+    assert_eq!(front.front.watchers(), (0, 0), "refused watches are gone");
+    // A watch on /a is served from the cache and gets the next write.
+    let mut w = rd_f
+        .watch(pa.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch /a");
+    let created = read_until(&mut w, |r| r.created()).await;
+    assert!(!created[0].canceled(), "reader may watch /a");
+    assert_eq!(front.front.watchers(), (1, 0), "served from the cache");
+    let mut root_e = client_as(&ep, Some(("root", "rootpw"))).await;
+    let rev = put(&mut root_e, &format!("{pa}3"), "a3").await;
+    let got = read_until(&mut w, |r| !r.events().is_empty()).await;
+    let kv = got[0].events()[0].kv().expect("kv");
+    assert_eq!(
+        (kv.key(), kv.mod_revision()),
+        (format!("{pa}3").as_bytes(), rev)
+    );
+    front.wait_rev(rev).await;
+
+    // Forwarded calls carry the caller's token: a write by the read-only
+    // user is refused as etcd refuses it; root's write goes through.
+    let direct = status_of(rd_e.put(format!("{pa}x"), "x", None).await);
+    assert_eq!(direct.0, tonic::Code::PermissionDenied);
+    assert_eq!(
+        status_of(rd_f.put(format!("{pa}x"), "x", None).await),
+        direct
+    );
+    let mut root_f = client_as(&fe, Some(("root", "rootpw"))).await;
+    root_f
+        .delete(format!("{pa}x"), None)
+        .await
+        .expect("root deletes through the front");
+
+    // root: everything, as from etcd.
+    let all = range_view(&mut root_e, &p).await;
+    assert_eq!(all.as_ref().map(|v| v.len()), Ok(4));
+    assert_eq!(range_view(&mut root_f, &p).await, all);
+
+    // etcdctl --user, auth status, user list: equal to etcd's.
+    let root = ["--user", "root:rootpw"];
+    for args in [
+        vec!["get", "--prefix", p.as_str()],
+        vec!["get", "--prefix", p.as_str(), "-w", "json"],
+        vec!["get", "--prefix", pa.as_str(), "--consistency=s"],
+        vec!["auth", "status"],
+        vec!["user", "list"],
+        vec!["role", "get", "read-a"],
+    ] {
+        let args: Vec<&str> = root.iter().copied().chain(args).collect();
+        let direct = etcdctl(&ep, &args, None).await;
+        assert!(direct.0, "etcdctl {args:?} against etcd: {}", direct.2);
+        assert_eq!(etcdctl(&fe, &args, None).await, direct, "etcdctl {args:?}");
+    }
+    for args in [
+        vec!["--user", "reader:readpw", "get", "--prefix", pa.as_str()],
+        vec!["--user", "reader:readpw", "get", "--prefix", pb.as_str()],
+        vec!["--user", "reader:wrong", "get", "--prefix", pa.as_str()],
+        vec!["get", "--prefix", pa.as_str()],
+        vec!["auth", "status"],
+    ] {
+        // stderr: client-side retry logs (times, addresses), then etcd's
+        // error as `Error: ...`, which must be equal.
+        let error_line = |o: (bool, String, String)| {
+            let err =
+                o.2.lines()
+                    .filter(|l| l.starts_with("Error:"))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+            (o.0, o.1, err)
+        };
+        let direct = error_line(etcdctl(&ep, &args, None).await);
+        assert_eq!(
+            error_line(etcdctl(&fe, &args, None).await),
+            direct,
+            "etcdctl {args:?}"
+        );
+    }
+
+    // auth disable / enable through the front: the checks follow at once.
+    let out = etcdctl(&fe, &["--user", "root:rootpw", "auth", "disable"], None).await;
+    assert!(out.0, "auth disable: {}", out.2);
+    assert_eq!(front.front.auth().status(), Some(false), "off at once");
+    let open = range_view(&mut anon_f, &p).await;
+    assert_eq!(open, range_view(&mut anon_e, &p).await);
+    assert_eq!(open.map(|v| v.len()), Ok(4), "anyone reads with auth off");
+    let out = etcdctl(&fe, &["--user", "root:rootpw", "auth", "enable"], None).await;
+    assert!(out.0, "auth enable: {}", out.2);
+    assert_eq!(front.front.auth().status(), Some(true), "on at once");
+    let direct = range_view(&mut anon_e, &pa).await;
+    assert!(direct.is_err());
+    assert_eq!(range_view(&mut anon_f, &pa).await, direct);
 }

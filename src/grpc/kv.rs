@@ -155,7 +155,16 @@ impl PbKvService for KvService {
         &self,
         req: Request<PbRangeRequest>,
     ) -> Result<Response<PbRangeResponse>, Status> {
-        if let Some(resp) = self.front.range_from_cache(req.get_ref()).await {
+        // With etcd's auth on, etcd decides first whether this caller may
+        // read this range; if not, etcd answers the request itself.
+        let r = req.get_ref();
+        let permitted = self.front.cache_for(&r.key, &r.range_end).is_none()
+            || self
+                .front
+                .auth
+                .permits(req.metadata(), &r.key, &r.range_end)
+                .await;
+        if permitted && let Some(resp) = self.front.range_from_cache(req.get_ref()).await {
             super::count_range(true);
             return Ok(Response::new(resp));
         }

@@ -9,8 +9,11 @@
 //! - [`kv`]: KV (Range from the cache when inside one cached prefix).
 //! - [`watch`]: Watch (cursor-based fan-out from the ring).
 //! - [`passthrough`]: Lease, Maintenance, Cluster, unchanged.
+//! - [`auth`]: etcd's Auth service relayed, and etcd's own authorization
+//!   of every cached read when etcd has auth enabled.
 //! - [`upstream`]: the raw gRPC client of etcd (the store's channel and TLS).
 
+pub mod auth;
 pub mod kv;
 pub mod kv_cache;
 pub mod passthrough;
@@ -33,6 +36,7 @@ use tracing::{info, warn};
 use crate::coalesced_stream::ServerStream;
 use crate::config::Config;
 use crate::storage::{MAX_DECODING_MESSAGE_BYTES, Storage};
+use auth::AuthGate;
 use kv_cache::{HeaderSource, KvCache};
 use upstream::Upstream;
 
@@ -50,6 +54,8 @@ pub enum GrpcError {
 pub struct Front {
     caches: Vec<Arc<KvCache>>,
     pub(crate) upstream: Upstream,
+    /// etcd's auth status and its verdicts on cached reads.
+    pub(crate) auth: Arc<AuthGate>,
     pub(crate) storage: Storage,
     pub(crate) headers: Arc<HeaderSource>,
     /// Bumped by every cache change; watch streams wait on it.
@@ -92,6 +98,11 @@ impl Front {
             self.watchers_cached.load(Ordering::Relaxed),
             self.watchers_forwarded.load(Ordering::Relaxed),
         )
+    }
+
+    /// etcd's auth status as the front sees it.
+    pub fn auth(&self) -> &Arc<AuthGate> {
+        &self.auth
     }
 
     /// The raw caches, one per configured resource prefix.
@@ -171,10 +182,18 @@ impl GrpcServer {
                 shutdown.clone(),
             ));
         }
+        let upstream = Upstream::new(storage.channel());
+        let auth = Arc::new(AuthGate::new(upstream.clone()));
+        {
+            let auth = Arc::clone(&auth);
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { auth.run(shutdown).await });
+        }
         GrpcServer {
             front: Arc::new(Front {
                 caches,
-                upstream: Upstream::new(storage.channel()),
+                upstream,
+                auth,
                 storage,
                 headers,
                 changes,
@@ -228,6 +247,10 @@ impl GrpcServer {
         let cluster = PbClusterServer::new(passthrough::ClusterService {
             upstream: front.upstream.clone(),
         });
+        let auth = auth::AuthService {
+            upstream: front.upstream.clone(),
+            gate: Arc::clone(&front.auth),
+        };
         let token = front.shutdown.clone();
         let stop = async move {
             shutdown.await;
@@ -243,6 +266,7 @@ impl GrpcServer {
             .add_service(lease)
             .add_service(maintenance)
             .add_service(cluster)
+            .add_service(auth)
             .serve_with_incoming_shutdown(incoming(listener, front.coalesce_writes), stop);
         // Streams that are not the front's own (a lease keep-alive passed
         // to etcd) may outlive the shutdown: bounded, as the REST server.

@@ -3,8 +3,13 @@
 //! not serve from its cache goes to etcd as it came, and etcd's answer goes
 //! back as it is.
 
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut, Bytes};
 use futures::Stream;
+use tokio::sync::Notify;
 use tonic::client::Grpc;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::codegen::http::uri::PathAndQuery;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
@@ -20,6 +25,9 @@ const FORWARDED_METADATA: &[&str] = &["token", "authorization"];
 #[derive(Clone)]
 pub struct Upstream {
     grpc: Grpc<Channel>,
+    /// Told of every auth error etcd answers (see [`is_auth_error`]): the
+    /// front's view of etcd's auth status may be stale.
+    auth_errors: Arc<Notify>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -34,7 +42,22 @@ impl Upstream {
             grpc: Grpc::new(channel)
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_DECODING_MESSAGE_BYTES),
+            auth_errors: Arc::new(Notify::new()),
         }
+    }
+
+    /// Woken when etcd answered a call with an auth error.
+    pub(crate) fn auth_errors(&self) -> &Arc<Notify> {
+        &self.auth_errors
+    }
+
+    fn seen<T>(&self, r: Result<T, Status>) -> Result<T, Status> {
+        if let Err(s) = &r
+            && is_auth_error(s)
+        {
+            self.auth_errors.notify_one();
+        }
+        r
     }
 
     async fn ready(&self) -> Result<Grpc<Channel>, Status> {
@@ -56,12 +79,28 @@ impl Upstream {
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
         let mut g = self.ready().await?;
-        g.unary(
-            forward(req),
-            PathAndQuery::from_static(path),
-            ProstCodec::default(),
-        )
-        .await
+        let r = g
+            .unary(
+                forward(req),
+                PathAndQuery::from_static(path),
+                ProstCodec::default(),
+            )
+            .await;
+        self.seen(r)
+    }
+
+    /// One unary call whose messages pass as they are, undecoded: for
+    /// services the front relays without reading (Auth).
+    pub async fn unary_raw(
+        &self,
+        path: &'static str,
+        req: Request<Bytes>,
+    ) -> Result<Response<Bytes>, Status> {
+        let mut g = self.ready().await?;
+        let r = g
+            .unary(forward(req), PathAndQuery::from_static(path), RawCodec)
+            .await;
+        self.seen(r)
     }
 
     /// A call with a server stream, e.g. `/etcdserverpb.Maintenance/Snapshot`.
@@ -75,12 +114,14 @@ impl Upstream {
         Resp: prost::Message + Default + Send + Sync + 'static,
     {
         let mut g = self.ready().await?;
-        g.server_streaming(
-            forward(req),
-            PathAndQuery::from_static(path),
-            ProstCodec::default(),
-        )
-        .await
+        let r = g
+            .server_streaming(
+                forward(req),
+                PathAndQuery::from_static(path),
+                ProstCodec::default(),
+            )
+            .await;
+        self.seen(r)
     }
 
     /// A bidirectional stream, e.g. `/etcdserverpb.Watch/Watch`; `md` is the
@@ -99,8 +140,10 @@ impl Upstream {
         let mut g = self.ready().await?;
         let mut req = Request::new(requests);
         copy_metadata(md, req.metadata_mut());
-        g.streaming(req, PathAndQuery::from_static(path), ProstCodec::default())
-            .await
+        let r = g
+            .streaming(req, PathAndQuery::from_static(path), ProstCodec::default())
+            .await;
+        self.seen(r)
     }
 }
 
@@ -118,5 +161,55 @@ fn copy_metadata(from: &tonic::metadata::MetadataMap, to: &mut tonic::metadata::
         if let Some(v) = from.get(*key) {
             to.insert(*key, v.clone());
         }
+    }
+}
+
+/// Whether etcd refused a call for its auth: a bad or missing token, or a
+/// user without the permission (etcd's `ErrGRPCUserEmpty`,
+/// `ErrGRPCInvalidAuthToken`, `ErrGRPCPermissionDenied`, ...).
+pub(crate) fn is_auth_error(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unauthenticated | tonic::Code::PermissionDenied
+    ) || s.message().starts_with("etcdserver: user name")
+        || s.message().contains("auth")
+}
+
+/// A message as its encoded bytes, unchanged both ways: the front relays
+/// it without decoding it (not a protobuf codec: nothing is parsed).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct RawCodec;
+
+impl Codec for RawCodec {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = RawCodec;
+    type Decoder = RawCodec;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        RawCodec
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        RawCodec
+    }
+}
+
+impl Encoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for RawCodec {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
     }
 }

@@ -281,13 +281,26 @@ impl ClientStream {
                     fragment: c.fragment,
                     progress_notify: c.progress_notify,
                 };
-                let cache = self.front.cache_for(&spec.key, &spec.range_end).cloned();
+                let mut cache = self.front.cache_for(&spec.key, &spec.range_end).cloned();
+                // With etcd's auth on, a caller etcd does not let read this
+                // range is not served from the cache: etcd gets the
+                // creation and answers it (its refusal) itself.
+                let mut placeable = true;
+                if cache.is_some()
+                    && !self
+                        .front
+                        .auth
+                        .permits(&self.md, &spec.key, &spec.range_end)
+                        .await
+                {
+                    cache = None;
+                    placeable = false;
+                }
                 let cacheable = cache.is_some();
                 // "From now" means after etcd's current revision, as etcd
                 // means it: the cache must have caught up with it first
                 // (bounded; else etcd serves the watch).
                 let mut created_at = None;
-                let mut placeable = true;
                 if spec.start_revision == 0
                     && let Some(cache) = cache.filter(|c| c.is_ready())
                 {

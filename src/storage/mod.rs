@@ -326,10 +326,19 @@ impl Storage {
         // No client-wide request timeout (`with_timeout`): it would also cut
         // the Reflector's long-lived watch streams on this client. Unary calls
         // get their deadline from `call`/`read` instead.
-        let opts = ConnectOptions::new()
+        let mut opts = ConnectOptions::new()
             .with_connect_timeout(cfg.dial_timeout())
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
             .with_tcp_keepalive(TCP_KEEPALIVE);
+        // etcd's own auth: the client authenticates and renews its token
+        // when etcd expires it. Only this client carries the token; the raw
+        // `channel` (the gRPC front's passthrough) never does, so a caller
+        // of the front is never served as the daemon's user.
+        if let (Some(user), Some(pw)) = (&cfg.username, &cfg.password) {
+            opts = opts
+                .with_user(user.clone(), pw.0.clone())
+                .with_auto_token_refresh(true);
+        }
         let connecting = async {
             let connected: Result<(Client, tonic::transport::Channel), etcd_client::Error> =
                 match &tls {
