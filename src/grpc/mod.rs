@@ -25,9 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use etcd_client::proto::{
-    PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer, PbWatchServer,
-};
+use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -232,10 +230,12 @@ impl GrpcServer {
         })
         .max_decoding_message_size(max)
         .max_encoding_message_size(max);
-        let watch = PbWatchServer::new(watch::WatchService {
-            front: Arc::clone(&front),
-        })
-        .max_encoding_message_size(max);
+        let watch = watch::WatchServer::new(
+            watch::WatchService {
+                front: Arc::clone(&front),
+            },
+            max,
+        );
         let lease = PbLeaseServer::new(passthrough::LeaseService {
             upstream: front.upstream.clone(),
             shutdown: front.shutdown.clone(),
