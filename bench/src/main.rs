@@ -697,8 +697,22 @@ fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
     let cpu_per = ["per_delivery", "holder_cpu_us_per_delivery"];
     let rss = ["per_delivery", "holder_rss_per_watcher_bytes"];
     let etcd_cpu = ["processes", "etcd", "cpu_s"];
+    // RSS growth per watcher net of what the same writes cost the front
+    // with no watcher on it (its growth in the etcd column, where it is
+    // idle): the daemon caches every write, grpc-proxy caches nothing.
+    let net = |col: &Value, name: &str| -> f64 {
+        let growth = num(col, &["processes", "proxy", "peak_rss_kb"])
+            - num(col, &["processes", "proxy", "rss_at_start_kb"]);
+        let idle = num(etcd, &["processes", "idle_fronts", name, "peak_growth_kb"]);
+        let w = num(col, &["watchers_established"]);
+        ((growth - idle).max(0.0) * 1024.0 / w).round()
+    };
+    let (front_net, gp_net) = (net(front, "watchcache"), net(gp, "grpc_proxy"));
     (
         json!({
+            "front_rss_per_watcher_net_bytes": front_net,
+            "grpc_proxy_rss_per_watcher_net_bytes": gp_net,
+            "front_rss_per_watcher_net_front_over_grpc_proxy": ratio(front_net, gp_net),
             "deliveries_per_s_front_over_grpc_proxy": over(&dps),
             "p99_latency_front_over_grpc_proxy": over(&p99),
             "p50_latency_front_over_grpc_proxy": over(&["latency_ms", "p50_ms"]),
@@ -716,6 +730,7 @@ fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
             "front_p99_no_worse_than_grpc_proxy": num(front, &p99) <= num(gp, &p99),
             "front_cpu_below_grpc_proxy": num(front, &cpu) <= num(gp, &cpu),
             "front_rss_per_watcher_below_grpc_proxy": num(front, &rss) <= num(gp, &rss),
+            "front_rss_per_watcher_net_of_cached_writes_below_grpc_proxy": front_net <= gp_net,
             "etcd_cpu_with_front_at_most_a_tenth": num(front, &etcd_cpu) <= num(etcd, &etcd_cpu) / 10.0,
         }),
     )
@@ -1113,4 +1128,46 @@ async fn run_chaos(
         bail!("{} consistency violations", r.violations.len());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn column(peak_kb: f64, start_kb: f64, idle: Value) -> Value {
+        json!({
+            "watchers": 1000, "watchers_established": 1000,
+            "lost": 0, "duplicated": 0, "unexpected": 0, "out_of_order": 0,
+            "deliveries_per_s": 1000.0,
+            "latency_ms": {"p50_ms": 1.0, "p99_ms": 2.0},
+            "processes": {
+                "proxy": {"cpu_s": 1.0, "peak_rss_kb": peak_kb, "rss_at_start_kb": start_kb},
+                "etcd": {"cpu_s": 1.0},
+                "idle_fronts": idle,
+            },
+            "per_delivery": {"holder_cpu_us_per_delivery": 1.0, "holder_rss_per_watcher_bytes": 1.0},
+        })
+    }
+
+    #[test]
+    fn grpc_rss_per_watcher_is_net_of_the_idle_fronts_growth() {
+        let etcd = column(
+            0.0,
+            0.0,
+            json!({"watchcache": {"peak_growth_kb": 8000.0}, "grpc_proxy": {"peak_growth_kb": 500.0}}),
+        );
+        let r = json!({
+            "etcd": etcd,
+            // 10,000 KB of growth with 1,000 watchers, 8,000 of it the cached writes.
+            "grpc": column(50_000.0, 40_000.0, json!({})),
+            "grpc_proxy": column(37_500.0, 30_000.0, json!({})),
+        });
+        let (ratios, goals) = grpc_ratios_and_goals(&r);
+        assert_eq!(ratios["front_rss_per_watcher_net_bytes"], json!(2048.0));
+        assert_eq!(ratios["grpc_proxy_rss_per_watcher_net_bytes"], json!(7168.0));
+        assert_eq!(
+            goals["front_rss_per_watcher_net_of_cached_writes_below_grpc_proxy"],
+            json!(true)
+        );
+    }
 }

@@ -205,6 +205,10 @@ struct Usage {
     etcd: Option<(u32, ProcSample)>,
     proxy: Option<(u32, ProcSample)>,
     bench: Option<ProcSample>,
+    /// In the etcd column: the fronts that hold no watcher in it (the
+    /// daemon, grpc-proxy). The daemon's growth there is what caching the
+    /// same writes costs it, which is not a per-watcher cost.
+    idle_fronts: Vec<(&'static str, u32, ProcSample)>,
 }
 
 impl Usage {
@@ -219,10 +223,26 @@ impl Usage {
             reset_peak(pid);
             sample(pid).map(|s| (pid, s))
         });
+        let mut idle_fronts = Vec::new();
+        if target == Target::Etcd {
+            let fronts = [
+                ("watchcache", ctx.proxy_pid()),
+                ("grpc_proxy", ctx.front_pid(Target::GrpcProxy)),
+            ];
+            for (name, pid) in fronts {
+                if let Some(pid) = pid {
+                    reset_peak(pid);
+                    if let Some(s) = sample(pid) {
+                        idle_fronts.push((name, pid, s));
+                    }
+                }
+            }
+        }
         Usage {
             etcd,
             proxy,
             bench: sample(self_pid()),
+            idle_fronts,
         }
     }
 
@@ -250,7 +270,21 @@ impl Usage {
             }),
             _ => Value::Null,
         };
-        json!({"etcd": one(&self.etcd), "proxy": one(&self.proxy), "bench": bench})
+        let mut idle = serde_json::Map::new();
+        for (name, pid, s0) in &self.idle_fronts {
+            if let Some(s1) = sample(*pid) {
+                idle.insert(
+                    (*name).to_string(),
+                    json!({"pid": pid, "peak_growth_kb": (s1.hwm_kb as f64 - s0.rss_kb as f64).max(0.0)}),
+                );
+            }
+        }
+        json!({
+            "etcd": one(&self.etcd),
+            "proxy": one(&self.proxy),
+            "bench": bench,
+            "idle_fronts": Value::Object(idle),
+        })
     }
 }
 
