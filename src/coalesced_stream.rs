@@ -8,8 +8,10 @@
 //! write of less than [`DIRECT_MIN`] bytes is copied into a buffer, and a
 //! writer task (woken once per batch, not per frame) writes everything the
 //! connection queued since it last ran in one call: like grpc-go's loopy
-//! writer. Large writes (List pages, big objects) still go straight to the
-//! socket when nothing is queued before them, so they are not copied.
+//! writer. Large writes (List pages, big objects, full HTTP/2 frames) go
+//! straight to the socket, after what was queued before them, and are never
+//! copied: copying them would cost more than the system call it saves, most
+//! of all when a slow reader keeps the socket full.
 //!
 //! Memory stays bounded whatever the client does: once [`HIGH_WATER`] bytes
 //! wait (the peer does not read), writes return `Pending` and the protocol
@@ -18,18 +20,16 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-/// Writes at least this long go to the socket directly when nothing is
-/// queued (copying them would cost more than the system call they save).
+/// Writes at least this long go to the socket directly (after the queue).
 pub const DIRECT_MIN: usize = 16 * 1024;
 /// Queued bytes above which writes wait for the writer.
 pub const HIGH_WATER: usize = 64 * 1024;
@@ -42,12 +42,14 @@ const DROP_GRACE: Duration = Duration::from_secs(2);
 
 /// See the module documentation.
 pub struct CoalescedStream {
-    read: OwnedReadHalf,
     shared: Arc<Shared>,
 }
 
 struct Shared {
-    write: OwnedWriteHalf,
+    /// Read and written through `&self` (`try_*` and `poll_*_ready`): the
+    /// connection's task reads and writes large buffers, the writer task
+    /// writes batches, never both at once.
+    stream: TcpStream,
     state: Mutex<State>,
     /// Wakes the writer: bytes queued, or a shutdown asked for.
     work: Notify,
@@ -84,15 +86,14 @@ impl State {
 impl CoalescedStream {
     /// Wraps `stream` and starts its writer task (on the current runtime).
     pub fn new(stream: TcpStream) -> Self {
-        let (read, write) = stream.into_split();
         let shared = Arc::new(Shared {
-            write,
+            stream,
             state: Mutex::new(State::default()),
             work: Notify::new(),
             dropped: CancellationToken::new(),
         });
         tokio::spawn(writer(Arc::clone(&shared)));
-        CoalescedStream { read, shared }
+        CoalescedStream { shared }
     }
 
     /// Queues as much of `bufs` as there is room for, or writes it directly.
@@ -109,16 +110,9 @@ impl CoalescedStream {
         if let Some(e) = st.error() {
             return Poll::Ready(Err(e));
         }
-        if total >= DIRECT_MIN && st.idle() {
-            // Only this task queues bytes, so the writer stays idle while
-            // the lock is released.
+        if total >= DIRECT_MIN {
             drop(st);
-            match self.shared.write.try_write_vectored(bufs) {
-                Ok(n) => return Poll::Ready(Ok(n)),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Poll::Ready(Err(e)),
-            }
-            st = self.shared.state.lock();
+            return self.poll_write_large(cx, bufs);
         }
         let room = HIGH_WATER.saturating_sub(st.queued.len());
         if room == 0 {
@@ -143,6 +137,55 @@ impl CoalescedStream {
             self.shared.work.notify_one();
         }
         Poll::Ready(Ok(taken))
+    }
+}
+
+impl CoalescedStream {
+    /// A large write goes to the socket in one `writev` with whatever is
+    /// queued before it, so it is never copied and costs no extra call.
+    fn poll_write_large(
+        &self,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            // Held across the system call: the writer cannot start a batch
+            // meanwhile (it only ever takes the lock briefly).
+            let mut st = self.shared.state.lock();
+            if let Some(e) = st.error() {
+                return Poll::Ready(Err(e));
+            }
+            if st.in_flight {
+                st.waiter = Some(cx.waker().clone());
+                drop(st);
+                self.shared.work.notify_one();
+                return Poll::Pending;
+            }
+            if let Err(e) = ready!(self.shared.stream.poll_write_ready(cx)) {
+                return Poll::Ready(Err(e));
+            }
+            let queued = st.queued.len();
+            let mut iov = Vec::with_capacity(bufs.len() + 1);
+            if queued > 0 {
+                iov.push(io::IoSlice::new(&st.queued));
+            }
+            iov.extend(bufs.iter().map(|b| io::IoSlice::new(b)));
+            match self.shared.stream.try_write_vectored(&iov) {
+                Ok(n) if n < queued => {
+                    drop(iov);
+                    st.queued.drain(..n);
+                }
+                Ok(n) => {
+                    drop(iov);
+                    st.queued.clear();
+                    if n > queued {
+                        return Poll::Ready(Ok(n - queued));
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 }
 
@@ -189,13 +232,13 @@ async fn writer(shared: Arc<Shared>) {
         }
         let mut pos = 0;
         let finished = tokio::select! {
-            r = write_from(&shared.write, &batch, &mut pos) => Some(r),
+            r = write_from(&shared.stream, &batch, &mut pos) => Some(r),
             _ = shared.dropped.cancelled() => None,
         };
         // Dropped mid-batch: the rest gets a grace period, no more.
         let written = match finished {
             Some(r) => r,
-            None => tokio::time::timeout(DROP_GRACE, write_from(&shared.write, &batch, &mut pos))
+            None => tokio::time::timeout(DROP_GRACE, write_from(&shared.stream, &batch, &mut pos))
                 .await
                 .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
         };
@@ -217,7 +260,7 @@ async fn writer(shared: Arc<Shared>) {
 
 /// Writes `buf[*pos..]`, advancing `pos` as bytes go out, so a write
 /// cancelled at its await point can be resumed without repeating bytes.
-async fn write_from(w: &OwnedWriteHalf, buf: &[u8], pos: &mut usize) -> io::Result<()> {
+async fn write_from(w: &TcpStream, buf: &[u8], pos: &mut usize) -> io::Result<()> {
     while *pos < buf.len() {
         w.writable().await?;
         match w.try_write(&buf[*pos..]) {
@@ -232,11 +275,22 @@ async fn write_from(w: &OwnedWriteHalf, buf: &[u8], pos: &mut usize) -> io::Resu
 
 impl AsyncRead for CoalescedStream {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.read).poll_read(cx, buf)
+        let stream = &self.shared.stream;
+        loop {
+            ready!(stream.poll_read_ready(cx))?;
+            match stream.try_read(buf.initialize_unfilled()) {
+                Ok(n) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
     }
 }
 
@@ -284,7 +338,7 @@ impl AsyncWrite for CoalescedStream {
                 return Poll::Pending;
             }
         }
-        let sock = socket2::SockRef::from(self.shared.write.as_ref());
+        let sock = socket2::SockRef::from(&self.shared.stream);
         match sock.shutdown(std::net::Shutdown::Write) {
             Ok(()) => Poll::Ready(Ok(())),
             Err(e) if e.kind() == io::ErrorKind::NotConnected => Poll::Ready(Ok(())),

@@ -1164,7 +1164,10 @@ mod tests {
         });
         let (ratios, goals) = grpc_ratios_and_goals(&r);
         assert_eq!(ratios["front_rss_per_watcher_net_bytes"], json!(2048.0));
-        assert_eq!(ratios["grpc_proxy_rss_per_watcher_net_bytes"], json!(7168.0));
+        assert_eq!(
+            ratios["grpc_proxy_rss_per_watcher_net_bytes"],
+            json!(7168.0)
+        );
         assert_eq!(
             goals["front_rss_per_watcher_net_of_cached_writes_below_grpc_proxy"],
             json!(true)

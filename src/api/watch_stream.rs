@@ -21,8 +21,10 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -71,12 +73,7 @@ pub(crate) struct WatchStreamParams {
 
 /// Starts the pump of `watcher` and returns the response body.
 pub(crate) fn spawn(watcher: Watcher, params: WatchStreamParams) -> Body {
-    let pipe = Arc::new(Pipe {
-        // A child of the server's token: the pump waits on one token of
-        // its own, not on one that every watch shares (and locks).
-        reader_gone: params.shutdown.child_token(),
-        ..Pipe::default()
-    });
+    let pipe = Arc::new(Pipe::default());
     tokio::spawn(pump(watcher, Arc::clone(&pipe), params));
     StreamBody::new(PipeReader(pipe)).boxed_unsync()
 }
@@ -89,9 +86,11 @@ struct Pipe {
     reader: AtomicWaker,
     /// The pump, waiting for room.
     room: Notify,
-    /// The body was dropped (the response ended or the client went away),
-    /// or the server is shutting down.
-    reader_gone: CancellationToken,
+    /// The body was dropped (the response ended or the client went away).
+    /// A flag and a waker, not a token: the pump checks it on every wake,
+    /// and a token's check takes a lock.
+    reader_gone: AtomicBool,
+    gone_waker: AtomicWaker,
 }
 
 #[derive(Default)]
@@ -105,6 +104,21 @@ struct PipeInner {
 }
 
 impl Pipe {
+    /// Resolves once the body is dropped.
+    fn gone(&self) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            if self.reader_gone.load(Ordering::Acquire) {
+                return Poll::Ready(());
+            }
+            self.gone_waker.register(cx.waker());
+            if self.reader_gone.load(Ordering::Acquire) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+    }
+
     fn unread(&self) -> usize {
         self.inner.lock().bytes
     }
@@ -168,7 +182,8 @@ impl futures::Stream for PipeReader {
 
 impl Drop for PipeReader {
     fn drop(&mut self) {
-        self.0.reader_gone.cancel();
+        self.0.reader_gone.store(true, Ordering::Release);
+        self.0.gone_waker.wake();
     }
 }
 
@@ -215,29 +230,21 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
     let mut pushed = false;
     // `found_empty` when the last chunk was queued while catching up.
     let mut mark = 0u64;
-    // Created once, not per event: a token's `cancelled()` registers with
-    // the token under its lock. It also fires on shutdown (see `spawn`).
-    let gone = pipe.reader_gone.cancelled();
-    tokio::pin!(gone);
-    let gone_or_shutdown = || {
-        if shutdown.is_cancelled() {
-            End::Shutdown
-        } else {
-            End::Gone
-        }
-    };
+    // Server shutdown ends the watcher (the cachers close every watch), so
+    // only the rare catching-up wait below watches the shared token.
     let end = loop {
         if catching_up && pipe.unread() >= cap {
             tokio::select! {
                 _ = pipe.room.notified() => continue,
-                _ = &mut gone => break gone_or_shutdown(),
+                _ = pipe.gone() => break End::Gone,
+                _ = shutdown.cancelled() => break End::Shutdown,
                 _ = sleep_opt(&mut backstop) => break End::Deadline,
             }
         }
         let initial = watcher.sending_initial_events();
         let item = tokio::select! {
             biased;
-            _ = &mut gone => break gone_or_shutdown(),
+            _ = pipe.gone() => break End::Gone,
             // No backstop timer here: the watcher ends itself at its
             // deadline, and polling a timer per event is not free.
             item = watcher.next() => item,
@@ -292,7 +299,7 @@ async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) 
     debug!(?end, "watch stream ended");
     pipe.finish(end == End::Unresponsive);
     tokio::select! {
-        _ = pipe.reader_gone.cancelled() => {}
+        _ = pipe.gone() => {}
         _ = tokio::time::sleep(END_GRACE) => {
             // The client does not take the end of its stream.
             pipe.finish(true);
