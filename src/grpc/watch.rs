@@ -34,13 +34,16 @@ use etcd_client::proto::*;
 use super::Front;
 use super::kv_cache::{Cursor, DELETE, KvCache, PUT, Read, RingEvent, in_range};
 
-/// Responses buffered towards one client stream.
-const OUT_BUFFER: usize = 16;
+/// Responses buffered towards one client stream. With [`MAX_BATCH_BYTES`]
+/// this bounds what a stream whose client reads slowly holds (the ring
+/// holds the rest, shared): about 4 x 128 KiB. 16 x 1 MiB let 10,000
+/// watchers on 10 lagging streams hold 21-23 KB each (docs/BENCHMARKS.md).
+const OUT_BUFFER: usize = 4;
 /// Events read from the ring per watch per turn (whole revisions), and
-/// about as many bytes: a response stays within clients' default receive
-/// limits (4 MiB in tonic) unless one revision alone is larger.
+/// about as many bytes: a response stays well within clients' default
+/// receive limits (4 MiB in tonic) unless one revision alone is larger.
 const MAX_BATCH_EVENTS: usize = 1000;
-const MAX_BATCH_BYTES: usize = 1024 * 1024;
+const MAX_BATCH_BYTES: usize = 128 * 1024;
 /// etcd's default `--max-request-bytes`: `fragment` splits responses above it.
 const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 /// `WatchCreateRequest.FilterType`.
