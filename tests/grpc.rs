@@ -394,6 +394,16 @@ async fn read_until(
     out
 }
 
+/// Reads responses until `n` watches have been created.
+async fn read_created(stream: &mut etcd_client::WatchStream, n: usize) -> Vec<WatchResponse> {
+    let mut created = 0;
+    read_until(stream, move |r| {
+        created += usize::from(r.created());
+        created == n
+    })
+    .await
+}
+
 fn is_progress(r: &WatchResponse) -> bool {
     r.watch_id() == -1 && r.events().is_empty() && !r.created() && !r.canceled()
 }
@@ -526,14 +536,7 @@ async fn progress_answers_only_after_every_event_up_to_its_revision() {
     )
     .await
     .expect("watch");
-    read_until(&mut s, {
-        let mut n = 0;
-        move |r| {
-            n += usize::from(r.created());
-            n == 2
-        }
-    })
-    .await;
+    read_created(&mut s, 2).await;
     let writer = tokio::spawn(async move {
         let mut revs = Vec::new();
         for i in 0..200 {
@@ -1081,14 +1084,7 @@ async fn differential_random_workload_equals_etcd() {
             }
         }
         let mut s = s.expect("stream");
-        read_until(&mut s, {
-            let mut n = 0;
-            move |r| {
-                n += usize::from(r.created());
-                n == 5
-            }
-        })
-        .await;
+        read_created(&mut s, 5).await;
         streams.push(s);
     }
     let lease = ec.lease_grant(600, None).await.expect("lease").id();
@@ -1469,14 +1465,7 @@ async fn many_clients_share_the_prefix_watch() {
                 .await
                 .expect("watch");
         }
-        read_until(&mut s, {
-            let mut n = 0;
-            move |r| {
-                n += usize::from(r.created());
-                n == 10
-            }
-        })
-        .await;
+        read_created(&mut s, 10).await;
         streams.push(s);
     }
     assert_eq!(

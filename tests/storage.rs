@@ -40,6 +40,33 @@ async fn raw_get(endpoint: &str, key: &str) -> Option<(Vec<u8>, i64)> {
         .map(|kv| (kv.value().to_vec(), kv.mod_revision()))
 }
 
+/// The two no-op updates: `Update` with the current value (no suggestion)
+/// and `Unchanged` on `suggestion`; returns both results.
+async fn noop_updates(
+    s: &Storage,
+    key: &str,
+    suggestion: &StoredObject,
+) -> (StoredObject, StoredObject) {
+    let w = WriteOptions::default();
+    let same = s
+        .guaranteed_update(key, &Preconditions::none(), None, &w, |cur| {
+            Ok::<_, StorageError>(UpdateAction::Update(cur.value.clone()))
+        })
+        .await
+        .unwrap();
+    let unchanged = s
+        .guaranteed_update(
+            key,
+            &Preconditions::none(),
+            Some(suggestion.clone()),
+            &w,
+            |_| Ok::<_, StorageError>(UpdateAction::Unchanged),
+        )
+        .await
+        .unwrap();
+    (same, unchanged)
+}
+
 fn obj(name: &str, uid: &str, n: i64) -> Bytes {
     Bytes::from(
         serde_json::to_vec(&json!({"metadata": {"name": name, "uid": uid}, "n": n})).expect("json"),
@@ -246,22 +273,7 @@ async fn guaranteed_update_noop_does_not_bump_revision() {
     let created = s.create(&key, obj("a", "u", 1), &w).await.unwrap();
     let before = s.current_revision().await.unwrap();
 
-    let same = s
-        .guaranteed_update(&key, &Preconditions::none(), None, &w, |cur| {
-            Ok::<_, StorageError>(UpdateAction::Update(cur.value.clone()))
-        })
-        .await
-        .unwrap();
-    let unchanged = s
-        .guaranteed_update(
-            &key,
-            &Preconditions::none(),
-            Some(created.clone()),
-            &w,
-            |_| Ok::<_, StorageError>(UpdateAction::Unchanged),
-        )
-        .await
-        .unwrap();
+    let (same, unchanged) = noop_updates(&s, &key, &created).await;
     assert_eq!(same, created);
     assert_eq!(unchanged, created);
     assert_eq!(s.current_revision().await.unwrap(), before);
@@ -879,22 +891,7 @@ async fn noop_update_rewrites_a_value_stored_with_a_stale_key() {
     assert_eq!(rev, rewritten.mod_revision);
 
     // Now current: no-op updates (without and with a suggestion) write nothing.
-    let same = rotated
-        .guaranteed_update(&key, &Preconditions::none(), None, &w, |cur| {
-            Ok::<_, StorageError>(UpdateAction::Update(cur.value.clone()))
-        })
-        .await
-        .unwrap();
-    let unchanged = rotated
-        .guaranteed_update(
-            &key,
-            &Preconditions::none(),
-            Some(rewritten.clone()),
-            &w,
-            |_| Ok::<_, StorageError>(UpdateAction::Unchanged),
-        )
-        .await
-        .unwrap();
+    let (same, unchanged) = noop_updates(&rotated, &key, &rewritten).await;
     assert_eq!(same, rewritten);
     assert_eq!(unchanged, rewritten);
     let (raw2, rev2) = raw_get(common::etcd(), &key).await.unwrap();

@@ -71,27 +71,14 @@ pub struct StoredObject {
 
 impl StoredObject {
     fn from_kv(kv: KeyValue, transformer: &dyn Transformer) -> Result<Self, StorageError> {
-        Self::read_kv(kv, transformer).map_err(|u| u.error)
+        Self::read_kv(kv, transformer)
+            .map(|(o, _)| o)
+            .map_err(|u| u.error)
     }
 
-    /// Like `from_kv`, but a failure names the key it is about.
-    fn read_kv(kv: KeyValue, transformer: &dyn Transformer) -> Result<Self, Unreadable> {
-        Self::read_kv_checked(kv, transformer).map(|(o, _)| o)
-    }
-
-    /// Like `from_kv`, plus whether the stored bytes are stale
-    /// ([`Transformer::from_storage_checked`]).
-    fn from_kv_checked(
-        kv: KeyValue,
-        transformer: &dyn Transformer,
-    ) -> Result<(Self, bool), StorageError> {
-        Self::read_kv_checked(kv, transformer).map_err(|u| u.error)
-    }
-
-    fn read_kv_checked(
-        kv: KeyValue,
-        transformer: &dyn Transformer,
-    ) -> Result<(Self, bool), Unreadable> {
+    /// The object, and whether its stored bytes are stale
+    /// ([`Transformer::from_storage_checked`]); a failure names the key.
+    fn read_kv(kv: KeyValue, transformer: &dyn Transformer) -> Result<(Self, bool), Unreadable> {
         let create_revision = kv.create_revision();
         let mod_revision = kv.mod_revision();
         let version = kv.version();
@@ -593,16 +580,9 @@ impl Storage {
         }
     }
 
-    /// Reads the key at the latest revision; `None` if it does not exist.
-    async fn read_current(&self, key: &str) -> Result<Option<StoredObject>, StorageError> {
-        Ok(self.read_current_checked(key).await?.map(|(o, _)| o))
-    }
-
-    /// `read_current`, plus whether the stored bytes are stale.
-    async fn read_current_checked(
-        &self,
-        key: &str,
-    ) -> Result<Option<(StoredObject, bool)>, StorageError> {
+    /// Reads the key at the latest revision, and whether its stored bytes
+    /// are stale; `None` if it does not exist.
+    async fn read_current(&self, key: &str) -> Result<Option<(StoredObject, bool)>, StorageError> {
         let k = key.to_string();
         let mut resp = self
             .read("get", 0, |mut c| {
@@ -611,21 +591,15 @@ impl Storage {
             })
             .await?;
         match resp.take_kvs().into_iter().next() {
-            Some(kv) => Ok(Some(StoredObject::from_kv_checked(
-                kv,
-                self.transformer.as_ref(),
-            )?)),
+            Some(kv) => StoredObject::read_kv(kv, self.transformer.as_ref())
+                .map(Some)
+                .map_err(|u| u.error),
             None => Ok(None),
         }
     }
 
-    async fn read_existing(&self, key: &str) -> Result<StoredObject, StorageError> {
-        Ok(self.read_existing_checked(key).await?.0)
-    }
-
-    /// `read_existing`, plus whether the stored bytes are stale.
-    async fn read_existing_checked(&self, key: &str) -> Result<(StoredObject, bool), StorageError> {
-        self.read_current_checked(key)
+    async fn read_existing(&self, key: &str) -> Result<(StoredObject, bool), StorageError> {
+        self.read_current(key)
             .await?
             .ok_or_else(|| StorageError::not_found(key))
     }
@@ -737,7 +711,7 @@ impl Storage {
             let mut unreadable = Vec::new();
             for kv in kvs {
                 match StoredObject::read_kv(kv, self.transformer.as_ref()) {
-                    Ok(o) => items.push(o),
+                    Ok((o, _)) => items.push(o),
                     Err(u) => {
                         debug!(key = %u.key, error = %u.error, "list: skipping an unreadable key");
                         unreadable.push(u);
@@ -873,7 +847,7 @@ impl Storage {
         async {
             let data = self.transformer.to_storage(key, value.clone())?;
             if opts.dry_run {
-                let cur = self.read_existing(key).await?;
+                let (cur, _) = self.read_existing(key).await?;
                 if cur.mod_revision != expected_mod_revision {
                     return Err(StorageError::modified(key));
                 }
@@ -955,7 +929,7 @@ impl Storage {
             let (mut state, mut is_current, mut stale) = match suggestion {
                 Some(s) if s.key == key => (s, false, false),
                 _ => {
-                    let (s, stale) = self.read_existing_checked(key).await?;
+                    let (s, stale) = self.read_existing(key).await?;
                     (s, true, stale)
                 }
             };
@@ -967,7 +941,7 @@ impl Storage {
                         return Err(e.into());
                     }
                     debug!("precondition failed on suggestion, re-reading");
-                    (state, stale) = self.read_existing_checked(key).await?;
+                    (state, stale) = self.read_existing(key).await?;
                     is_current = true;
                     continue;
                 }
@@ -978,7 +952,7 @@ impl Storage {
                             return Err(e);
                         }
                         let cached_rev = state.mod_revision;
-                        (state, stale) = self.read_existing_checked(key).await?;
+                        (state, stale) = self.read_existing(key).await?;
                         is_current = true;
                         if state.mod_revision == cached_rev {
                             return Err(e);
@@ -1000,7 +974,7 @@ impl Storage {
                     if !is_current {
                         // A no-op against possibly stale data proves nothing.
                         debug!("no-op on suggestion, re-reading");
-                        (state, stale) = self.read_existing_checked(key).await?;
+                        (state, stale) = self.read_existing(key).await?;
                         is_current = true;
                         continue;
                     }
@@ -1010,7 +984,7 @@ impl Storage {
                 let data = self.transformer.to_storage(key, new_value.clone())?;
                 if opts.dry_run {
                     if !is_current {
-                        (state, stale) = self.read_existing_checked(key).await?;
+                        (state, stale) = self.read_existing(key).await?;
                         is_current = true;
                         continue;
                     }
@@ -1064,7 +1038,9 @@ impl Storage {
                 }
                 debug!(conflicts, "CAS lost, retrying on the fresh state");
                 (state, stale) = match txn_else_kv(&resp) {
-                    Some(kv) => StoredObject::from_kv_checked(kv, self.transformer.as_ref())?,
+                    Some(kv) => {
+                        StoredObject::read_kv(kv, self.transformer.as_ref()).map_err(|u| u.error)?
+                    }
                     None => return Err(StorageError::not_found(key).into()),
                 };
                 is_current = true;
@@ -1086,7 +1062,7 @@ impl Storage {
     ) -> Result<StoredObject, StorageError> {
         let span = debug_span!("storage.delete", key, dry_run = opts.dry_run);
         async {
-            let mut state = self.read_existing(key).await?;
+            let (mut state, _) = self.read_existing(key).await?;
             let mut conflicts: u32 = 0;
             loop {
                 preconditions.check(key, &state)?;
