@@ -249,7 +249,7 @@ async fn serve_io<I>(
             let state = Arc::clone(&state);
             // Boxed: hyper sizes each stream's task by this future, and a
             // watch's task lives as long as the watch; boxed, it shrinks to
-            // the body pipe once the response head is out.
+            // the watch body once the response head is out.
             let fut = Box::pin(super::handle(state, req));
             async move {
                 let resp = fut.await;

@@ -47,6 +47,7 @@ mod smp;
 pub mod status;
 pub mod table;
 mod watch_stream;
+pub use watch_stream::WatchStreams;
 mod writes;
 
 pub use request_info::{RequestInfo, RequestInfoError};
@@ -90,6 +91,8 @@ pub struct State {
     pub etcd_reachable: AtomicBool,
     /// TLS, authentication and authorization as configured.
     pub security: Security,
+    /// Open watch streams, for their sweeper.
+    pub watch_streams: Arc<WatchStreams>,
 }
 
 impl State {
@@ -145,9 +148,14 @@ impl Server {
                 shutdown: CancellationToken::new(),
                 etcd_reachable: AtomicBool::new(false),
                 security,
+                watch_streams: Arc::default(),
             }),
         };
         tokio::spawn(probe_etcd(Arc::clone(&server.state)));
+        tokio::spawn(watch_stream::sweep(
+            Arc::clone(&server.state.watch_streams),
+            server.state.shutdown.clone(),
+        ));
         Ok(server)
     }
 

@@ -21,7 +21,7 @@ use super::k8s::{Target, json_value};
 use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
 use super::protobuf;
 use super::table::{self, IncludeObject};
-use super::watch_stream::{self, WatchStreamParams};
+use super::watch_stream::WatchStreamParams;
 use super::{ApiStatus, Body, Resource, State, full, json_response, response};
 
 /// Frames of a List body are at most about this large (small objects are
@@ -333,14 +333,13 @@ pub(crate) async fn watch(
     let http1_connection = (req.version() < hyper::Version::HTTP_2)
         .then(|| req.extensions().get::<ConnectionHandle>().cloned())
         .flatten();
-    let body = watch_stream::spawn(
+    let body = state.watch_streams.open(
         watcher,
         WatchStreamParams {
             max_buffered_bytes: state.config.server.watch_max_buffered_bytes.max(1),
             // The cacher ends the stream at `timeoutSeconds` (after a last
             // bookmark); this deadline is only a backstop.
             backstop: timeout.map(|t| tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE),
-            shutdown: state.shutdown.clone(),
             what,
             table,
             permit,

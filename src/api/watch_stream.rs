@@ -1,39 +1,42 @@
-//! A watch's response stream, decoupled from its connection so a client
-//! cannot hold the server hostage by not reading.
+//! A watch's response body, polled by the connection itself, and the
+//! sweeper that keeps a client from holding the server hostage by not
+//! reading.
 //!
-//! A pump task reads the [`Watcher`] and queues its chunks in a [`Pipe`];
-//! the response body takes them as fast as the connection writes. So:
-//! - the watch ends at its `timeoutSeconds` (and on shutdown) whether or not
-//!   the body is polled: hyper stops polling a body once the socket buffers
-//!   are full, but the pump keeps running, and ending frees the watcher;
-//! - a client that leaves more than `server.watch_max_buffered_bytes` unread
-//!   (beyond what its connection buffers) when a new event arrives is cut
-//!   off (`reason="unresponsive"`): its unread bytes are dropped and the
-//!   stream ends, so it resumes from the last resourceVersion it received,
-//!   like Kubernetes' terminated blocked watchers. Initial events and the
-//!   replay (until the connection has once taken all of them) are exempt:
-//!   the pump waits for such a client instead (a burst it downloads at
-//!   network speed is not a backlog);
-//! - a stream whose end the client does not take within a grace period has
-//!   its unread bytes dropped, and an HTTP/1.1 connection is closed (the only
-//!   way to end a response on a socket that does not drain; an HTTP/2 stream
-//!   ends as soon as flow control lets the body be polled again).
+//! The body polls its [`Watcher`] directly, in the connection's stream task:
+//! an event costs one wake of that task and no copy (a task and a queue per
+//! watch doubled the cost of a delivery and the memory of an idle watch).
+//! hyper polls a body only while the connection has room for more (HTTP/2
+//! flow control, HTTP/1.1 write buffer), so a client that stops reading stops
+//! its watcher where it is: nothing queues up beyond the connection's own
+//! buffers. What such a client would still hold (its watcher, its watch slot)
+//! is freed by one sweeper for all streams ([`sweep`]), which every
+//! [`SWEEP_INTERVAL`] looks at each stream that is not being polled:
+//! - a watch not polled at its `timeoutSeconds` (plus a grace) ends then,
+//!   whether or not the client reads (`reason="timeout"`);
+//! - a watch whose client has left more than `server.watch_max_buffered_bytes`
+//!   of events untaken (beyond what its connection buffers), and taken
+//!   nothing for [`STALL_GRACE`], or that the ring has overrun, is cut off
+//!   (`reason="unresponsive"`): it resumes from the last resourceVersion it
+//!   received, like Kubernetes' terminated blocked watchers. Initial events
+//!   and the replay are exempt until the watcher has once caught up: such a
+//!   burst is downloaded at network speed, it is not a backlog;
+//! - a stream ended that way whose client does not take the end within
+//!   [`END_GRACE`] has its HTTP/1.1 connection closed (the only way to end a
+//!   response on a socket that does not drain; an HTTP/2 stream ends as soon
+//!   as flow control lets the body be polled again).
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::task::AtomicWaker;
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::BodyExt;
 use hyper::body::Frame;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
@@ -46,18 +49,22 @@ use super::connection::ConnectionHandle;
 use super::errors::{What, cacher_status};
 use super::reads::TableWatch;
 
-/// How long a stream that has ended waits for its client to take the end
-/// before its unread bytes are dropped (and an HTTP/1.1 connection closed).
-const END_GRACE: Duration = Duration::from_secs(2);
+/// How often the sweeper looks at every open watch stream.
+pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
+/// How long a watch with too much unread must take nothing before it is
+/// cut off: a client that reads, however slowly, is never cut off.
+pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
+/// How long a stream the sweeper ended waits for its client to take the end
+/// before its HTTP/1.1 connection is closed.
+pub(crate) const END_GRACE: Duration = Duration::from_secs(2);
 
 /// Everything a watch stream needs besides its watcher.
 pub(crate) struct WatchStreamParams {
     /// The cap on unread bytes (`server.watch_max_buffered_bytes`).
     pub max_buffered_bytes: usize,
-    /// A backstop after `timeoutSeconds` (the watcher ends itself at it).
+    /// A backstop after `timeoutSeconds` (the watcher ends itself at it
+    /// when it is polled).
     pub backstop: Option<Instant>,
-    /// Server shutdown.
-    pub shutdown: CancellationToken,
     /// For the Status of an error event.
     pub what: What,
     /// Table conversion for kubectl `get -w`.
@@ -71,241 +78,259 @@ pub(crate) struct WatchStreamParams {
     pub protobuf_api_version: Option<String>,
 }
 
-/// Starts the pump of `watcher` and returns the response body.
-pub(crate) fn spawn(watcher: Watcher, params: WatchStreamParams) -> Body {
-    let pipe = Arc::new(Pipe::default());
-    tokio::spawn(pump(watcher, Arc::clone(&pipe), params));
-    StreamBody::new(PipeReader(pipe)).boxed_unsync()
-}
-
-/// The chunks a watch produced that the connection has not taken yet.
+/// Every open watch stream, for the sweeper. Weak: a stream is gone with
+/// its body, and the next sweep forgets it.
 #[derive(Default)]
-struct Pipe {
-    inner: Mutex<PipeInner>,
-    /// The body, waiting for a chunk or the end.
-    reader: AtomicWaker,
-    /// The pump, waiting for room.
-    room: Notify,
-    /// The body was dropped (the response ended or the client went away).
-    /// A flag and a waker, not a token: the pump checks it on every wake,
-    /// and a token's check takes a lock.
-    reader_gone: AtomicBool,
-    gone_waker: AtomicWaker,
+pub struct WatchStreams {
+    streams: Mutex<Vec<Weak<Shared>>>,
 }
 
-#[derive(Default)]
-struct PipeInner {
-    queue: VecDeque<Bytes>,
-    bytes: usize,
-    ended: bool,
-    /// How often the body found the pipe empty: the connection had taken
-    /// everything and had room for more (hyper polls a body only then).
-    found_empty: u64,
-}
-
-impl Pipe {
-    /// Resolves once the body is dropped.
-    fn gone(&self) -> impl Future<Output = ()> + '_ {
-        std::future::poll_fn(move |cx| {
-            if self.reader_gone.load(Ordering::Acquire) {
-                return Poll::Ready(());
-            }
-            self.gone_waker.register(cx.waker());
-            if self.reader_gone.load(Ordering::Acquire) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
+impl WatchStreams {
+    /// The response body of `watcher`.
+    pub(crate) fn open(&self, watcher: Watcher, params: WatchStreamParams) -> Body {
+        let shared = Arc::new(Shared {
+            slot: Mutex::new(Slot {
+                seen_cursor: watcher.cursor(),
+                watcher: Some(watcher),
+                permit: Some(params.permit),
+                waker: None,
+                stalled_since: None,
+                ended_at: None,
+            }),
+            catching_up: AtomicBool::new(true),
+            body_gone: AtomicBool::new(false),
+            cap: params.max_buffered_bytes as u64,
+            backstop: params.backstop,
+            http1_connection: params.http1_connection,
+        });
+        self.streams.lock().push(Arc::downgrade(&shared));
+        WatchBody {
+            shared,
+            table: params.table,
+            what: params.what,
+            protobuf_api_version: params.protobuf_api_version,
+            done: false,
+        }
+        .boxed_unsync()
     }
 
-    fn unread(&self) -> usize {
-        self.inner.lock().bytes
+    /// Open streams (those whose body has not been dropped).
+    pub fn len(&self) -> usize {
+        self.streams
+            .lock()
+            .iter()
+            .filter(|w| w.strong_count() > 0)
+            .count()
     }
 
-    /// Queues `chunk`; returns the bytes that were unread before it and
-    /// the `found_empty` count at that moment.
-    fn push(&self, chunk: Bytes) -> (usize, u64) {
-        let before = {
-            let mut inner = self.inner.lock();
-            let before = (inner.bytes, inner.found_empty);
-            inner.bytes += chunk.len();
-            inner.queue.push_back(chunk);
-            before
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// One pass over every stream.
+    fn sweep(&self, now: Instant) {
+        let live: Vec<Arc<Shared>> = {
+            let mut streams = self.streams.lock();
+            streams.retain(|w| w.strong_count() > 0);
+            streams.iter().filter_map(Weak::upgrade).collect()
         };
-        self.reader.wake();
-        before
-    }
-
-    fn found_empty(&self) -> u64 {
-        self.inner.lock().found_empty
-    }
-
-    /// Ends the stream after what is queued, or at once with `drop_unread`.
-    fn finish(&self, drop_unread: bool) {
-        {
-            let mut inner = self.inner.lock();
-            inner.ended = true;
-            if drop_unread {
-                inner.queue.clear();
-                inner.bytes = 0;
-            }
+        for s in live {
+            s.sweep(now);
         }
-        self.reader.wake();
     }
 }
 
-/// The body side of a [`Pipe`].
-struct PipeReader(Arc<Pipe>);
-
-impl futures::Stream for PipeReader {
-    type Item = Result<Frame<Bytes>, Infallible>;
-
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let pipe = &self.0;
-        let mut inner = pipe.inner.lock();
-        if let Some(chunk) = inner.queue.pop_front() {
-            inner.bytes -= chunk.len();
-            drop(inner);
-            pipe.room.notify_one();
-            return Poll::Ready(Some(Ok(Frame::data(chunk))));
+/// Sweeps `streams` every [`SWEEP_INTERVAL`] until `shutdown`.
+pub(crate) async fn sweep(streams: Arc<WatchStreams>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(SWEEP_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            now = tick.tick() => streams.sweep(now),
         }
-        if inner.ended {
+    }
+}
+
+/// What the body and the sweeper share.
+struct Shared {
+    slot: Mutex<Slot>,
+    /// Set until the watcher has once had nothing to send after its initial
+    /// events or replay: until then it is not cut off.
+    catching_up: AtomicBool,
+    /// The body was dropped (the response ended or the client went away).
+    body_gone: AtomicBool,
+    cap: u64,
+    backstop: Option<Instant>,
+    http1_connection: Option<ConnectionHandle>,
+}
+
+struct Slot {
+    /// `None` once the stream has ended (or the sweeper ended it).
+    watcher: Option<Watcher>,
+    permit: Option<OwnedSemaphorePermit>,
+    /// The body's task, to wake when the sweeper ends its watcher.
+    waker: Option<Waker>,
+    /// The watcher's cursor at the previous sweep.
+    seen_cursor: u64,
+    /// Since when the sweeper has seen the cursor stand still.
+    stalled_since: Option<Instant>,
+    /// When the sweeper ended the watcher, until the end grace is over.
+    ended_at: Option<Instant>,
+}
+
+impl Slot {
+    /// Frees the watcher and its slot, whatever the client does next.
+    fn free(&mut self) {
+        self.watcher = None;
+        self.permit = None;
+    }
+}
+
+impl Shared {
+    fn sweep(&self, now: Instant) {
+        // A body being polled right now is not stalled.
+        let Some(mut slot) = self.slot.try_lock() else {
+            return;
+        };
+        if let Some(at) = slot.ended_at {
+            if now >= at + END_GRACE {
+                slot.ended_at = None;
+                if !self.body_gone.load(Ordering::Acquire)
+                    && let Some(conn) = &self.http1_connection
+                {
+                    // The client does not take the end of its stream.
+                    conn.close_stalled();
+                }
+            }
+            return;
+        }
+        let Some(watcher) = slot.watcher.as_mut() else {
+            return;
+        };
+        if self.backstop.is_some_and(|b| now >= b) {
+            // Not even polled at its `timeoutSeconds`: the client does not
+            // take what it was sent.
+            watcher.end_timeout();
+        } else if self.catching_up.load(Ordering::Acquire) {
+            return;
+        } else {
+            let cursor = watcher.cursor();
+            let unread = watcher.unread_bytes();
+            if cursor != slot.seen_cursor || unread.is_some_and(|n| n == 0) {
+                slot.seen_cursor = cursor;
+                slot.stalled_since = None;
+                return;
+            }
+            let since = *slot.stalled_since.get_or_insert(now);
+            match unread {
+                // Behind the ring: its next read is a 410 anyway.
+                None => {}
+                Some(n) if n >= self.cap && now.duration_since(since) >= STALL_GRACE => {}
+                Some(_) => return,
+            }
+            let Some(watcher) = slot.watcher.as_mut() else {
+                return;
+            };
+            watcher.end_unresponsive();
+        }
+        debug!("watch stream ended by the sweeper");
+        slot.free();
+        slot.ended_at = Some(now);
+        if let Some(w) = slot.waker.take() {
+            w.wake();
+        }
+    }
+}
+
+/// The response body of a watch.
+struct WatchBody {
+    shared: Arc<Shared>,
+    table: Option<TableWatch>,
+    what: What,
+    protobuf_api_version: Option<String>,
+    done: bool,
+}
+
+impl WatchBody {
+    /// The ERROR event of `e`, in the stream's encoding.
+    fn error_event(&self, e: CacherError) -> Bytes {
+        let line = cacher_status(e, &self.what).error_line();
+        match &self.protobuf_api_version {
+            Some(api_version) => match protobuf_watch_frames(&line, api_version) {
+                Ok(frames) => frames,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot encode a watch error as protobuf");
+                    Bytes::new()
+                }
+            },
+            None => line,
+        }
+    }
+}
+
+impl hyper::body::Body for WatchBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if this.done {
             return Poll::Ready(None);
         }
-        inner.found_empty += 1;
-        // Registered under the lock the pump pushes under: no lost wake-up.
-        pipe.reader.register(cx.waker());
-        Poll::Pending
-    }
-}
-
-impl Drop for PipeReader {
-    fn drop(&mut self) {
-        self.0.reader_gone.store(true, Ordering::Release);
-        self.0.gone_waker.wake();
-    }
-}
-
-/// Why the pump stopped reading the watcher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum End {
-    /// The watcher ended (timeout, error, cacher shutdown).
-    Done,
-    /// The backstop after `timeoutSeconds` fired.
-    Deadline,
-    /// The server is shutting down.
-    Shutdown,
-    /// The body was dropped: the client went away.
-    Gone,
-    /// Cut off: the client left too much unread.
-    Unresponsive,
-}
-
-/// Sleeps until `sleep`, or forever without one.
-async fn sleep_opt(sleep: &mut Option<Pin<Box<tokio::time::Sleep>>>) {
-    match sleep {
-        Some(s) => s.as_mut().await,
-        None => std::future::pending().await,
-    }
-}
-
-async fn pump(mut watcher: Watcher, pipe: Arc<Pipe>, params: WatchStreamParams) {
-    let WatchStreamParams {
-        max_buffered_bytes: cap,
-        backstop,
-        shutdown,
-        what,
-        mut table,
-        permit,
-        http1_connection,
-        protobuf_api_version,
-    } = params;
-    let mut backstop = backstop.map(|at| Box::pin(tokio::time::sleep_until(at)));
-    // Until the connection has taken everything sent so far once after the
-    // initial events and the replay (the first chunk), the pump waits for
-    // the client instead of cutting it off: such a burst is downloaded at
-    // network speed, it is not a backlog the client failed to read.
-    let mut catching_up = true;
-    let mut pushed = false;
-    // `found_empty` when the last chunk was queued while catching up.
-    let mut mark = 0u64;
-    // Server shutdown ends the watcher (the cachers close every watch), so
-    // only the rare catching-up wait below watches the shared token.
-    let end = loop {
-        if catching_up && pipe.unread() >= cap {
-            tokio::select! {
-                _ = pipe.room.notified() => continue,
-                _ = pipe.gone() => break End::Gone,
-                _ = shutdown.cancelled() => break End::Shutdown,
-                _ = sleep_opt(&mut backstop) => break End::Deadline,
-            }
-        }
-        let initial = watcher.sending_initial_events();
-        let item = tokio::select! {
-            biased;
-            _ = pipe.gone() => break End::Gone,
-            // No backstop timer here: the watcher ends itself at its
-            // deadline, and polling a timer per event is not free.
-            item = watcher.next() => item,
+        let mut slot = this.shared.slot.lock();
+        let Some(watcher) = slot.watcher.as_mut() else {
+            // Ended by the sweeper.
+            this.done = true;
+            return Poll::Ready(None);
         };
-        match item {
-            None | Some(WatchChunk::Error(CacherError::ShuttingDown)) => break End::Done,
+        let item = match watcher.poll_next(cx) {
+            Poll::Pending => {
+                if !watcher.sending_initial_events() {
+                    this.shared.catching_up.store(false, Ordering::Release);
+                }
+                if !slot.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    slot.waker = Some(cx.waker().clone());
+                }
+                return Poll::Pending;
+            }
+            Poll::Ready(item) => item,
+        };
+        let last = match item {
             Some(WatchChunk::Data(chunk)) => {
-                let chunk = match table.as_mut() {
+                drop(slot);
+                let chunk = match this.table.as_mut() {
                     Some(t) => t.convert(&chunk),
                     None => chunk,
                 };
-                if catching_up && pushed && !initial && pipe.found_empty() > mark {
-                    catching_up = false;
-                }
-                let (before, found_empty) = pipe.push(chunk);
-                pushed = true;
-                if catching_up {
-                    mark = found_empty;
-                } else if before >= cap {
-                    watcher.end_unresponsive();
-                    break End::Unresponsive;
-                }
+                return Poll::Ready(Some(Ok(Frame::data(chunk))));
             }
-            Some(WatchChunk::Error(e)) => {
-                let line = cacher_status(e, &what).error_line();
-                let last = match &protobuf_api_version {
-                    // The ERROR event's Status in the stream's encoding.
-                    Some(api_version) => match protobuf_watch_frames(&line, api_version) {
-                        Ok(frames) => frames,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "cannot encode a watch error as protobuf");
-                            Bytes::new()
-                        }
-                    },
-                    None => line,
-                };
-                pipe.push(last);
-                break End::Done;
-            }
-        }
-    };
-    if end == End::Deadline && pipe.unread() > 0 {
-        // Its time is up and the client has not even read what it has.
-        watcher.end_unresponsive();
+            None | Some(WatchChunk::Error(CacherError::ShuttingDown)) => None,
+            Some(WatchChunk::Error(e)) => Some(e),
+        };
+        // The watcher and its slot are freed now, whatever the client does.
+        slot.free();
+        drop(slot);
+        this.done = true;
+        debug!("watch stream ended");
+        Poll::Ready(
+            last.map(|e| this.error_event(e))
+                .map(|b| Ok(Frame::data(b))),
+        )
     }
-    // The watcher and its slot are freed now, whatever the client does.
-    drop(watcher);
-    drop(permit);
-    if end == End::Gone {
-        return;
+
+    fn is_end_stream(&self) -> bool {
+        self.done
     }
-    debug!(?end, "watch stream ended");
-    pipe.finish(end == End::Unresponsive);
-    tokio::select! {
-        _ = pipe.gone() => {}
-        _ = tokio::time::sleep(END_GRACE) => {
-            // The client does not take the end of its stream.
-            pipe.finish(true);
-            if let Some(conn) = http1_connection {
-                conn.close_stalled();
-            }
-        }
+}
+
+impl Drop for WatchBody {
+    fn drop(&mut self) {
+        self.shared.body_gone.store(true, Ordering::Release);
+        // The client went away (or the response ended): free the watcher.
+        self.shared.slot.lock().free();
     }
 }

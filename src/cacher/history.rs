@@ -37,6 +37,9 @@ pub struct HistoryEvent {
     pub rv: i64,
     /// When the reflector received the change (for delivery-delay metrics).
     pub received: Instant,
+    /// The wire bytes of every event before this one (see
+    /// [`History::bytes_since`]).
+    pub(crate) bytes_before: u64,
     added: OnceLock<Bytes>,
     modified: OnceLock<Bytes>,
     deleted: OnceLock<Bytes>,
@@ -64,11 +67,20 @@ impl HistoryEvent {
             prev,
             rv,
             received,
+            bytes_before: 0,
             added: OnceLock::new(),
             modified: OnceLock::new(),
             deleted: OnceLock::new(),
             frames: OnceLock::new(),
         }
+    }
+
+    /// About what this event takes on the wire: its object's JSON.
+    pub(crate) fn wire_bytes(&self) -> u64 {
+        self.object
+            .as_ref()
+            .or(self.prev.as_ref())
+            .map_or(0, |o| o.wire.len() as u64)
     }
 
     /// `ADDED` line of the new object (None when there is no new object).
@@ -150,6 +162,8 @@ pub struct History {
     next_seq: u64,
     /// Every event with an RV greater than this is in the ring.
     start_rv: i64,
+    /// The wire bytes of every event pushed so far.
+    bytes_total: u64,
 }
 
 impl History {
@@ -160,6 +174,7 @@ impl History {
             ring: VecDeque::with_capacity(capacity.min(1 << 16)),
             next_seq: 0,
             start_rv,
+            bytes_total: 0,
         }
     }
 
@@ -203,15 +218,10 @@ impl History {
         rv: i64,
         received: Instant,
     ) -> Arc<HistoryEvent> {
-        let ev = Arc::new(HistoryEvent::new(
-            self.next_seq,
-            kind,
-            key,
-            object,
-            prev,
-            rv,
-            received,
-        ));
+        let mut ev = HistoryEvent::new(self.next_seq, kind, key, object, prev, rv, received);
+        ev.bytes_before = self.bytes_total;
+        self.bytes_total += ev.wire_bytes();
+        let ev = Arc::new(ev);
         self.next_seq += 1;
         self.ring.push_back(Arc::clone(&ev));
         while self.ring.len() > self.capacity {
@@ -231,6 +241,20 @@ impl History {
             return None;
         }
         self.ring.get(usize::try_from(seq - first).ok()?)
+    }
+
+    /// About how many bytes the events from `seq` on take on the wire (each
+    /// counted as its object's JSON): how far behind a watcher at `seq` is,
+    /// in the unit of `server.watch_max_buffered_bytes`. `Gone` if `seq` was
+    /// evicted.
+    pub fn bytes_since(&self, seq: u64) -> Result<u64, Gone> {
+        match self.get(seq) {
+            Some(ev) => Ok(self.bytes_total - ev.bytes_before),
+            None if seq >= self.next_seq => Ok(0),
+            None => Err(Gone {
+                oldest_rv: self.start_rv,
+            }),
+        }
     }
 
     /// Up to `max` events from `seq` on; `Gone` if `seq` was evicted.
@@ -307,6 +331,24 @@ mod tests {
         let evs = h.read_from(3, 10).unwrap();
         assert_eq!(evs.iter().map(|e| e.rv).collect::<Vec<_>>(), vec![14, 15]);
         assert!(h.read_from(5, 10).unwrap().is_empty());
+    }
+
+    #[test]
+    fn bytes_since_sums_the_retained_events_from_a_seq() {
+        let mut h = History::new(3, 10);
+        let sizes: Vec<u64> = (11..=15)
+            .map(|rv| {
+                push(&mut h, rv)
+                    .object
+                    .as_ref()
+                    .map_or(0, |o| o.wire.len() as u64)
+            })
+            .collect();
+        // seqs 2..=4 are retained (rvs 13..=15).
+        assert_eq!(h.bytes_since(5), Ok(0));
+        assert_eq!(h.bytes_since(4), Ok(sizes[4]));
+        assert_eq!(h.bytes_since(2), Ok(sizes[2] + sizes[3] + sizes[4]));
+        assert_eq!(h.bytes_since(1), Err(Gone { oldest_rv: 12 }));
     }
 
     #[test]

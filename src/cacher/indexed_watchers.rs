@@ -10,6 +10,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use parking_lot::Mutex;
@@ -27,6 +28,8 @@ use super::snapshot::{IndexKey, route_keys};
 #[derive(Debug)]
 pub struct Route {
     log: Mutex<RouteLog>,
+    /// One past the newest sequence number logged.
+    end_seq: AtomicU64,
     tx: watch::Sender<u64>,
     /// History sequence number at creation: events from here on are logged.
     pub(crate) created_seq: u64,
@@ -54,9 +57,15 @@ impl Route {
         Ok(log.seqs.iter().skip(from).copied().collect())
     }
 
+    /// One past the newest sequence number logged (0 before any).
+    pub(crate) fn end_seq(&self) -> u64 {
+        self.end_seq.load(Ordering::Acquire)
+    }
+
     fn log(&self, seq: u64, first_retained: u64) {
         let mut log = self.log.lock();
         log.seqs.push_back(seq);
+        self.end_seq.store(seq + 1, Ordering::Release);
         while log.seqs.front().is_some_and(|s| *s < first_retained) {
             log.trimmed_max = log.seqs.pop_front();
         }
@@ -99,6 +108,7 @@ impl IndexedWatchers {
                         .or_insert_with(|| {
                             Arc::new(Route {
                                 log: Mutex::new(RouteLog::default()),
+                                end_seq: AtomicU64::new(0),
                                 tx: watch::Sender::new(0),
                                 created_seq: next_seq,
                             })
@@ -112,13 +122,9 @@ impl IndexedWatchers {
         }
     }
 
-    /// Frees a route when its last watcher (`rx`) goes.
-    pub(crate) fn unregister(
-        &self,
-        route: Option<(IndexKey, Arc<Route>)>,
-        rx: watch::Receiver<u64>,
-    ) {
-        drop(rx);
+    /// Frees a route once its last watcher is gone (the caller has dropped
+    /// that watcher's receiver first).
+    pub(crate) fn unregister(&self, route: Option<(IndexKey, Arc<Route>)>) {
         if let Some((key, route)) = route
             && route.tx.receiver_count() == 0
         {

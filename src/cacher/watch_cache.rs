@@ -8,7 +8,7 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -66,6 +66,9 @@ pub struct WatchCache {
     ready_tx: watch::Sender<bool>,
     ready: AtomicBool,
     watchers: IndexedWatchers,
+    /// The history's next sequence number, published after each apply's
+    /// dispatch: a watcher checks it before taking any lock.
+    next_seq: AtomicU64,
     /// Set by [`WatchCache::close`]. A plain flag: every watcher checks it
     /// on every wake, and a token's check takes a lock they all share.
     closed: AtomicBool,
@@ -98,6 +101,7 @@ impl WatchCache {
             ready: AtomicBool::new(false),
             watchers: IndexedWatchers::new(),
             closed: AtomicBool::new(false),
+            next_seq: AtomicU64::new(0),
             stats,
         }
     }
@@ -316,6 +320,7 @@ impl WatchCache {
         let woken = self
             .watchers
             .dispatch(&events, first_seq, &self.index_paths);
+        self.next_seq.store(next_seq, Ordering::Release);
 
         let snap = Arc::new(snap);
         // `recent` before `current`: a reader that sees the new RV in
@@ -405,17 +410,45 @@ impl WatchCache {
     }
 
     /// Frees a watcher's route when it was the last one on it.
-    pub(crate) fn unregister(
-        &self,
-        route: Option<(IndexKey, Arc<Route>)>,
-        rx: watch::Receiver<u64>,
-    ) {
+    /// Unregisters a watcher whose receiver was dropped.
+    pub(crate) fn unregister(&self, route: Option<(IndexKey, Arc<Route>)>) {
         self.stats.watcher_removed();
         if route.is_none() {
             return;
         }
         let _g = self.apply_lock.lock();
-        self.watchers.unregister(route, rx);
+        self.watchers.unregister(route);
+    }
+
+    /// About how many bytes of events a watcher of `route` at `cursor` has
+    /// yet to take; `Gone` if it is behind the ring.
+    pub(crate) fn unread_bytes(&self, route: Option<&Route>, cursor: u64) -> Result<u64, Gone> {
+        let hist = self.history.read();
+        let gone = || Gone {
+            oldest_rv: hist.start_rv(),
+        };
+        match route {
+            // Older than its route (a replay): every event counts.
+            None => hist.bytes_since(cursor),
+            Some(r) if cursor < r.created_seq => hist.bytes_since(cursor),
+            Some(r) => {
+                let mut n = 0u64;
+                for s in r.seqs_from(cursor).map_err(|_| gone())? {
+                    n += hist.get(s).ok_or_else(gone)?.wire_bytes();
+                }
+                Ok(n)
+            }
+        }
+    }
+
+    /// Whether a watcher of `route` at `cursor` may have events to read:
+    /// checked without a lock, so a watcher polled with nothing new (every
+    /// delivery ends with such a poll) touches nothing shared but atomics.
+    pub(crate) fn may_have_events(&self, route: Option<&Route>, cursor: u64) -> bool {
+        match route {
+            Some(r) if cursor >= r.created_seq => r.end_seq() > cursor,
+            _ => self.next_seq.load(Ordering::Acquire) > cursor,
+        }
     }
 
     /// Events from `cursor` on (all of them, routed or not).
@@ -538,6 +571,43 @@ mod tests {
         let cache = Arc::new(WatchCache::new(codec(), "pods".into(), cap));
         cache.init(Vec::new(), 10);
         cache
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unread_bytes_count_a_watchers_own_route_and_end_behind_the_ring() {
+        let cache = new_cache(4);
+        let c = codec();
+        let mut routed = watch(
+            &cache,
+            "spec.nodeName=n1",
+            WatchStart::Now,
+            params(false, None),
+        );
+        let mut all = watch(&cache, "", WatchStart::Now, params(false, None));
+        assert_eq!(routed.unread_bytes(), Some(0));
+        assert_eq!(all.unread_bytes(), Some(0));
+        // Other routes' events are nothing this watcher has to take.
+        let other = put(&c, "p0", "n2", 11);
+        let other_bytes = other.new.as_ref().map_or(0, |o| o.wire.len() as u64);
+        cache.apply(vec![other], 11, false);
+        assert_eq!(routed.unread_bytes(), Some(0));
+        assert_eq!(all.unread_bytes(), Some(other_bytes));
+        let mine = put(&c, "p1", "n1", 12);
+        let mine_bytes = mine.new.as_ref().map_or(0, |o| o.wire.len() as u64);
+        cache.apply(vec![mine], 12, false);
+        assert_eq!(routed.unread_bytes(), Some(mine_bytes));
+        assert_eq!(all.unread_bytes(), Some(other_bytes + mine_bytes));
+        // Taking the events leaves nothing unread.
+        assert_eq!(lines(routed.next().await).len(), 1);
+        assert_eq!(lines(all.next().await).len(), 2);
+        assert_eq!(routed.unread_bytes(), Some(0));
+        assert_eq!(all.unread_bytes(), Some(0));
+        // Overrun by the ring of four: behind it, nothing to count.
+        for i in 0..5 {
+            cache.apply(vec![put(&c, &format!("q{i}"), "n1", 13 + i)], 13 + i, false);
+        }
+        assert_eq!(routed.unread_bytes(), None);
+        assert_eq!(all.unread_bytes(), None);
     }
 
     #[tokio::test(start_paused = true)]

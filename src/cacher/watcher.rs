@@ -5,13 +5,16 @@
 //! chunk of pre-rendered, shared event lines. If its next event has left the
 //! ring it ends with a 410. Dropping it unregisters it at once.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::ReusableBoxFuture;
 
 use super::CacherError;
 use super::history::{EventKind, Gone, HistoryEvent};
@@ -21,6 +24,13 @@ use super::snapshot::{IndexKey, Snapshot};
 use super::stats::WatchEnd;
 use super::watch_cache::{Registration, WatchCache, WatchStart};
 use crate::object::wire::{EventType, bookmark_line, event_line, protobuf_watch_frames};
+
+/// Resolves at the next change of a route (false: the sender is gone),
+/// handing the receiver back.
+async fn changed(mut rx: watch::Receiver<u64>) -> (bool, watch::Receiver<u64>) {
+    let open = rx.changed().await.is_ok();
+    (open, rx)
+}
 
 /// One item of a watch stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,7 +85,9 @@ pub struct Watcher {
     cache: Arc<WatchCache>,
     predicate: SelectionPredicate,
     route: Option<(IndexKey, Arc<Route>)>,
-    rx: Option<watch::Receiver<u64>>,
+    /// The route's next change; it owns the receiver. Boxed once, reused
+    /// for every change, so the watcher can be polled without a task.
+    changes: Option<ReusableBoxFuture<'static, (bool, watch::Receiver<u64>)>>,
     cursor: u64,
     /// The RV of the last event (or bookmark/initial state) sent.
     last_rv: i64,
@@ -126,7 +138,7 @@ impl Watcher {
             cache,
             predicate,
             route,
-            rx: Some(rx),
+            changes: Some(ReusableBoxFuture::new(changed(rx))),
             cursor: 0,
             last_rv: snapshot.rv,
             initial: None,
@@ -207,22 +219,28 @@ impl Watcher {
     /// The next chunk of the stream; `None` when it has ended (timeout,
     /// shutdown, or after an `Error`).
     pub async fn next(&mut self) -> Option<WatchChunk> {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
+    }
+
+    /// [`next`](Self::next) as a poll: a response body polls its watcher
+    /// directly, in the connection's stream task, with no task of its own.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<WatchChunk>> {
         loop {
             if self.done {
-                return None;
+                return Poll::Ready(None);
             }
             if let Some(e) = self.pending_error.take() {
                 self.done = true;
-                return Some(WatchChunk::Error(e));
+                return Poll::Ready(Some(WatchChunk::Error(e)));
             }
             // `WatchCache::close` wakes every watcher to see this.
             if self.cache.is_closed() {
                 self.end_by(WatchEnd::Shutdown);
-                return None;
+                return Poll::Ready(None);
             }
             if self.initial.is_some() {
                 if let Some(chunk) = self.initial_page() {
-                    return Some(WatchChunk::Data(chunk));
+                    return Poll::Ready(Some(WatchChunk::Data(chunk)));
                 }
                 continue;
             }
@@ -234,28 +252,28 @@ impl Watcher {
                 self.end_by(WatchEnd::Timeout);
                 let mut buf = Chunk::default();
                 let r = if self.params.allow_bookmarks {
-                    self.bookmark(&mut buf)
+                    self.bookmark(&mut buf, now)
                 } else {
-                    self.drain(&mut buf)
+                    self.drain(&mut buf, now)
                 };
                 if let Err(e) = r {
                     self.done = false;
-                    return self.fail(buf, e);
+                    return Poll::Ready(self.fail(buf, e));
                 }
-                return (!buf.is_empty()).then(|| WatchChunk::Data(buf.freeze()));
+                return Poll::Ready((!buf.is_empty()).then(|| WatchChunk::Data(buf.freeze())));
             }
             let mut buf = Chunk::default();
             let drained = if self.params.allow_bookmarks && now >= self.next_bookmark {
                 self.next_bookmark = now + self.params.bookmark_interval;
-                self.bookmark(&mut buf)
+                self.bookmark(&mut buf, now)
             } else {
-                self.drain(&mut buf)
+                self.drain(&mut buf, now)
             };
             if let Err(e) = drained {
-                return self.fail(buf, e);
+                return Poll::Ready(self.fail(buf, e));
             }
             if !buf.is_empty() {
-                return Some(WatchChunk::Data(buf.freeze()));
+                return Poll::Ready(Some(WatchChunk::Data(buf.freeze())));
             }
 
             let mut wake_at = self.deadline.unwrap_or(self.far);
@@ -265,25 +283,54 @@ impl Watcher {
             if self.timer.deadline() != wake_at {
                 self.timer.as_mut().reset(wake_at);
             }
-            let Some(rx) = self.rx.as_mut() else {
+            let Some(changes) = self.changes.as_mut() else {
                 self.done = true;
-                return None;
+                return Poll::Ready(None);
             };
             // No shared shutdown future is polled here: closing the cache
             // sends on every channel a watcher waits on, and the loop's top
-            // sees the closed token. Deadline and bookmark are handled at
+            // sees the closed flag. Deadline and bookmark are handled at
             // the top as well.
-            tokio::select! {
-                biased;
-                r = rx.changed() => {
-                    if r.is_err() {
-                        self.done = true;
-                        return None;
-                    }
+            if let Poll::Ready((open, rx)) = changes.poll(cx) {
+                if !open {
+                    self.done = true;
+                    return Poll::Ready(None);
                 }
-                _ = self.timer.as_mut() => {}
+                changes.set(changed(rx));
+                continue;
             }
+            if self.timer.as_mut().poll(cx).is_ready() {
+                continue;
+            }
+            return Poll::Pending;
         }
+    }
+
+    /// Where this watcher is in the history (the next event it reads).
+    pub fn cursor(&self) -> u64 {
+        self.cursor
+    }
+
+    /// When `timeoutSeconds` ends this watch, if it has one.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// About how many bytes of events this watcher has yet to take (those
+    /// of its route, or all of them, before its own filter); `None` once it
+    /// is behind the ring. Zero while it sends its initial events.
+    pub fn unread_bytes(&self) -> Option<u64> {
+        if self.initial.is_some() || self.done {
+            return Some(0);
+        }
+        let route = self.route.as_ref().map(|(_, r)| r.as_ref());
+        self.cache.unread_bytes(route, self.cursor).ok()
+    }
+
+    /// Ends the stream at its `timeoutSeconds` without a last chunk: for a
+    /// watcher whose client does not even take what it was sent.
+    pub fn end_timeout(&mut self) {
+        self.end_by(WatchEnd::Timeout);
     }
 
     /// Ends the stream for `reason` (the first reason recorded wins).
@@ -351,7 +398,11 @@ impl Watcher {
     }
 
     /// Appends every available event for this watcher to `buf`.
-    fn drain(&mut self, buf: &mut Chunk) -> Result<(), CacherError> {
+    fn drain(&mut self, buf: &mut Chunk, now: Instant) -> Result<(), CacherError> {
+        let route = self.route.as_ref().map(|(_, r)| r.as_ref());
+        if !self.cache.may_have_events(route, self.cursor) {
+            return Ok(());
+        }
         let events = match &self.route {
             Some((_, route)) => match self.cache.read_route(route, self.cursor) {
                 Ok((evs, next)) => {
@@ -372,7 +423,6 @@ impl Watcher {
             return Ok(());
         }
         let mut sent = 0u64;
-        let now = Instant::now();
         let stats = self.cache.stats();
         // One delay sample per event sent, gathered locally and flushed to the
         // shared histogram once per chunk (when `delays` drops), not with
@@ -414,9 +464,9 @@ impl Watcher {
 
     /// Drains, then appends a bookmark at the newest RV the watcher has
     /// provably seen everything up to.
-    fn bookmark(&mut self, buf: &mut Chunk) -> Result<(), CacherError> {
+    fn bookmark(&mut self, buf: &mut Chunk, now: Instant) -> Result<(), CacherError> {
         let snap = self.cache.current();
-        self.drain(buf)?;
+        self.drain(buf, now)?;
         let rv = snap.rv.max(self.last_rv);
         if rv > 0 {
             self.last_rv = rv;
@@ -472,8 +522,9 @@ impl Drop for Watcher {
         self.cache
             .stats()
             .watcher_ended(self.end.get().unwrap_or(WatchEnd::Closed));
-        if let Some(rx) = self.rx.take() {
-            self.cache.unregister(self.route.take(), rx);
+        // The receiver goes first: the route is freed with its last one.
+        if self.changes.take().is_some() {
+            self.cache.unregister(self.route.take());
         }
     }
 }
