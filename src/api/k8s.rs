@@ -194,19 +194,19 @@ async fn resource_request(
                     "POST is not supported on {path}: create in a namespace"
                 )));
             }
-            let (parts, body) = read_body(&state, req).await?;
+            let (parts, body) = Box::pin(read_body(&state, req)).await?;
             Box::pin(create(&state, &target, &query, &parts, body)).await
         }
         ("update", &Method::PUT) if target.name.is_some() => {
-            let (parts, body) = read_body(&state, req).await?;
+            let (parts, body) = Box::pin(read_body(&state, req)).await?;
             Box::pin(update(&state, &target, &query, &parts, body)).await
         }
         ("patch", &Method::PATCH) if target.name.is_some() => {
-            let (parts, body) = read_body(&state, req).await?;
+            let (parts, body) = Box::pin(read_body(&state, req)).await?;
             Box::pin(patch(&state, &target, &query, &parts, body)).await
         }
         ("delete", &Method::DELETE) if target.name.is_some() => {
-            let (_, body) = read_body(&state, req).await?;
+            let (_, body) = Box::pin(read_body(&state, req)).await?;
             Box::pin(delete(&state, &target, &query, body)).await
         }
         _ => Err(ApiStatus::method_not_allowed(format!(

@@ -368,7 +368,7 @@ async fn route(
     match info.path.as_str() {
         "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, &req, &query),
         reviews::SSAR_PATH | reviews::SSR_PATH | reviews::SSRR_PATH => {
-            match reviews::handle(&state, req).await {
+            match Box::pin(reviews::handle(&state, req)).await {
                 Some(Ok(resp)) => resp,
                 Some(Err(status)) => status_response(&status),
                 None => status_response(&ApiStatus::not_found("not found")),
