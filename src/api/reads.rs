@@ -340,7 +340,7 @@ pub(crate) async fn watch(
             // The cacher ends the stream at `timeoutSeconds` (after a last
             // bookmark); this deadline is only a backstop.
             backstop: timeout.map(|t| tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE),
-            what,
+            cacher: Arc::clone(&res.cacher),
             table,
             permit,
             http1_connection,

@@ -10,7 +10,9 @@
 //! its watcher where it is: nothing queues up beyond the connection's own
 //! buffers. What such a client would still hold (its watcher, its watch slot)
 //! is freed by one sweeper for all streams ([`sweep`]), which every
-//! [`SWEEP_INTERVAL`] looks at each stream that is not being polled:
+//! [`SWEEP_INTERVAL`] wakes each watch whose deadline or next bookmark has
+//! come (a watcher here holds no timer of its own), and looks at each stream
+//! that is not being polled:
 //! - a watch not polled at its `timeoutSeconds` (plus a grace) ends then,
 //!   whether or not the client reads (`reason="timeout"`);
 //! - a watch whose client has left more than `server.watch_max_buffered_bytes`
@@ -41,7 +43,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::cacher::{CacherError, WatchChunk, Watcher};
+use crate::cacher::{Cacher, CacherError, WatchChunk, Watcher};
 use crate::object::wire::protobuf_watch_frames;
 
 use super::Body;
@@ -65,8 +67,9 @@ pub(crate) struct WatchStreamParams {
     /// A backstop after `timeoutSeconds` (the watcher ends itself at it
     /// when it is polled).
     pub backstop: Option<Instant>,
-    /// For the Status of an error event.
-    pub what: What,
+    /// The resource, for the Status of an error event (a collection watch
+    /// has no name).
+    pub cacher: Arc<Cacher>,
     /// Table conversion for kubectl `get -w`.
     pub table: Option<TableWatch>,
     /// The watch slot, held until the watcher is freed.
@@ -87,7 +90,9 @@ pub struct WatchStreams {
 
 impl WatchStreams {
     /// The response body of `watcher`.
-    pub(crate) fn open(&self, watcher: Watcher, params: WatchStreamParams) -> Body {
+    pub(crate) fn open(&self, mut watcher: Watcher, params: WatchStreamParams) -> Body {
+        // The sweeper wakes the body at the watcher's deadline and bookmarks.
+        watcher.use_external_timer();
         let shared = Arc::new(Shared {
             slot: Mutex::new(Slot {
                 seen_cursor: watcher.cursor(),
@@ -104,11 +109,16 @@ impl WatchStreams {
             http1_connection: params.http1_connection,
         });
         self.streams.lock().push(Arc::downgrade(&shared));
+        let extras = (params.table.is_some() || params.protobuf_api_version.is_some()).then(|| {
+            Box::new(Extras {
+                table: params.table,
+                protobuf_api_version: params.protobuf_api_version,
+            })
+        });
         WatchBody {
             shared,
-            table: params.table,
-            what: params.what,
-            protobuf_api_version: params.protobuf_api_version,
+            cacher: params.cacher,
+            extras,
             done: false,
         }
         .boxed_unsync()
@@ -205,6 +215,16 @@ impl Shared {
             }
             return;
         }
+        let Some(watcher) = slot.watcher.as_ref() else {
+            return;
+        };
+        // Its deadline or next bookmark: the watcher holds no timer of its
+        // own (a timer per watch costs more memory than this check).
+        if watcher.wake_at().is_some_and(|t| now >= t)
+            && let Some(w) = &slot.waker
+        {
+            w.wake_by_ref();
+        }
         let Some(watcher) = slot.watcher.as_mut() else {
             return;
         };
@@ -243,20 +263,37 @@ impl Shared {
     }
 }
 
-/// The response body of a watch.
+/// The response body of a watch: small, as it lives as long as the watch.
 struct WatchBody {
     shared: Arc<Shared>,
-    table: Option<TableWatch>,
-    what: What,
-    protobuf_api_version: Option<String>,
+    cacher: Arc<Cacher>,
+    /// Table or protobuf streams only.
+    extras: Option<Box<Extras>>,
     done: bool,
+}
+
+struct Extras {
+    /// Table conversion for kubectl `get -w`.
+    table: Option<TableWatch>,
+    /// A protobuf stream's apiVersion: its ERROR event is a protobuf frame.
+    protobuf_api_version: Option<String>,
 }
 
 impl WatchBody {
     /// The ERROR event of `e`, in the stream's encoding.
     fn error_event(&self, e: CacherError) -> Bytes {
-        let line = cacher_status(e, &self.what).error_line();
-        match &self.protobuf_api_version {
+        let resource = self.cacher.resource();
+        let what = What {
+            plural: resource.plural.clone(),
+            group: resource.group.clone(),
+            name: None,
+        };
+        let line = cacher_status(e, &what).error_line();
+        let api_version = self
+            .extras
+            .as_ref()
+            .and_then(|x| x.protobuf_api_version.as_ref());
+        match api_version {
             Some(api_version) => match protobuf_watch_frames(&line, api_version) {
                 Ok(frames) => frames,
                 Err(e) => {
@@ -302,7 +339,8 @@ impl hyper::body::Body for WatchBody {
         let last = match item {
             Some(WatchChunk::Data(chunk)) => {
                 drop(slot);
-                let chunk = match this.table.as_mut() {
+                let table = this.extras.as_mut().and_then(|x| x.table.as_mut());
+                let chunk = match table {
                     Some(t) => t.convert(&chunk),
                     None => chunk,
                 };

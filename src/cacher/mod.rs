@@ -193,6 +193,10 @@ pub struct Cacher {
     /// The consistency checker asks the reflector to relist.
     relist: Arc<Notify>,
     shutdown: CancellationToken,
+    /// The apiVersion and kind every watcher's bookmarks carry, shared
+    /// rather than allocated per watch.
+    watch_api_version: Arc<str>,
+    watch_kind: Arc<str>,
 }
 
 impl std::fmt::Debug for Cacher {
@@ -246,6 +250,8 @@ impl Cacher {
         });
         let cacher = Arc::new(Cacher {
             resource,
+            watch_api_version: codec.api_version().into(),
+            watch_kind: codec.kind().into(),
             codec,
             storage,
             opts,
@@ -434,8 +440,8 @@ impl Cacher {
             }
         };
         let params = watcher::WatcherParams {
-            api_version: self.codec.api_version().into(),
-            kind: self.codec.kind().into(),
+            api_version: Arc::clone(&self.watch_api_version),
+            kind: Arc::clone(&self.watch_kind),
             allow_bookmarks: req.allow_bookmarks,
             bookmark_interval: self.opts.bookmark_interval,
             timeout: req.timeout,

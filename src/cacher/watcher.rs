@@ -20,7 +20,7 @@ use super::CacherError;
 use super::history::{EventKind, Gone, HistoryEvent};
 use super::indexed_watchers::Route;
 use super::selection_predicate::SelectionPredicate;
-use super::snapshot::{IndexKey, Snapshot};
+use super::snapshot::Snapshot;
 use super::stats::WatchEnd;
 use super::watch_cache::{Registration, WatchCache, WatchStart};
 use crate::object::wire::{EventType, bookmark_line, event_line, protobuf_watch_frames};
@@ -84,15 +84,19 @@ struct InitialState {
 pub struct Watcher {
     cache: Arc<WatchCache>,
     predicate: SelectionPredicate,
-    route: Option<(IndexKey, Arc<Route>)>,
+    /// The route this watcher is registered on (its key is the
+    /// predicate's route).
+    route: Option<Arc<Route>>,
     /// The route's next change; it owns the receiver. Boxed once, reused
     /// for every change, so the watcher can be polled without a task.
     changes: Option<ReusableBoxFuture<'static, (bool, watch::Receiver<u64>)>>,
     cursor: u64,
     /// The RV of the last event (or bookmark/initial state) sent.
     last_rv: i64,
-    initial: Option<InitialState>,
-    pending_error: Option<CacherError>,
+    /// Boxed, like the error: both are rare or short-lived, and a watch
+    /// that is open for hours should not carry their room.
+    initial: Option<Box<InitialState>>,
+    pending_error: Option<Box<CacherError>>,
     params: WatcherParams,
     next_bookmark: Instant,
     deadline: Option<Instant>,
@@ -101,9 +105,10 @@ pub struct Watcher {
     end: std::cell::Cell<Option<WatchEnd>>,
     /// Wakes the watcher for its deadline or its next bookmark; one timer
     /// per watcher, reset only when that instant changes.
-    timer: Pin<Box<Sleep>>,
-    /// "Never" for the timer: a year after registration.
-    far: Instant,
+    /// Created on the first wait; never for a watcher whose owner wakes it
+    /// at [`Watcher::wake_at`] itself ([`Watcher::use_external_timer`]).
+    timer: Option<Pin<Box<Sleep>>>,
+    external_timer: bool,
     /// Send kube-apiserver's protobuf watch frames instead of JSON lines
     /// ([`Watcher::use_protobuf`]).
     protobuf: bool,
@@ -114,7 +119,7 @@ impl std::fmt::Debug for Watcher {
         f.debug_struct("Watcher")
             .field("cursor", &self.cursor)
             .field("last_rv", &self.last_rv)
-            .field("route", &self.route.as_ref().map(|r| &r.0))
+            .field("route", &self.predicate.route())
             .finish_non_exhaustive()
     }
 }
@@ -133,11 +138,10 @@ impl Watcher {
             cursor,
         } = cache.register(predicate.route().cloned(), start);
         let now = Instant::now();
-        let far = now + Duration::from_secs(86_400 * 365);
         let mut w = Watcher {
             cache,
             predicate,
-            route,
+            route: route.map(|(_, r)| r),
             changes: Some(ReusableBoxFuture::new(changed(rx))),
             cursor: 0,
             last_rv: snapshot.rv,
@@ -148,24 +152,24 @@ impl Watcher {
             params,
             done: false,
             end: std::cell::Cell::new(None),
-            timer: Box::pin(tokio::time::sleep_until(far)),
-            far,
+            timer: None,
+            external_timer: false,
             protobuf: false,
         };
         match start {
             WatchStart::Initial { end_bookmark } => {
-                w.initial = Some(InitialState {
+                w.initial = Some(Box::new(InitialState {
                     snapshot,
                     next_key: None,
                     end_bookmark,
-                });
+                }));
             }
             WatchStart::Now => {}
             WatchStart::After(n) => w.last_rv = n,
         }
         match cursor {
             Ok(c) => w.cursor = c,
-            Err(g) => w.pending_error = Some(w.expired(g)),
+            Err(g) => w.pending_error = Some(Box::new(w.expired(g))),
         }
         w
     }
@@ -231,7 +235,7 @@ impl Watcher {
             }
             if let Some(e) = self.pending_error.take() {
                 self.done = true;
-                return Poll::Ready(Some(WatchChunk::Error(e)));
+                return Poll::Ready(Some(WatchChunk::Error(*e)));
             }
             // `WatchCache::close` wakes every watcher to see this.
             if self.cache.is_closed() {
@@ -276,12 +280,14 @@ impl Watcher {
                 return Poll::Ready(Some(WatchChunk::Data(buf.freeze())));
             }
 
-            let mut wake_at = self.deadline.unwrap_or(self.far);
-            if self.params.allow_bookmarks {
-                wake_at = wake_at.min(self.next_bookmark);
-            }
-            if self.timer.deadline() != wake_at {
-                self.timer.as_mut().reset(wake_at);
+            if !self.external_timer
+                && let Some(wake_at) = self.wake_at()
+            {
+                match &mut self.timer {
+                    Some(t) if t.deadline() == wake_at => {}
+                    Some(t) => t.as_mut().reset(wake_at),
+                    None => self.timer = Some(Box::pin(tokio::time::sleep_until(wake_at))),
+                }
             }
             let Some(changes) = self.changes.as_mut() else {
                 self.done = true;
@@ -299,7 +305,9 @@ impl Watcher {
                 changes.set(changed(rx));
                 continue;
             }
-            if self.timer.as_mut().poll(cx).is_ready() {
+            if let Some(t) = &mut self.timer
+                && t.as_mut().poll(cx).is_ready()
+            {
                 continue;
             }
             return Poll::Pending;
@@ -316,6 +324,23 @@ impl Watcher {
         self.deadline
     }
 
+    /// When this watcher next has something to do without an event: its
+    /// deadline or its next bookmark (`None`: only events wake it).
+    pub fn wake_at(&self) -> Option<Instant> {
+        let bookmark = self.params.allow_bookmarks.then_some(self.next_bookmark);
+        match (self.deadline, bookmark) {
+            (Some(d), Some(b)) => Some(d.min(b)),
+            (d, b) => d.or(b),
+        }
+    }
+
+    /// The owner wakes this watcher at [`wake_at`](Self::wake_at) itself
+    /// (a sweeper that visits every watch anyway), so it holds no timer.
+    pub fn use_external_timer(&mut self) {
+        self.external_timer = true;
+        self.timer = None;
+    }
+
     /// About how many bytes of events this watcher has yet to take (those
     /// of its route, or all of them, before its own filter); `None` once it
     /// is behind the ring. Zero while it sends its initial events.
@@ -323,8 +348,9 @@ impl Watcher {
         if self.initial.is_some() || self.done {
             return Some(0);
         }
-        let route = self.route.as_ref().map(|(_, r)| r.as_ref());
-        self.cache.unread_bytes(route, self.cursor).ok()
+        self.cache
+            .unread_bytes(self.route.as_deref(), self.cursor)
+            .ok()
     }
 
     /// Ends the stream at its `timeoutSeconds` without a last chunk: for a
@@ -347,7 +373,7 @@ impl Watcher {
             self.done = true;
             Some(WatchChunk::Error(e))
         } else {
-            self.pending_error = Some(e);
+            self.pending_error = Some(Box::new(e));
             Some(WatchChunk::Data(buf.freeze()))
         }
     }
@@ -391,7 +417,7 @@ impl Watcher {
         let mut buf = Chunk::default();
         if let Err(e) = self.push_lines(&mut buf, &lines) {
             self.initial = None;
-            self.pending_error = Some(e);
+            self.pending_error = Some(Box::new(e));
             return None;
         }
         Some(buf.freeze())
@@ -399,12 +425,14 @@ impl Watcher {
 
     /// Appends every available event for this watcher to `buf`.
     fn drain(&mut self, buf: &mut Chunk, now: Instant) -> Result<(), CacherError> {
-        let route = self.route.as_ref().map(|(_, r)| r.as_ref());
-        if !self.cache.may_have_events(route, self.cursor) {
+        if !self
+            .cache
+            .may_have_events(self.route.as_deref(), self.cursor)
+        {
             return Ok(());
         }
         let events = match &self.route {
-            Some((_, route)) => match self.cache.read_route(route, self.cursor) {
+            Some(route) => match self.cache.read_route(route, self.cursor) {
                 Ok((evs, next)) => {
                     self.cursor = next;
                     evs
@@ -524,7 +552,9 @@ impl Drop for Watcher {
             .watcher_ended(self.end.get().unwrap_or(WatchEnd::Closed));
         // The receiver goes first: the route is freed with its last one.
         if self.changes.take().is_some() {
-            self.cache.unregister(self.route.take());
+            let route = self.route.take();
+            let key = route.as_ref().and_then(|_| self.predicate.route().cloned());
+            self.cache.unregister(key.zip(route));
         }
     }
 }
