@@ -831,7 +831,11 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 json!({
                     "rss_per_watcher_proxy_over_etcd": ratio(pp, num(etcd, &["rss_per_watcher_bytes"])),
                 }),
-                json!({ "under_10kb_per_idle_watcher": pp < 10_240.0 }),
+                json!({
+                    "under_10kb_per_idle_watcher": pp < 10_240.0,
+                    // Issue 14's goal.
+                    "at_most_2kb_per_idle_watcher": pp <= 2_048.0,
+                }),
             )
         }
     }

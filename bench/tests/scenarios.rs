@@ -335,6 +335,7 @@ fn list_get_startup_idle_report_every_figure() {
         &[
             "ratios.rss_per_watcher_proxy_over_etcd",
             "goals.under_10kb_per_idle_watcher",
+            "goals.at_most_2kb_per_idle_watcher",
         ],
         false,
         "idle ratios",
