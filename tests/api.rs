@@ -1121,6 +1121,43 @@ async fn watch_streams_events() {
     );
 }
 
+/// A watch holds no timer of its own: the streams' sweeper wakes it for its
+/// periodic bookmarks and at its `timeoutSeconds`, where the watcher ends
+/// itself with a last bookmark (the sweeper's backstop, 2 s later, ends a
+/// stream without one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_watches_are_woken_for_bookmarks_and_their_timeout() {
+    let ts = TestServer::start("idlewake", |c| c.server.bookmark_interval_ms = 300).await;
+    let mut w = WatchStream::open(
+        &ts,
+        &format!("{PODS}?watch=1&allowWatchBookmarks=true&resourceVersion=0"),
+    )
+    .await;
+    for _ in 0..2 {
+        let ev = w
+            .next(Duration::from_secs(10))
+            .await
+            .expect("a periodic bookmark");
+        assert_eq!(ev["type"], "BOOKMARK", "{ev}");
+    }
+    assert!(w.resp.is_some(), "no timeoutSeconds: still open");
+
+    // The default bookmark interval (60 s): the only bookmark is the last.
+    let ts = TestServer::start("idletimeout", |_| {}).await;
+    let mut t = WatchStream::open(
+        &ts,
+        &format!("{PODS}?watch=1&allowWatchBookmarks=true&resourceVersion=0&timeoutSeconds=1"),
+    )
+    .await;
+    let mut events = Vec::new();
+    while let Some(ev) = t.next(Duration::from_secs(10)).await {
+        events.push(ev);
+    }
+    assert!(t.resp.is_none(), "ended by its timeoutSeconds");
+    let types: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+    assert_eq!(types, ["BOOKMARK"], "one last bookmark: {events:?}");
+}
+
 /// The value of one sample of `/metrics`, e.g.
 /// `watchcache_http_requests_total{code="200",verb="watch"}` (0 when absent).
 async fn metric_value(ts: &TestServer, sample: &str) -> f64 {
