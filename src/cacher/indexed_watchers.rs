@@ -13,8 +13,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use dashmap::DashMap;
+use futures::task::AtomicWaker;
 use parking_lot::Mutex;
-use tokio::sync::watch;
 
 use super::history::HistoryEvent;
 use super::snapshot::{IndexKey, route_keys};
@@ -30,7 +30,7 @@ pub struct Route {
     log: Mutex<RouteLog>,
     /// One past the newest sequence number logged.
     end_seq: AtomicU64,
-    tx: watch::Sender<u64>,
+    wakers: Wakers,
     /// History sequence number at creation: events from here on are logged.
     pub(crate) created_seq: u64,
 }
@@ -72,7 +72,37 @@ impl Route {
     }
 }
 
-/// The routes of one resource and the channel of unrouted watchers.
+/// The wakers of a set of watchers. Each watcher registers its task in its
+/// own `AtomicWaker`, so waiting takes no lock that other watchers share
+/// (a `watch` channel's waiters sit in one mutex-guarded list); an apply
+/// takes this list's lock once to wake them all.
+#[derive(Debug, Default)]
+pub(crate) struct Wakers(Mutex<Vec<Arc<AtomicWaker>>>);
+
+impl Wakers {
+    fn subscribe(&self) -> Arc<AtomicWaker> {
+        let w = Arc::new(AtomicWaker::new());
+        self.0.lock().push(Arc::clone(&w));
+        w
+    }
+
+    /// Removes `w`; returns how many are left.
+    fn unsubscribe(&self, w: &Arc<AtomicWaker>) -> usize {
+        let mut list = self.0.lock();
+        if let Some(i) = list.iter().position(|x| Arc::ptr_eq(x, w)) {
+            list.swap_remove(i);
+        }
+        list.len()
+    }
+
+    fn wake_all(&self) {
+        for w in self.0.lock().iter() {
+            w.wake();
+        }
+    }
+}
+
+/// The routes of one resource and the wakers of unrouted watchers.
 ///
 /// Callers serialise [`register`](Self::register), [`unregister`](Self::unregister),
 /// [`dispatch`](Self::dispatch) and [`close`](Self::close) (the watch cache's
@@ -82,14 +112,14 @@ impl Route {
 pub(crate) struct IndexedWatchers {
     routes: DashMap<IndexKey, Arc<Route>>,
     /// Woken on every applied batch (watchers without a route).
-    all_tx: watch::Sender<u64>,
+    all: Wakers,
 }
 
 impl IndexedWatchers {
     pub(crate) fn new() -> IndexedWatchers {
         IndexedWatchers {
             routes: DashMap::new(),
-            all_tx: watch::Sender::new(0),
+            all: Wakers::default(),
         }
     }
 
@@ -99,7 +129,7 @@ impl IndexedWatchers {
         &self,
         key: Option<IndexKey>,
         next_seq: u64,
-    ) -> (Option<(IndexKey, Arc<Route>)>, watch::Receiver<u64>) {
+    ) -> (Option<(IndexKey, Arc<Route>)>, Arc<AtomicWaker>) {
         match key {
             Some(k) => {
                 let route = Arc::clone(
@@ -109,26 +139,35 @@ impl IndexedWatchers {
                             Arc::new(Route {
                                 log: Mutex::new(RouteLog::default()),
                                 end_seq: AtomicU64::new(0),
-                                tx: watch::Sender::new(0),
+                                wakers: Wakers::default(),
                                 created_seq: next_seq,
                             })
                         })
                         .value(),
                 );
-                let rx = route.tx.subscribe();
+                let rx = route.wakers.subscribe();
                 (Some((k, route)), rx)
             }
-            None => (None, self.all_tx.subscribe()),
+            None => (None, self.all.subscribe()),
         }
     }
 
-    /// Frees a route once its last watcher is gone (the caller has dropped
-    /// that watcher's receiver first).
-    pub(crate) fn unregister(&self, route: Option<(IndexKey, Arc<Route>)>) {
-        if let Some((key, route)) = route
-            && route.tx.receiver_count() == 0
-        {
-            self.routes.remove(&key);
+    /// Forgets the watcher woken through `waker`; frees its route when it
+    /// was the route's last.
+    pub(crate) fn unregister(
+        &self,
+        route: Option<(IndexKey, Arc<Route>)>,
+        waker: &Arc<AtomicWaker>,
+    ) {
+        match route {
+            Some((key, route)) => {
+                if route.wakers.unsubscribe(waker) == 0 {
+                    self.routes.remove(&key);
+                }
+            }
+            None => {
+                self.all.unsubscribe(waker);
+            }
         }
     }
 
@@ -169,20 +208,20 @@ impl IndexedWatchers {
         woken
     }
 
-    /// Wakes `woken` and every unrouted watcher: events up to `next_seq`
-    /// are readable.
-    pub(crate) fn wake(&self, woken: Vec<Arc<Route>>, next_seq: u64) {
+    /// Wakes `woken` and every unrouted watcher (after the apply has
+    /// published its sequence numbers).
+    pub(crate) fn wake(&self, woken: Vec<Arc<Route>>) {
         for r in woken {
-            r.tx.send_replace(next_seq);
+            r.wakers.wake_all();
         }
-        self.all_tx.send_replace(next_seq);
+        self.all.wake_all();
     }
 
     /// Wakes every watcher for good (shutdown: they see the closed token).
     pub(crate) fn close(&self) {
-        self.all_tx.send_replace(u64::MAX);
+        self.all.wake_all();
         for route in self.routes.iter() {
-            route.tx.send_replace(u64::MAX);
+            route.wakers.wake_all();
         }
     }
 

@@ -8,6 +8,8 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
+
+use futures::task::AtomicWaker;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -46,7 +48,8 @@ pub(crate) enum WatchStart {
 /// What [`WatchCache::register`] hands a new watcher.
 pub(crate) struct Registration {
     pub(crate) route: Option<(IndexKey, Arc<Route>)>,
-    pub(crate) rx: watch::Receiver<u64>,
+    /// Where the watcher registers its task to be woken.
+    pub(crate) waker: Arc<AtomicWaker>,
     pub(crate) snapshot: Arc<Snapshot>,
     /// Cursor, or the history's oldest RV when the start was evicted.
     pub(crate) cursor: Result<u64, Gone>,
@@ -352,7 +355,7 @@ impl WatchCache {
         self.stats.received(n);
         self.stats.published(snap.rv, snap.len());
         if n > 0 {
-            self.watchers.wake(woken, next_seq);
+            self.watchers.wake(woken);
         }
     }
 
@@ -393,7 +396,7 @@ impl WatchCache {
         // Under apply_lock: no event is applied between reading next_seq
         // and a new route becoming visible.
         let next_seq = self.history.read().next_seq();
-        let (route, rx) = self.watchers.register(route_key, next_seq);
+        let (route, waker) = self.watchers.register(route_key, next_seq);
         let snapshot = self.current.load_full();
         let cursor = match start {
             WatchStart::Initial { .. } | WatchStart::Now => Ok(snapshot.next_seq),
@@ -403,21 +406,26 @@ impl WatchCache {
         self.stats.watcher_added();
         Registration {
             route,
-            rx,
+            waker,
             snapshot,
             cursor,
         }
     }
 
-    /// Frees a watcher's route when it was the last one on it.
-    /// Unregisters a watcher whose receiver was dropped.
-    pub(crate) fn unregister(&self, route: Option<(IndexKey, Arc<Route>)>) {
+    /// Unregisters a watcher; frees its route when it was the last one on it.
+    pub(crate) fn unregister(
+        &self,
+        route: Option<(IndexKey, Arc<Route>)>,
+        waker: &Arc<AtomicWaker>,
+    ) {
         self.stats.watcher_removed();
         if route.is_none() {
+            self.watchers.unregister(None, waker);
             return;
         }
+        // Under apply_lock: a route is not removed while a watcher joins it.
         let _g = self.apply_lock.lock();
-        self.watchers.unregister(route);
+        self.watchers.unregister(route, waker);
     }
 
     /// About how many bytes of events a watcher of `route` at `cursor` has

@@ -12,9 +12,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::sync::watch;
+use futures::task::AtomicWaker;
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::ReusableBoxFuture;
 
 use super::CacherError;
 use super::history::{EventKind, Gone, HistoryEvent};
@@ -24,13 +23,6 @@ use super::snapshot::Snapshot;
 use super::stats::WatchEnd;
 use super::watch_cache::{Registration, WatchCache, WatchStart};
 use crate::object::wire::{EventType, bookmark_line, event_line, protobuf_watch_frames};
-
-/// Resolves at the next change of a route (false: the sender is gone),
-/// handing the receiver back.
-async fn changed(mut rx: watch::Receiver<u64>) -> (bool, watch::Receiver<u64>) {
-    let open = rx.changed().await.is_ok();
-    (open, rx)
-}
 
 /// One item of a watch stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -87,9 +79,9 @@ pub struct Watcher {
     /// The route this watcher is registered on (its key is the
     /// predicate's route).
     route: Option<Arc<Route>>,
-    /// The route's next change; it owns the receiver. Boxed once, reused
-    /// for every change, so the watcher can be polled without a task.
-    changes: Option<ReusableBoxFuture<'static, (bool, watch::Receiver<u64>)>>,
+    /// Where this watcher's task waits for the next apply of its route (or
+    /// of any event, unrouted); `None` once unregistered.
+    wake: Option<Arc<AtomicWaker>>,
     cursor: u64,
     /// The RV of the last event (or bookmark/initial state) sent.
     last_rv: i64,
@@ -133,7 +125,7 @@ impl Watcher {
     ) -> Watcher {
         let Registration {
             route,
-            rx,
+            waker,
             snapshot,
             cursor,
         } = cache.register(predicate.route().cloned(), start);
@@ -142,7 +134,7 @@ impl Watcher {
             cache,
             predicate,
             route: route.map(|(_, r)| r),
-            changes: Some(ReusableBoxFuture::new(changed(rx))),
+            wake: Some(waker),
             cursor: 0,
             last_rv: snapshot.rv,
             initial: None,
@@ -289,20 +281,20 @@ impl Watcher {
                     None => self.timer = Some(Box::pin(tokio::time::sleep_until(wake_at))),
                 }
             }
-            let Some(changes) = self.changes.as_mut() else {
+            let Some(wake) = &self.wake else {
                 self.done = true;
                 return Poll::Ready(None);
             };
-            // No shared shutdown future is polled here: closing the cache
-            // sends on every channel a watcher waits on, and the loop's top
-            // sees the closed flag. Deadline and bookmark are handled at
-            // the top as well.
-            if let Poll::Ready((open, rx)) = changes.poll(cx) {
-                if !open {
-                    self.done = true;
-                    return Poll::Ready(None);
-                }
-                changes.set(changed(rx));
+            wake.register(cx.waker());
+            // Registered first, then checked: an apply published between
+            // the drain above and the registration is seen now; one after it
+            // wakes this task. Closing the cache wakes every watcher, and
+            // the loop's top sees the closed flag.
+            if self.cache.is_closed()
+                || self
+                    .cache
+                    .may_have_events(self.route.as_deref(), self.cursor)
+            {
                 continue;
             }
             if let Some(t) = &mut self.timer
@@ -550,11 +542,10 @@ impl Drop for Watcher {
         self.cache
             .stats()
             .watcher_ended(self.end.get().unwrap_or(WatchEnd::Closed));
-        // The receiver goes first: the route is freed with its last one.
-        if self.changes.take().is_some() {
+        if let Some(wake) = self.wake.take() {
             let route = self.route.take();
             let key = route.as_ref().and_then(|_| self.predicate.route().cloned());
-            self.cache.unregister(key.zip(route));
+            self.cache.unregister(key.zip(route), &wake);
         }
     }
 }
