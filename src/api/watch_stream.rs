@@ -215,15 +215,16 @@ impl Shared {
             }
             return;
         }
-        let Some(watcher) = slot.watcher.as_ref() else {
+        let Some(watcher) = slot.watcher.as_mut() else {
             return;
         };
         // Its deadline or next bookmark: the watcher holds no timer of its
         // own (a timer per watch costs more memory than this check).
-        if watcher.wake_at().is_some_and(|t| now >= t)
-            && let Some(w) = &slot.waker
-        {
-            w.wake_by_ref();
+        if watcher.wake_at().is_some_and(|t| now >= t) {
+            watcher.time_is_due();
+            if let Some(w) = &slot.waker {
+                w.wake_by_ref();
+            }
         }
         let Some(watcher) = slot.watcher.as_mut() else {
             return;

@@ -101,6 +101,9 @@ pub struct Watcher {
     /// at [`Watcher::wake_at`] itself ([`Watcher::use_external_timer`]).
     timer: Option<Pin<Box<Sleep>>>,
     external_timer: bool,
+    /// Set by the external timer's owner: check the deadline and bookmark
+    /// on the next poll.
+    time_due: bool,
     /// Send kube-apiserver's protobuf watch frames instead of JSON lines
     /// ([`Watcher::use_protobuf`]).
     protobuf: bool,
@@ -146,6 +149,7 @@ impl Watcher {
             end: std::cell::Cell::new(None),
             timer: None,
             external_timer: false,
+            time_due: false,
             protobuf: false,
         };
         match start {
@@ -242,15 +246,24 @@ impl Watcher {
             }
             // Time-based ends and bookmarks come first, so a stream that
             // always has events still times out and still gets bookmarks.
-            let now = Instant::now();
-            if self.deadline.is_some_and(|d| now >= d) {
+            // With an external timer the clock is read only when its owner
+            // says the time has come (a clock read per poll was the top
+            // item of a fan-out profile).
+            let now = if !self.external_timer || std::mem::take(&mut self.time_due) {
+                Some(Instant::now())
+            } else {
+                None
+            };
+            if let Some(now) = now
+                && self.deadline.is_some_and(|d| now >= d)
+            {
                 // The stream's time is up: flush, one last bookmark, end.
                 self.end_by(WatchEnd::Timeout);
                 let mut buf = Chunk::default();
                 let r = if self.params.allow_bookmarks {
                     self.bookmark(&mut buf, now)
                 } else {
-                    self.drain(&mut buf, now)
+                    self.drain(&mut buf, Some(now))
                 };
                 if let Err(e) = r {
                     self.done = false;
@@ -259,11 +272,12 @@ impl Watcher {
                 return Poll::Ready((!buf.is_empty()).then(|| WatchChunk::Data(buf.freeze())));
             }
             let mut buf = Chunk::default();
-            let drained = if self.params.allow_bookmarks && now >= self.next_bookmark {
-                self.next_bookmark = now + self.params.bookmark_interval;
-                self.bookmark(&mut buf, now)
-            } else {
-                self.drain(&mut buf, now)
+            let drained = match now {
+                Some(now) if self.params.allow_bookmarks && now >= self.next_bookmark => {
+                    self.next_bookmark = now + self.params.bookmark_interval;
+                    self.bookmark(&mut buf, now)
+                }
+                _ => self.drain(&mut buf, now),
             };
             if let Err(e) = drained {
                 return Poll::Ready(self.fail(buf, e));
@@ -327,10 +341,18 @@ impl Watcher {
     }
 
     /// The owner wakes this watcher at [`wake_at`](Self::wake_at) itself
-    /// (a sweeper that visits every watch anyway), so it holds no timer.
+    /// (a sweeper that visits every watch anyway), after
+    /// [`time_is_due`](Self::time_is_due), so it holds no timer and reads
+    /// no clock for that until then.
     pub fn use_external_timer(&mut self) {
         self.external_timer = true;
         self.timer = None;
+    }
+
+    /// With an external timer: the next poll checks the deadline and the
+    /// bookmark.
+    pub fn time_is_due(&mut self) {
+        self.time_due = true;
     }
 
     /// About how many bytes of events this watcher has yet to take (those
@@ -416,7 +438,7 @@ impl Watcher {
     }
 
     /// Appends every available event for this watcher to `buf`.
-    fn drain(&mut self, buf: &mut Chunk, now: Instant) -> Result<(), CacherError> {
+    fn drain(&mut self, buf: &mut Chunk, now: Option<Instant>) -> Result<(), CacherError> {
         if !self
             .cache
             .may_have_events(self.route.as_deref(), self.cursor)
@@ -442,6 +464,7 @@ impl Watcher {
         if events.is_empty() {
             return Ok(());
         }
+        let now = now.unwrap_or_else(Instant::now);
         let mut sent = 0u64;
         let stats = self.cache.stats();
         // One delay sample per event sent, gathered locally and flushed to the
@@ -486,7 +509,7 @@ impl Watcher {
     /// provably seen everything up to.
     fn bookmark(&mut self, buf: &mut Chunk, now: Instant) -> Result<(), CacherError> {
         let snap = self.cache.current();
-        self.drain(buf, now)?;
+        self.drain(buf, Some(now))?;
         let rv = snap.rv.max(self.last_rv);
         if rv > 0 {
             self.last_rv = rv;
