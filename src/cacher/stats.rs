@@ -192,10 +192,9 @@ impl CacherStats {
     pub(crate) fn dispatched(&self, n: u64) {
         self.events_dispatched.fetch_add(n, Ordering::Relaxed);
     }
-    /// A local recorder of "received from etcd -> handed to a watcher"
-    /// delays; it adds its samples to the histogram when dropped.
-    pub(crate) fn event_delays(&self) -> prometheus::local::LocalHistogram {
-        self.prom.watch_event_delay.local()
+    /// One "received from etcd -> handed to a watcher" delay.
+    pub(crate) fn event_delay(&self, d: std::time::Duration) {
+        self.prom.watch_event_delay.observe(d.as_secs_f64());
     }
     pub(crate) fn consistency_checked(&self, result: CheckResult) {
         Self::bump(&self.consistency_checks[result as usize]);

@@ -467,10 +467,10 @@ impl Watcher {
         let now = now.unwrap_or_else(Instant::now);
         let mut sent = 0u64;
         let stats = self.cache.stats();
-        // One delay sample per event sent, gathered locally and flushed to the
-        // shared histogram once per chunk (when `delays` drops), not with
-        // atomics per event and watcher.
-        let mut delays = None;
+        // One delay sample per event sent, straight into the shared
+        // histogram: a local recorder per chunk cost an allocation and a
+        // reference-count round trip per delivery (a chunk is usually one
+        // event).
         for ev in events {
             let Some(ty) = convert(&self.predicate, &ev) else {
                 self.last_rv = self.last_rv.max(ev.rv);
@@ -493,9 +493,7 @@ impl Watcher {
             if let Some(bytes) = bytes {
                 buf.push(bytes);
                 sent += 1;
-                delays
-                    .get_or_insert_with(|| stats.event_delays())
-                    .observe(now.saturating_duration_since(ev.received).as_secs_f64());
+                stats.event_delay(now.saturating_duration_since(ev.received));
             }
             self.last_rv = self.last_rv.max(ev.rv);
         }
