@@ -27,8 +27,6 @@ use super::{ApiStatus, Body, Resource, State, full, json_response, response};
 /// Frames of a List body are at most about this large (small objects are
 /// coalesced; large ones are written as their own frame without copying).
 const LIST_FRAME_BYTES: usize = 64 * 1024;
-/// How long after `timeoutSeconds` the API ends a watch the cacher has not ended.
-const WATCH_DEADLINE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn selectors(res: &Resource, query: &Query) -> Result<(LabelSelector, FieldSelector), ApiStatus> {
     let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
@@ -337,9 +335,6 @@ pub(crate) async fn watch(
         watcher,
         WatchStreamParams {
             max_buffered_bytes: state.config.server.watch_max_buffered_bytes.max(1),
-            // The cacher ends the stream at `timeoutSeconds` (after a last
-            // bookmark); this deadline is only a backstop.
-            backstop: timeout.map(|t| tokio::time::Instant::now() + t + WATCH_DEADLINE_GRACE),
             cacher: Arc::clone(&res.cacher),
             table,
             permit,

@@ -13,7 +13,7 @@
 //! [`SWEEP_INTERVAL`] wakes each watch whose deadline or next bookmark has
 //! come (a watcher here holds no timer of its own), and looks at each stream
 //! that is not being polled:
-//! - a watch not polled at its `timeoutSeconds` (plus a grace) ends then,
+//! - a watch not polled at its `timeoutSeconds` (plus [`DEADLINE_GRACE`]) ends then,
 //!   whether or not the client reads (`reason="timeout"`);
 //! - a watch whose client has left more than `server.watch_max_buffered_bytes`
 //!   of events untaken (beyond what its connection buffers), and taken
@@ -56,6 +56,9 @@ pub(crate) const SWEEP_INTERVAL: Duration = Duration::from_millis(250);
 /// How long a watch with too much unread must take nothing before it is
 /// cut off: a client that reads, however slowly, is never cut off.
 pub(crate) const STALL_GRACE: Duration = Duration::from_secs(1);
+/// How long after its `timeoutSeconds` the sweeper ends a watch that was
+/// not polled then (a polled watcher ends itself, after a last bookmark).
+pub(crate) const DEADLINE_GRACE: Duration = Duration::from_secs(2);
 /// How long a stream the sweeper ended waits for its client to take the end
 /// before its HTTP/1.1 connection is closed.
 pub(crate) const END_GRACE: Duration = Duration::from_secs(2);
@@ -64,9 +67,6 @@ pub(crate) const END_GRACE: Duration = Duration::from_secs(2);
 pub(crate) struct WatchStreamParams {
     /// The cap on unread bytes (`server.watch_max_buffered_bytes`).
     pub max_buffered_bytes: usize,
-    /// A backstop after `timeoutSeconds` (the watcher ends itself at it
-    /// when it is polled).
-    pub backstop: Option<Instant>,
     /// The resource, for the Status of an error event (a collection watch
     /// has no name).
     pub cacher: Arc<Cacher>,
@@ -105,7 +105,6 @@ impl WatchStreams {
             catching_up: AtomicBool::new(true),
             body_gone: AtomicBool::new(false),
             cap: params.max_buffered_bytes as u64,
-            backstop: params.backstop,
             http1_connection: params.http1_connection,
         });
         self.streams.lock().push(Arc::downgrade(&shared));
@@ -122,19 +121,6 @@ impl WatchStreams {
             done: false,
         }
         .boxed_unsync()
-    }
-
-    /// Open streams (those whose body has not been dropped).
-    pub fn len(&self) -> usize {
-        self.streams
-            .lock()
-            .iter()
-            .filter(|w| w.strong_count() > 0)
-            .count()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// One pass over every stream.
@@ -171,7 +157,6 @@ struct Shared {
     /// The body was dropped (the response ended or the client went away).
     body_gone: AtomicBool,
     cap: u64,
-    backstop: Option<Instant>,
     http1_connection: Option<ConnectionHandle>,
 }
 
@@ -215,21 +200,28 @@ impl Shared {
             }
             return;
         }
-        let Some(watcher) = slot.watcher.as_mut() else {
+        let Slot {
+            watcher: Some(watcher),
+            waker,
+            seen_cursor,
+            stalled_since,
+            ..
+        } = &mut *slot
+        else {
             return;
         };
         // Its deadline or next bookmark: the watcher holds no timer of its
         // own (a timer per watch costs more memory than this check).
         if watcher.wake_at().is_some_and(|t| now >= t) {
             watcher.time_is_due();
-            if let Some(w) = &slot.waker {
+            if let Some(w) = waker {
                 w.wake_by_ref();
             }
         }
-        let Some(watcher) = slot.watcher.as_mut() else {
-            return;
-        };
-        if self.backstop.is_some_and(|b| now >= b) {
+        if watcher
+            .deadline()
+            .is_some_and(|d| now >= d + DEADLINE_GRACE)
+        {
             // Not even polled at its `timeoutSeconds`: the client does not
             // take what it was sent.
             watcher.end_timeout();
@@ -238,21 +230,18 @@ impl Shared {
         } else {
             let cursor = watcher.cursor();
             let unread = watcher.unread_bytes();
-            if cursor != slot.seen_cursor || unread.is_some_and(|n| n == 0) {
-                slot.seen_cursor = cursor;
-                slot.stalled_since = None;
+            if cursor != *seen_cursor || unread.is_some_and(|n| n == 0) {
+                *seen_cursor = cursor;
+                *stalled_since = None;
                 return;
             }
-            let since = *slot.stalled_since.get_or_insert(now);
+            let since = *stalled_since.get_or_insert(now);
             match unread {
                 // Behind the ring: its next read is a 410 anyway.
                 None => {}
                 Some(n) if n >= self.cap && now.duration_since(since) >= STALL_GRACE => {}
                 Some(_) => return,
             }
-            let Some(watcher) = slot.watcher.as_mut() else {
-                return;
-            };
             watcher.end_unresponsive();
         }
         debug!("watch stream ended by the sweeper");

@@ -27,6 +27,8 @@ use super::snapshot::{IndexKey, route_keys};
 /// history up to `created_seq` first (see `WatchCache::read_route`).
 #[derive(Debug)]
 pub struct Route {
+    /// The fact its watchers select on (its key in the routes map).
+    key: IndexKey,
     log: Mutex<RouteLog>,
     /// One past the newest sequence number logged.
     end_seq: AtomicU64,
@@ -104,10 +106,11 @@ impl Wakers {
 
 /// The routes of one resource and the wakers of unrouted watchers.
 ///
-/// Callers serialise [`register`](Self::register), [`unregister`](Self::unregister),
-/// [`dispatch`](Self::dispatch) and [`close`](Self::close) (the watch cache's
-/// apply lock), so a route is never created between an event being logged
-/// and the snapshot that contains it being published.
+/// Callers serialise [`register`](Self::register), [`dispatch`](Self::dispatch),
+/// [`close`](Self::close) and the [`unregister`](Self::unregister) of a
+/// routed watcher (the watch cache's apply lock), so a route is never
+/// created between an event being logged and the snapshot that contains it
+/// being published, nor removed while a watcher joins it.
 #[derive(Debug)]
 pub(crate) struct IndexedWatchers {
     routes: DashMap<IndexKey, Arc<Route>>,
@@ -129,7 +132,7 @@ impl IndexedWatchers {
         &self,
         key: Option<IndexKey>,
         next_seq: u64,
-    ) -> (Option<(IndexKey, Arc<Route>)>, Arc<AtomicWaker>) {
+    ) -> (Option<Arc<Route>>, Arc<AtomicWaker>) {
         match key {
             Some(k) => {
                 let route = Arc::clone(
@@ -137,6 +140,7 @@ impl IndexedWatchers {
                         .entry(k.clone())
                         .or_insert_with(|| {
                             Arc::new(Route {
+                                key: k,
                                 log: Mutex::new(RouteLog::default()),
                                 end_seq: AtomicU64::new(0),
                                 wakers: Wakers::default(),
@@ -145,8 +149,8 @@ impl IndexedWatchers {
                         })
                         .value(),
                 );
-                let rx = route.wakers.subscribe();
-                (Some((k, route)), rx)
+                let waker = route.wakers.subscribe();
+                (Some(route), waker)
             }
             None => (None, self.all.subscribe()),
         }
@@ -154,15 +158,11 @@ impl IndexedWatchers {
 
     /// Forgets the watcher woken through `waker`; frees its route when it
     /// was the route's last.
-    pub(crate) fn unregister(
-        &self,
-        route: Option<(IndexKey, Arc<Route>)>,
-        waker: &Arc<AtomicWaker>,
-    ) {
+    pub(crate) fn unregister(&self, route: Option<&Route>, waker: &Arc<AtomicWaker>) {
         match route {
-            Some((key, route)) => {
+            Some(route) => {
                 if route.wakers.unsubscribe(waker) == 0 {
-                    self.routes.remove(&key);
+                    self.routes.remove(&route.key);
                 }
             }
             None => {
@@ -217,7 +217,7 @@ impl IndexedWatchers {
         self.all.wake_all();
     }
 
-    /// Wakes every watcher for good (shutdown: they see the closed token).
+    /// Wakes every watcher for good (shutdown: they see the closed flag).
     pub(crate) fn close(&self) {
         self.all.wake_all();
         for route in self.routes.iter() {

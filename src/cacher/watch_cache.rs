@@ -8,12 +8,11 @@
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-
-use futures::task::AtomicWaker;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
+use futures::task::AtomicWaker;
 use parking_lot::{Mutex, RwLock};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -47,7 +46,7 @@ pub(crate) enum WatchStart {
 
 /// What [`WatchCache::register`] hands a new watcher.
 pub(crate) struct Registration {
-    pub(crate) route: Option<(IndexKey, Arc<Route>)>,
+    pub(crate) route: Option<Arc<Route>>,
     /// Where the watcher registers its task to be woken.
     pub(crate) waker: Arc<AtomicWaker>,
     pub(crate) snapshot: Arc<Snapshot>,
@@ -413,18 +412,11 @@ impl WatchCache {
     }
 
     /// Unregisters a watcher; frees its route when it was the last one on it.
-    pub(crate) fn unregister(
-        &self,
-        route: Option<(IndexKey, Arc<Route>)>,
-        waker: &Arc<AtomicWaker>,
-    ) {
+    pub(crate) fn unregister(&self, route: Option<&Route>, waker: &Arc<AtomicWaker>) {
         self.stats.watcher_removed();
-        if route.is_none() {
-            self.watchers.unregister(None, waker);
-            return;
-        }
-        // Under apply_lock: a route is not removed while a watcher joins it.
-        let _g = self.apply_lock.lock();
+        // Under apply_lock for a route: it is not removed while a watcher
+        // joins it.
+        let _g = route.map(|_| self.apply_lock.lock());
         self.watchers.unregister(route, waker);
     }
 
@@ -436,8 +428,8 @@ impl WatchCache {
             oldest_rv: hist.start_rv(),
         };
         match route {
-            // Older than its route (a replay): every event counts.
             None => hist.bytes_since(cursor),
+            // Older than its route (a replay): every event counts.
             Some(r) if cursor < r.created_seq => hist.bytes_since(cursor),
             Some(r) => {
                 let mut n = 0u64;

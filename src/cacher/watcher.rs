@@ -76,12 +76,11 @@ struct InitialState {
 pub struct Watcher {
     cache: Arc<WatchCache>,
     predicate: SelectionPredicate,
-    /// The route this watcher is registered on (its key is the
-    /// predicate's route).
+    /// The route this watcher is registered on.
     route: Option<Arc<Route>>,
     /// Where this watcher's task waits for the next apply of its route (or
-    /// of any event, unrouted); `None` once unregistered.
-    wake: Option<Arc<AtomicWaker>>,
+    /// of any event, unrouted).
+    wake: Arc<AtomicWaker>,
     cursor: u64,
     /// The RV of the last event (or bookmark/initial state) sent.
     last_rv: i64,
@@ -136,8 +135,8 @@ impl Watcher {
         let mut w = Watcher {
             cache,
             predicate,
-            route: route.map(|(_, r)| r),
-            wake: Some(waker),
+            route,
+            wake: waker,
             cursor: 0,
             last_rv: snapshot.rv,
             initial: None,
@@ -295,11 +294,7 @@ impl Watcher {
                     None => self.timer = Some(Box::pin(tokio::time::sleep_until(wake_at))),
                 }
             }
-            let Some(wake) = &self.wake else {
-                self.done = true;
-                return Poll::Ready(None);
-            };
-            wake.register(cx.waker());
+            self.wake.register(cx.waker());
             // Registered first, then checked: an apply published between
             // the drain above and the registration is seen now; one after it
             // wakes this task. Closing the cache wakes every watcher, and
@@ -563,11 +558,7 @@ impl Drop for Watcher {
         self.cache
             .stats()
             .watcher_ended(self.end.get().unwrap_or(WatchEnd::Closed));
-        if let Some(wake) = self.wake.take() {
-            let route = self.route.take();
-            let key = route.as_ref().and_then(|_| self.predicate.route().cloned());
-            self.cache.unregister(key.zip(route), &wake);
-        }
+        self.cache.unregister(self.route.as_deref(), &self.wake);
     }
 }
 
