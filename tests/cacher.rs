@@ -324,14 +324,14 @@ async fn list_unset_limit_rv_n_exact() {
         .expect("list");
     assert_eq!(r.resource_version, r1, "exact");
     assert_eq!(names(&r), vec!["a"]);
-    assert_eq!(r.items[0].labels["app"], "v1");
+    assert_eq!(r.items.get(0).expect("an item").labels["app"], "v1");
     let r = e
         .list(lreq(Some(r3), None, Some(10), None))
         .await
         .expect("list");
     assert_eq!(r.resource_version, r3);
     assert_eq!(names(&r), vec!["a", "b"]);
-    assert_eq!(r.items[0].labels["app"], "v2");
+    assert_eq!(r.items.get(0).expect("an item").labels["app"], "v2");
 }
 
 // ---------------------------------------------------------------- List: match unset, continue
@@ -428,7 +428,7 @@ async fn list_exact_rv_n_exact_or_410() {
         .await
         .expect("exact");
     assert_eq!(r.resource_version, r1);
-    assert_eq!(r.items[0].labels["app"], "v1");
+    assert_eq!(r.items.get(0).expect("an item").labels["app"], "v1");
     // Push r1 out of the history span: Exact r1 is now 410.
     let mut last = r2;
     for i in 0..10 {
@@ -518,7 +518,7 @@ async fn list_not_older_than_rv_n() {
         ))
         .await
         .expect("list");
-    assert_eq!(r.items[0].labels["app"], "v2");
+    assert_eq!(r.items.get(0).expect("an item").labels["app"], "v2");
     let r = e
         .list(lreq(
             Some(r2 + 1_000_000),
@@ -657,7 +657,11 @@ async fn continue_token_older_than_retained_snapshots_is_served_from_etcd() {
         .await
         .expect("page 3");
     assert_eq!(names(&p3), vec!["seed-04", "seed-05"]);
-    assert_eq!(p3.items[0].labels["app"], "web", "old state of seed-04");
+    assert_eq!(
+        p3.items.get(0).expect("an item").labels["app"],
+        "web",
+        "old state of seed-04"
+    );
 }
 
 // ---------------------------------------------------------------- selectors

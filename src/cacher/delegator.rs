@@ -12,7 +12,7 @@ use tracing::debug;
 use super::read_plan::ReadPlan;
 use super::selection_predicate::SelectionPredicate;
 use super::snapshot::Snapshot;
-use super::{Cacher, CacherError, ListResult, ListSource, continue_token};
+use super::{Cacher, CacherError, ListItems, ListResult, ListSource, continue_token};
 use crate::object::Object;
 use crate::storage::{ListOptions, StorageError};
 
@@ -178,7 +178,7 @@ impl Cacher {
                 .as_deref()
                 .map(|k| continue_token::encode(all.revision, k, self.codec.key_prefix(), None)),
             remaining_item_count: page.remaining,
-            items: page.items,
+            items: ListItems::Collected(page.items),
             source: ListSource::Etcd,
         })
     }

@@ -16,6 +16,7 @@ pub mod continue_token;
 mod delegator;
 pub mod history;
 mod indexed_watchers;
+pub mod list_items;
 pub(crate) mod read_plan;
 pub mod reflector;
 pub mod selection_predicate;
@@ -36,6 +37,7 @@ use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 use crate::storage::{Storage, StorageError};
 
 pub use history::{EventKind, History, HistoryEvent};
+pub use list_items::{ListCursor, ListItems};
 use read_plan::{ReadPlan, WatchPlan, plan_get, plan_list, plan_watch};
 pub use reflector::Reflector;
 pub use selection_predicate::{ListPage, SelectionPredicate};
@@ -134,7 +136,7 @@ pub enum ListSource {
 pub struct ListResult {
     /// The list's RV (`metadata.resourceVersion`).
     pub resource_version: i64,
-    pub items: Vec<Arc<Object>>,
+    pub items: ListItems,
     pub continue_token: Option<String>,
     pub remaining_item_count: Option<i64>,
     pub source: ListSource,
@@ -370,6 +372,21 @@ impl Cacher {
             ReadPlan::Exact(n) | ReadPlan::Continue { rv: n, .. } => *n,
             _ => snap.rv,
         };
+        if limit.is_none() && !pred.has_selectors() {
+            // Everything under the prefix: walked while the body is written.
+            self.cache.stats().list_cache();
+            return Ok(ListResult {
+                resource_version: list_rv,
+                continue_token: None,
+                remaining_item_count: None,
+                items: ListItems::Range {
+                    snap,
+                    prefix: pred.prefix().to_string(),
+                    from: start_key.unwrap_or("").to_string(),
+                },
+                source: ListSource::Cache,
+            });
+        }
         // remainingItemCount (lists without selectors): the first page counts
         // the whole list once (O(1) without a namespace: the snapshot holds
         // only this resource) and the token carries (total, returned), so
@@ -400,7 +417,7 @@ impl Cacher {
                 .as_deref()
                 .map(|k| continue_token::encode(list_rv, k, self.codec.key_prefix(), returned)),
             remaining_item_count: remaining,
-            items: page.items,
+            items: ListItems::Collected(page.items),
             source: ListSource::Cache,
         })
     }

@@ -155,9 +155,12 @@ impl Snapshot {
         from: &'a str,
     ) -> impl Iterator<Item = &'a Arc<Object>> + 'a {
         let start = if from > prefix { from } else { prefix };
+        let end = prefix_end(prefix);
         self.objects
-            .range::<_, str>((Bound::Included(start), Bound::Unbounded))
-            .take_while(move |(k, _)| k.starts_with(prefix))
+            .range::<_, str>((Bound::Included(start), excluded(&end)))
+            // Only without an end bound: a bounded range never reads a key
+            // (each would be a cache miss on a large List).
+            .take_while(move |(k, _)| end.is_some() || k.starts_with(prefix))
             .map(|(_, o)| o)
     }
 
@@ -169,9 +172,29 @@ impl Snapshot {
         from: &'a str,
     ) -> impl Iterator<Item = &'a Arc<Object>> + 'a {
         let start = if from > prefix { from } else { prefix };
-        set.range::<_, str>((Bound::Included(start), Bound::Unbounded))
-            .take_while(move |k| k.starts_with(prefix))
+        let end = prefix_end(prefix);
+        set.range::<_, str>((Bound::Included(start), excluded(&end)))
+            .take_while(move |k| end.is_some() || k.starts_with(prefix))
             .filter_map(move |k| self.objects.get(&**k))
+    }
+}
+
+/// The least string above every string that starts with `prefix` (its last
+/// character incremented; str order is code point order), so a prefix walk
+/// can be a bounded range. `None` when there is no such string.
+fn prefix_end(prefix: &str) -> Option<String> {
+    let last = prefix.chars().next_back()?;
+    let next = (last as u32 + 1..=char::MAX as u32).find_map(char::from_u32)?;
+    let mut end = String::with_capacity(prefix.len() + 1);
+    end.push_str(&prefix[..prefix.len() - last.len_utf8()]);
+    end.push(next);
+    Some(end)
+}
+
+fn excluded(end: &Option<String>) -> Bound<&str> {
+    match end {
+        Some(e) => Bound::Excluded(e.as_str()),
+        None => Bound::Unbounded,
     }
 }
 
@@ -249,10 +272,30 @@ mod tests {
     }
 
     #[test]
+    fn prefix_end_is_the_least_string_above_the_prefix() {
+        assert_eq!(prefix_end("/r/pods/").as_deref(), Some("/r/pods0"));
+        assert_eq!(prefix_end("/r/é").as_deref(), Some("/r/ê"));
+        assert_eq!(prefix_end("x\u{D7FF}").as_deref(), Some("x\u{E000}"));
+        assert_eq!(prefix_end("x\u{10FFFF}"), None);
+        assert_eq!(prefix_end(""), None);
+        for k in ["/r/pods/", "/r/pods/\u{10FFFF}\u{10FFFF}", "/r/pods/a"] {
+            assert!(k < prefix_end("/r/pods/").unwrap().as_str(), "{k}");
+        }
+    }
+
+    #[test]
     fn ranges_respect_prefix_and_start() {
         let p = paths();
         let mut s = Snapshot::empty(1, 0);
-        for (ns, n) in [("a", "1"), ("a", "2"), ("ab", "1"), ("b", "1")] {
+        // "a." and "a0" sort just below and just above every "a/" key.
+        for (ns, n) in [
+            ("a", "1"),
+            ("a", "2"),
+            ("a.", "1"),
+            ("a0", "1"),
+            ("ab", "1"),
+            ("b", "1"),
+        ] {
             let o = obj(ns, n, &[("k", "v")], None);
             s.apply(&Arc::clone(&o.key), Some(o), &p);
         }
@@ -267,7 +310,7 @@ mod tests {
         );
         assert_eq!(
             names(s.range_from("/r/pods/", "/r/pods/a/2\0").collect()),
-            vec!["ab/1", "b/1"]
+            vec!["a0/1", "ab/1", "b/1"]
         );
         let set = s
             .index_lookup(&IndexKey::Label("k".into(), "v".into()))
