@@ -736,6 +736,16 @@ fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
     )
 }
 
+/// Issue 14's memory goal: RSS per busy watcher at most 4 KB, judged at
+/// 10,000 watchers or more on the proxy (with fewer, the cached objects
+/// weigh on each watcher's share and the figure says little).
+fn add_busy_rss_goal(goals: &mut Value, x: &Value) {
+    if x["target"] == "proxy" && num(x, &["watchers_established"]) >= 10_000.0 {
+        goals["rss_per_busy_watcher_at_most_4kb_at_10000"] =
+            json!(num(x, &["per_delivery", "holder_rss_per_busy_watcher_bytes"]) <= 4096.0);
+    }
+}
+
 fn num(v: &Value, path: &[&str]) -> f64 {
     let mut cur = v;
     for p in path {
@@ -753,9 +763,13 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             .iter()
             .find_map(|k| r.get(*k));
         let goals = match (s, one) {
-            (Scenario::Fanout, Some(x)) => json!({
-                "zero_lost_and_duplicated": num(x, &["lost"]) == 0.0 && num(x, &["duplicated"]) == 0.0,
-            }),
+            (Scenario::Fanout, Some(x)) => {
+                let mut g = json!({
+                    "zero_lost_and_duplicated": num(x, &["lost"]) == 0.0 && num(x, &["duplicated"]) == 0.0,
+                });
+                add_busy_rss_goal(&mut g, x);
+                g
+            }
             _ => json!({}),
         };
         return (json!({}), goals);
@@ -769,7 +783,7 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             let clean = ["lost", "duplicated", "unexpected", "out_of_order"]
                 .iter()
                 .all(|k| num(proxy, &[k]) == 0.0 && num(etcd, &[k]) == 0.0);
-            (
+            let mut out = (
                 json!({
                     "p50_latency_proxy_over_etcd": ratio(num(proxy, &["latency_ms", "p50_ms"]), num(etcd, &["latency_ms", "p50_ms"])),
                     "p99_latency_proxy_over_etcd": ratio(p99p, p99e),
@@ -790,7 +804,9 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                         num(proxy, &["per_delivery", "holder_cpu_us_per_delivery"])
                             <= 0.5 * num(etcd, &["per_delivery", "holder_cpu_us_per_delivery"]),
                 }),
-            )
+            );
+            add_busy_rss_goal(&mut out.1, proxy);
+            out
         }
         Scenario::List => {
             let full = |x: &Value| num(x, &["full_list_ms", "p50_ms"]);
@@ -890,6 +906,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                         s2(v, &["per_delivery", "holder_cpu_us_per_delivery"]),
                         s2(v, &["per_delivery", "etcd_cpu_us_per_delivery"]),
                         s2(v, &["per_delivery", "holder_rss_per_watcher_bytes"]),
+                        s2(v, &["per_delivery", "holder_rss_per_busy_watcher_bytes"]),
                         s2(v, &["etcd_watchers"]),
                     ]
                 })
@@ -915,6 +932,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                     "holder cpu us/deliv",
                     "etcd cpu us/deliv",
                     "holder RSS B/watcher",
+                    "busy RSS B/watcher",
                     "etcd watchers",
                 ],
                 &rows,

@@ -290,10 +290,18 @@ impl Usage {
 
 /// The costs per unit of work (issue 14's columns): CPU microseconds per
 /// delivered event of the process that holds the watchers (the proxy, or
-/// etcd when the watchers are on etcd) and of etcd, and the RSS growth of
-/// the holder per established watcher (peak minus start, send buffers
-/// included).
-fn per_delivery_costs(usage: &Value, target: Target, deliveries: u64, watchers: usize) -> Value {
+/// etcd when the watchers are on etcd) and of etcd; the RSS growth of the
+/// holder per established watcher during the load (peak minus start: send
+/// buffers); and RSS per busy watcher, the holder's peak during the load
+/// minus its RSS before any watcher was established (the watch itself, its
+/// share of a connection, and its send buffers).
+fn per_delivery_costs(
+    usage: &Value,
+    target: Target,
+    deliveries: u64,
+    watchers: usize,
+    rss_before_watchers_kb: Option<f64>,
+) -> Value {
     let get = |who: &str, k: &str| usage[who][k].as_f64();
     let holder = match target {
         Target::Proxy | Target::Grpc | Target::GrpcProxy => "proxy",
@@ -305,9 +313,9 @@ fn per_delivery_costs(usage: &Value, target: Target, deliveries: u64, watchers: 
             _ => Value::Null,
         }
     };
-    let rss_per_watcher = match (get(holder, "peak_rss_kb"), get(holder, "rss_at_start_kb")) {
-        (Some(peak), Some(start)) if watchers > 0 => {
-            json!(((peak - start).max(0.0) * 1024.0 / watchers as f64).round())
+    let per_watcher = |base: Option<f64>| match (get(holder, "peak_rss_kb"), base) {
+        (Some(peak), Some(base)) if watchers > 0 => {
+            json!(((peak - base).max(0.0) * 1024.0 / watchers as f64).round())
         }
         _ => Value::Null,
     };
@@ -315,7 +323,9 @@ fn per_delivery_costs(usage: &Value, target: Target, deliveries: u64, watchers: 
         "holder": holder,
         "holder_cpu_us_per_delivery": us(get(holder, "cpu_s")),
         "etcd_cpu_us_per_delivery": us(get("etcd", "cpu_s")),
-        "holder_rss_per_watcher_bytes": rss_per_watcher,
+        "holder_rss_per_watcher_bytes": per_watcher(get(holder, "rss_at_start_kb")),
+        "holder_rss_before_watchers_kb": rss_before_watchers_kb,
+        "holder_rss_per_busy_watcher_bytes": per_watcher(rss_before_watchers_kb),
     })
 }
 
@@ -418,6 +428,12 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         }
     };
 
+    // The holder's RSS before any watcher: the base of RSS per busy watcher.
+    let holder_pid = match target {
+        Target::Etcd => ctx.etcd_pid(),
+        _ => ctx.front_pid(target),
+    };
+    let rss_before_watchers_kb = holder_pid.and_then(sample).map(|s| s.rss_kb as f64);
     let pb = ctx.bar(p.watchers as u64, "establishing watchers");
     pb.set_prefix(target.name());
     let set = WatcherSet::start(watch_target, p.watchers, r0).await?;
@@ -555,7 +571,13 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
     }
     let elapsed = (write_phase + drain).as_secs_f64();
     let lat = summarize(&hist);
-    let per_delivery = per_delivery_costs(&usage, target, deliveries, established);
+    let per_delivery = per_delivery_costs(
+        &usage,
+        target,
+        deliveries,
+        established,
+        rss_before_watchers_kb,
+    );
     let result = json!({
         "target": target.name(),
         // The process sampled as `processes.proxy` (null: none in front).

@@ -76,6 +76,8 @@ const FANOUT: &[&str] = &[
     "per_delivery.holder_cpu_us_per_delivery",
     "per_delivery.etcd_cpu_us_per_delivery",
     "per_delivery.holder_rss_per_watcher_bytes",
+    "per_delivery.holder_rss_before_watchers_kb",
+    "per_delivery.holder_rss_per_busy_watcher_bytes",
     "latency_distribution",
 ];
 
@@ -151,8 +153,25 @@ fn fanout_small_run_on_both_targets_is_clean() {
             (us - want).abs() <= 0.001 + want * 1e-6,
             "{target}: {us} vs {want}"
         );
+        // RSS per busy watcher: the load's peak over the RSS before any
+        // watcher, per watcher.
+        let peak = t["processes"][holder]["peak_rss_kb"].as_f64().unwrap();
+        let before = t["per_delivery"]["holder_rss_before_watchers_kb"]
+            .as_f64()
+            .unwrap();
+        let busy = t["per_delivery"]["holder_rss_per_busy_watcher_bytes"]
+            .as_f64()
+            .unwrap();
+        assert!(before > 0.0, "{target}: {t:#}");
+        assert_eq!(busy, ((peak - before).max(0.0) * 1024.0 / 20.0).round());
     }
     assert_eq!(r["goals"]["zero_lost_and_duplicated"], true);
+    // The memory goal is judged at 10,000 watchers only.
+    assert!(
+        r["goals"]
+            .get("rss_per_busy_watcher_at_most_4kb_at_10000")
+            .is_none()
+    );
     let plot = std::fs::read_to_string(&svg).expect("plot written");
     assert!(plot.starts_with("<svg") && plot.contains("proxy") && plot.contains("etcd"));
 }
