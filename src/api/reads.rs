@@ -370,7 +370,7 @@ pub(crate) async fn watch(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, VecDeque};
+    use std::collections::VecDeque;
     use std::sync::Arc;
 
     use bytes::Bytes;
@@ -381,21 +381,8 @@ mod tests {
 
     fn obj(i: usize, blob: usize) -> Arc<Object> {
         let name = format!("o{i:05}");
-        Arc::new(Object {
-            key: Arc::from(format!("/r/pods/ns/{name}").as_str()),
-            namespace: Some(Arc::from("ns")),
-            name: Arc::from(name.as_str()),
-            uid: None,
-            labels: BTreeMap::new(),
-            fields: Vec::new(),
-            creation_timestamp: None,
-            mod_revision: 1,
-            create_revision: 1,
-            wire: Bytes::from(format!(
-                r#"{{"name":"{name}","blob":"{}"}}"#,
-                "x".repeat(blob)
-            )),
-        })
+        let wire = format!(r#"{{"name":"{name}","blob":"{}"}}"#, "x".repeat(blob));
+        Arc::new(crate::object::tests::object("ns", &name, wire))
     }
 
     /// The frames of a List of objects with these blob sizes, and the names

@@ -164,10 +164,6 @@ fn prefetch<T>(p: *const T) {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
-    use bytes::Bytes;
-
     use super::*;
 
     fn obj(name: &str) -> Arc<Object> {
@@ -175,19 +171,8 @@ mod tests {
     }
 
     fn obj_in(ns: &str, name: &str) -> Arc<Object> {
-        let key = format!("/r/pods/{ns}/{name}");
-        Arc::new(Object {
-            key: Arc::from(key.as_str()),
-            namespace: Some(Arc::from(ns)),
-            name: Arc::from(name),
-            uid: None,
-            labels: BTreeMap::new(),
-            fields: Vec::new(),
-            creation_timestamp: None,
-            mod_revision: 1,
-            create_revision: 1,
-            wire: Bytes::from(format!("{{\"name\":\"{name}\"}}")),
-        })
+        let wire = format!("{{\"name\":\"{name}\"}}");
+        Arc::new(crate::object::tests::object(ns, name, wire))
     }
 
     fn names(items: &ListItems) -> Vec<String> {

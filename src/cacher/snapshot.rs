@@ -205,24 +205,15 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn obj(ns: &str, name: &str, labels: &[(&str, &str)], node: Option<&str>) -> Arc<Object> {
-        let key = format!("/r/pods/{ns}/{name}");
-        Arc::new(Object {
-            key: Arc::from(key.as_str()),
-            namespace: Some(Arc::from(ns)),
-            name: Arc::from(name),
-            uid: None,
-            labels: labels
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect::<BTreeMap<_, _>>(),
-            fields: node
-                .map(|n| vec![(Arc::from("spec.nodeName"), n.to_string())])
-                .unwrap_or_default(),
-            creation_timestamp: None,
-            mod_revision: 1,
-            create_revision: 1,
-            wire: Bytes::from_static(b"{}"),
-        })
+        let mut o = crate::object::tests::object(ns, name, Bytes::from_static(b"{}"));
+        o.labels = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect::<BTreeMap<_, _>>();
+        o.fields = node
+            .map(|n| vec![(Arc::from("spec.nodeName"), n.to_string())])
+            .unwrap_or_default();
+        Arc::new(o)
     }
 
     fn paths() -> Vec<Arc<str>> {

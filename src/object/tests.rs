@@ -19,6 +19,23 @@ pub(crate) fn resource(namespaced: bool, indexes: &[&str]) -> ResourceConfig {
     }
 }
 
+/// A bare object for unit tests elsewhere (snapshots, history, Lists):
+/// `/r/pods/{ns}/{name}` with no labels or fields, at revision 1.
+pub(crate) fn object(ns: &str, name: &str, wire: impl Into<bytes::Bytes>) -> Object {
+    Object {
+        key: Arc::from(format!("/r/pods/{ns}/{name}").as_str()),
+        namespace: Some(Arc::from(ns)),
+        name: Arc::from(name),
+        uid: None,
+        labels: BTreeMap::new(),
+        fields: Vec::new(),
+        creation_timestamp: None,
+        mod_revision: 1,
+        create_revision: 1,
+        wire: wire.into(),
+    }
+}
+
 fn pods() -> ObjectCodec {
     ObjectCodec::new(
         &resource(true, &["spec.nodeName", "status.phase", "spec.priority"]),
