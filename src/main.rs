@@ -257,7 +257,7 @@ async fn shutdown_signal() {
 }
 
 /// glibc malloc settings for a server that streams large responses: a List
-/// body is built in 64 KiB chunks that are freed as soon as they are
+/// body is built in 256 KiB frames that are freed as soon as they are
 /// written, and with glibc's defaults the freed top of the heap is returned
 /// to the kernel (and faulted back in, zeroed) over and over: a fifth of
 /// the daemon's CPU in a List of 10,000 objects (docs/BENCHMARKS.md, L1).

@@ -17,6 +17,15 @@ pub struct What {
 }
 
 impl What {
+    /// `name` (or, without one, the collection) of `resource`.
+    pub fn of(resource: &crate::config::ResourceConfig, name: Option<String>) -> What {
+        What {
+            plural: resource.plural.clone(),
+            group: resource.group.clone(),
+            name,
+        }
+    }
+
     /// `pods "web"` or `pods.apps "web"`, or just the resource.
     fn describe(&self) -> String {
         let res = if self.group.is_empty() {

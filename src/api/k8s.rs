@@ -124,11 +124,7 @@ pub(crate) struct Target<'a> {
 
 impl Target<'_> {
     pub fn what(&self) -> What {
-        What {
-            plural: self.resource.config.plural.clone(),
-            group: self.resource.config.group.clone(),
-            name: self.name.clone(),
-        }
+        What::of(&self.resource.config, self.name.clone())
     }
 }
 

@@ -272,12 +272,7 @@ struct Extras {
 impl WatchBody {
     /// The ERROR event of `e`, in the stream's encoding.
     fn error_event(&self, e: CacherError) -> Bytes {
-        let resource = self.cacher.resource();
-        let what = What {
-            plural: resource.plural.clone(),
-            group: resource.group.clone(),
-            name: None,
-        };
+        let what = What::of(self.cacher.resource(), None);
         let line = cacher_status(e, &what).error_line();
         let api_version = self
             .extras

@@ -54,13 +54,6 @@ impl ListItems {
         self.iter().nth(i)
     }
 
-    pub fn into_vec(self) -> Vec<Arc<Object>> {
-        match self {
-            ListItems::Collected(v) => v,
-            range => range.iter().cloned().collect(),
-        }
-    }
-
     /// A cursor that hands the items out a batch at a time.
     pub fn into_cursor(self) -> ListCursor {
         ListCursor {
@@ -225,7 +218,6 @@ mod tests {
         assert_eq!(range.get(1).map(|o| &*o.name), Some("c"));
         assert_eq!(batches(range.clone(), 3), [vec!["b", "c", "d"], vec!["e"]]);
         assert_eq!(batches(range.clone(), 2), [vec!["b", "c"], vec!["d", "e"]]);
-        assert_eq!(range.into_vec().len(), 4);
     }
 
     #[test]

@@ -195,10 +195,6 @@ pub struct Cacher {
     /// The consistency checker asks the reflector to relist.
     relist: Arc<Notify>,
     shutdown: CancellationToken,
-    /// The apiVersion and kind every watcher's bookmarks carry, shared
-    /// rather than allocated per watch.
-    watch_api_version: Arc<str>,
-    watch_kind: Arc<str>,
 }
 
 impl std::fmt::Debug for Cacher {
@@ -252,8 +248,6 @@ impl Cacher {
         });
         let cacher = Arc::new(Cacher {
             resource,
-            watch_api_version: codec.api_version().into(),
-            watch_kind: codec.kind().into(),
             codec,
             storage,
             opts,
@@ -372,9 +366,9 @@ impl Cacher {
             ReadPlan::Exact(n) | ReadPlan::Continue { rv: n, .. } => *n,
             _ => snap.rv,
         };
+        self.cache.stats().list_cache();
         if limit.is_none() && !pred.has_selectors() {
             // Everything under the prefix: walked while the body is written.
-            self.cache.stats().list_cache();
             return Ok(ListResult {
                 resource_version: list_rv,
                 continue_token: None,
@@ -409,7 +403,6 @@ impl Cacher {
                 .then(|| total.saturating_sub(upto) as i64),
             None => page.remaining,
         };
-        self.cache.stats().list_cache();
         Ok(ListResult {
             resource_version: list_rv,
             continue_token: page
@@ -457,8 +450,8 @@ impl Cacher {
             }
         };
         let params = watcher::WatcherParams {
-            api_version: Arc::clone(&self.watch_api_version),
-            kind: Arc::clone(&self.watch_kind),
+            api_version: Arc::clone(self.codec.api_version()),
+            kind: Arc::clone(self.codec.kind()),
             allow_bookmarks: req.allow_bookmarks,
             bookmark_interval: self.opts.bookmark_interval,
             timeout: req.timeout,

@@ -94,8 +94,9 @@ pub struct ObjectCodec {
     index_paths: Vec<Arc<str>>,
     /// `index_paths` pre-split on '.', same order.
     index_segments: Vec<Vec<String>>,
-    api_version: String,
-    kind: String,
+    /// Shared: every watcher's bookmarks carry them.
+    api_version: Arc<str>,
+    kind: Arc<str>,
 }
 
 impl ObjectCodec {
@@ -118,8 +119,8 @@ impl ObjectCodec {
             namespaced: resource.namespaced,
             index_paths,
             index_segments,
-            api_version: resource.api_version(),
-            kind: resource.kind.clone(),
+            api_version: resource.api_version().into(),
+            kind: resource.kind.as_str().into(),
         }
     }
 
@@ -165,12 +166,12 @@ impl ObjectCodec {
     }
 
     /// `apiVersion` of the resource (`v1`, `apps/v1`).
-    pub fn api_version(&self) -> &str {
+    pub fn api_version(&self) -> &Arc<str> {
         &self.api_version
     }
 
     /// `kind` of the resource (`Pod`).
-    pub fn kind(&self) -> &str {
+    pub fn kind(&self) -> &Arc<str> {
         &self.kind
     }
 

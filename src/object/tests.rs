@@ -61,8 +61,8 @@ fn codec_keys_and_accessors() {
     assert!(c.is_namespaced());
     assert_eq!(c.key(Some("default"), "a"), "/registry/pods/default/a");
     assert_eq!(c.namespace_prefix("default"), "/registry/pods/default/");
-    assert_eq!(c.api_version(), "v1");
-    assert_eq!(c.kind(), "Pod");
+    assert_eq!(&**c.api_version(), "v1");
+    assert_eq!(&**c.kind(), "Pod");
     let paths: Vec<&str> = c.index_paths().iter().map(|p| &**p).collect();
     assert_eq!(paths, ["spec.nodeName", "status.phase", "spec.priority"]);
 
@@ -77,7 +77,7 @@ fn codec_keys_and_accessors() {
     g.kind = "Deployment".into();
     let g = ObjectCodec::new(&g, "/registry");
     assert_eq!(g.key_prefix(), "/registry/apps/deployments/");
-    assert_eq!(g.api_version(), "apps/v1");
+    assert_eq!(&**g.api_version(), "apps/v1");
     assert_eq!(
         g.index_paths().len(),
         1,
