@@ -438,3 +438,84 @@ async fn accept_protobuf_serves_get_list_and_watch_in_protobuf() {
     let w: Value = serde_json::from_slice(&body).expect("JSON");
     assert_eq!(w["metadata"]["name"], "w");
 }
+
+/// A protobuf List is written from each object's cached message: it is the
+/// JSON List of the same revision encoded whole (items without TypeMeta),
+/// across frames and with an item too large to share a frame; a second List
+/// (from the cached messages) is the same bytes, and an object changed in
+/// etcd is listed as it now is, not as it was first encoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protobuf_list_is_the_json_list_encoded_and_follows_changes() {
+    use watchcache::object::protobuf as pb;
+    let ts = TestServer::start("pb-list", |_| {}).await;
+    let mut etcd = ts.etcd.clone();
+    let pod = |name: &str, pad: usize, image: &str| {
+        pb::encode(&json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": "pbl", "annotations": {"pad": "x".repeat(pad)}},
+            "spec": {"containers": [{"name": "c", "image": image}]}
+        }))
+        .expect("encode a Pod")
+    };
+    for i in 0..300 {
+        let pad = if i == 150 { 200_000 } else { 1_000 };
+        common::etcd_put(
+            &mut etcd,
+            ts.pod_key("pbl", &format!("p{i:03}")),
+            pod(&format!("p{i:03}"), pad, "nginx"),
+        )
+        .await;
+    }
+    let rev = common::etcd_put(
+        &mut etcd,
+        ts.pod_key("pbl", "p000"),
+        pod("p000", 10, "busybox"),
+    )
+    .await;
+    let fetch = |accept: &'static str, rv: i64| {
+        let req = ts
+            .http
+            .get(ts.url(&format!(
+                "/api/v1/namespaces/pbl/pods?resourceVersion={rv}&resourceVersionMatch=Exact"
+            )))
+            .header("Accept", accept);
+        async move {
+            let resp = req.send().await.expect("request");
+            assert_eq!(resp.status(), 200);
+            resp.bytes().await.expect("body").to_vec()
+        }
+    };
+    let json_list: Value =
+        serde_json::from_slice(&fetch("application/json", rev).await).expect("JSON list");
+    assert_eq!(json_list["items"].as_array().map(Vec::len), Some(300));
+    let mut expected = json_list.clone();
+    for item in expected["items"].as_array_mut().expect("items") {
+        let m = item.as_object_mut().expect("item");
+        m.remove("apiVersion");
+        m.remove("kind");
+    }
+    let expected = pb::encode(&expected).expect("encode the JSON list");
+    let first = fetch("application/vnd.kubernetes.protobuf", rev).await;
+    assert!(
+        first == expected,
+        "protobuf List differs from the JSON List encoded"
+    );
+    let second = fetch("application/vnd.kubernetes.protobuf", rev).await;
+    assert!(second == first, "the cached encoding gives the same List");
+
+    let rev2 = common::etcd_put(
+        &mut etcd,
+        ts.pod_key("pbl", "p001"),
+        pod("p001", 10, "redis"),
+    )
+    .await;
+    let changed =
+        pb::decode(&fetch("application/vnd.kubernetes.protobuf", rev2).await).expect("decodes");
+    let items = changed["items"].as_array().expect("items");
+    assert_eq!(items.len(), 300);
+    assert_eq!(items[0]["spec"]["containers"][0]["image"], "busybox");
+    assert_eq!(items[1]["spec"]["containers"][0]["image"], "redis");
+    assert_eq!(rv_of(&items[1]), rev2);
+    assert_eq!(items[2]["spec"]["containers"][0]["image"], "nginx");
+}

@@ -17,7 +17,7 @@ use watchcache::etcd_server::{EtcdServer, free_port};
 
 use crate::http::{get_once, get_once_with};
 use crate::secure::{ClientTls, SecureSetup};
-use crate::wire::{make_object, now_nanos};
+use crate::wire::{ObjectShape, make_object, make_schema_pod, now_nanos};
 
 enum KeeperCmd {
     /// Kill etcd and start it again on the same data dir; reply with the
@@ -610,6 +610,7 @@ pub async fn load_objects(
     namespace: &str,
     n: usize,
     size: usize,
+    shape: ObjectShape,
     progress: &indicatif::ProgressBar,
 ) -> Result<i64> {
     const BATCH: usize = 100;
@@ -626,7 +627,10 @@ pub async fn load_objects(
                     let name = object_name(i);
                     TxnOp::put(
                         format!("{prefix}{name}"),
-                        make_object(namespace, &name, now_nanos(), size),
+                        match shape {
+                            ObjectShape::Bench => make_object(namespace, &name, now_nanos(), size),
+                            ObjectShape::SchemaPod => make_schema_pod(namespace, &name, size),
+                        },
                         None,
                     )
                 })

@@ -26,7 +26,14 @@ pub struct HttpTarget {
     pub http1: bool,
     /// TLS and the bearer token, for a secure proxy.
     pub tls: Option<Arc<ClientTls>>,
+    /// The `Accept` header of every GET ([`JSON`] unless set).
+    pub accept: &'static str,
 }
+
+/// kube-apiserver's JSON media type.
+pub const JSON: &str = "application/json";
+/// kube-apiserver's protobuf media type (built-in types only).
+pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 
 impl HttpTarget {
     pub fn parse(url: &str, http1: bool) -> Result<HttpTarget> {
@@ -41,7 +48,14 @@ impl HttpTarget {
             authority,
             http1,
             tls: None,
+            accept: JSON,
         })
+    }
+
+    /// The same target asking for `accept` ([`JSON`] or [`PROTOBUF`]).
+    pub fn with_accept(mut self, accept: &'static str) -> HttpTarget {
+        self.accept = accept;
+        self
     }
 
     /// The same target over TLS with `tls`'s token.
@@ -72,6 +86,7 @@ impl HttpTarget {
                 authority: self.authority.clone(),
                 scheme: "http",
                 authorization: None,
+                accept: self.accept,
             });
         };
         let host = self
@@ -92,6 +107,7 @@ impl HttpTarget {
             authority: self.authority.clone(),
             scheme: "https",
             authorization: tls.authorization.clone(),
+            accept: self.accept,
         })
     }
 
@@ -151,6 +167,7 @@ pub struct Conn {
     scheme: &'static str,
     /// `Bearer <token>` on every request (secure proxy).
     authorization: Option<HeaderValue>,
+    accept: &'static str,
 }
 
 impl Conn {
@@ -162,6 +179,7 @@ impl Conn {
                 authority: self.authority.clone(),
                 scheme: self.scheme,
                 authorization: self.authorization.clone(),
+                accept: self.accept,
             }),
             Sender::H1(..) => None,
         }
@@ -178,7 +196,7 @@ impl Conn {
                 self.scheme, self.authority
             )),
         }
-        .header(hyper::header::ACCEPT, "application/json");
+        .header(hyper::header::ACCEPT, self.accept);
         if let Some(a) = &self.authorization {
             req = req.header(hyper::header::AUTHORIZATION, a.clone());
         }
@@ -272,6 +290,7 @@ pub async fn get_once_with(
         authority: authority.to_string(),
         http1: true,
         tls,
+        accept: JSON,
     };
     let mut c = t.connect().await?;
     let resp = c.get(path).await?;

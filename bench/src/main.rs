@@ -185,6 +185,12 @@ struct Cli {
     /// Seconds to let memory settle before reading RSS (startup, idle).
     #[arg(long, default_value_t = 2.0)]
     settle: f64,
+    /// list: ask the proxy for protobuf (`Accept:
+    /// application/vnd.kubernetes.protobuf`, as client-go does for built-in
+    /// types) instead of JSON. The objects are then Pods that fit the Pod
+    /// schema (the padding in an annotation); no paged Lists are timed.
+    #[arg(long)]
+    protobuf: bool,
     /// Write every figure as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -233,6 +239,9 @@ fn main() -> Result<()> {
         bail!(
             "--target grpc, --target grpc-proxy and --compare-grpc need the plain daemon the bench starts (no --compare, --secure, --compare-secure or --proxy)"
         );
+    }
+    if cli.protobuf && cli.scenario != Scenario::List {
+        bail!("--protobuf applies to list");
     }
     if cli.proxy.is_some() && cli.etcd.is_none() {
         bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
@@ -329,6 +338,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         settle_s: cli.settle,
         list_page_size: cli.list_page_size,
         daemon_server: cli.daemon_server.clone(),
+        protobuf: cli.protobuf,
     };
     let watchcache_bin = match &cli.watchcache_bin {
         Some(p) => p.clone(),

@@ -37,6 +37,31 @@ pub fn make_object(namespace: &str, name: &str, write_ts: i64, size: usize) -> V
     v
 }
 
+/// Which objects a scenario loads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ObjectShape {
+    /// [`make_object`]: the write timestamp in `spec`.
+    Bench,
+    /// [`make_schema_pod`]: fits the Pod schema, so it can be served as protobuf.
+    SchemaPod,
+}
+
+/// A Pod of about `size` bytes of JSON that fits the Pod schema (so
+/// watchcache can serve it as protobuf): one container, the padding in an
+/// annotation.
+pub fn make_schema_pod(namespace: &str, name: &str, size: usize) -> Vec<u8> {
+    let head = format!(
+        r#"{{"apiVersion":"v1","kind":"Pod","metadata":{{"name":"{name}","namespace":"{namespace}","annotations":{{"pad":""#
+    );
+    let tail = r#""}},"spec":{"containers":[{"name":"c","image":"busybox"}]}}"#;
+    let pad = size.saturating_sub(head.len() + tail.len());
+    let mut v = Vec::with_capacity(head.len() + pad + tail.len());
+    v.extend_from_slice(head.as_bytes());
+    v.resize(head.len() + pad, b'x');
+    v.extend_from_slice(tail.as_bytes());
+    v
+}
+
 /// The watch event type named by `name` (`ADDED`, ...), `None` for any other.
 fn event_type(name: &[u8]) -> Option<EventType> {
     [

@@ -6,7 +6,7 @@ mod common;
 
 use serde_json::Value;
 
-use common::bench;
+use common::{bench, bench_fails};
 
 /// Asserts that `v` has every dotted path in `paths` (null allowed only if `allow_null`).
 fn has_fields(v: &Value, paths: &[&str], allow_null: bool, what: &str) {
@@ -359,4 +359,39 @@ fn list_get_startup_idle_report_every_figure() {
         false,
         "idle ratios",
     );
+}
+
+#[test]
+fn protobuf_list_counts_every_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = [
+        "list",
+        "--target",
+        "proxy",
+        "--protobuf",
+        "-n",
+        "600",
+        "-s",
+        "512",
+        "--iterations",
+        "2",
+    ];
+    let r = bench(&args, &dir.path().join("l1-pb.json"));
+    for t in ["proxy", "proxy_consistent"] {
+        let v = &r["results"][t];
+        assert_eq!(
+            v["media_type"], "application/vnd.kubernetes.protobuf",
+            "{t}: {v:#}"
+        );
+        // Counted by decoding the protobuf List: every object was served.
+        assert_eq!(v["items"], 600, "{t}: {v:#}");
+        assert!(
+            v["full_list_bytes"].as_u64().unwrap() > 600 * 400,
+            "{t}: {v:#}"
+        );
+        assert_eq!(v["pages"], 0, "{t}: protobuf runs time no paged Lists");
+    }
+    // --protobuf is refused where it does not apply.
+    let err = bench_fails(&["fanout", "--protobuf"]);
+    assert!(err.contains("--protobuf applies to list"), "{err}");
 }

@@ -31,7 +31,7 @@ use super::{ApiStatus, Body, Resource, State, full, json_response, response};
 /// Each frame is one socket write and one wake-up of the reader: 256 KiB
 /// took a 10,000-object List from about 8 to 7 ms against 64 KiB
 /// (docs/BENCHMARKS.md, session 5), and a response never holds more.
-const LIST_FRAME_BYTES: usize = 256 * 1024;
+pub(super) const LIST_FRAME_BYTES: usize = 256 * 1024;
 
 fn selectors(res: &Resource, query: &Query) -> Result<(LabelSelector, FieldSelector), ApiStatus> {
     let labels = LabelSelector::parse(query.get("labelSelector").unwrap_or(""))
@@ -76,7 +76,7 @@ pub(crate) async fn get(
         .map_err(|e| cacher_status(e, &target.what()))?;
     match table {
         None if protobuf::negotiated(req, res) => {
-            Ok(response(200, PROTOBUF, full(protobuf::object(&obj.wire)?)))
+            Ok(response(200, PROTOBUF, full(protobuf::object(res, &obj)?)))
         }
         None => Ok(json_response(200, obj.wire.clone())),
         Some(include) => {
@@ -136,8 +136,8 @@ pub(crate) async fn list(
         return Ok(json_value(200, &t));
     }
     if protobuf::negotiated(req, res) {
-        let body = protobuf::list(res, meta, result.items.iter().map(|o| &o.wire[..]))?;
-        return Ok(response(200, PROTOBUF, full(body)));
+        let body = protobuf::list(res, meta, result.items).await?;
+        return Ok(response(200, PROTOBUF, body));
     }
     let head = json!({
         "apiVersion": res.config.api_version(),

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::object::Object;
 use crate::object::protobuf::ProtobufError;
-use crate::object::wire::{EventType, event_line, protobuf_watch_frames};
+use crate::object::wire::{EventType, event_line, protobuf_object_frame, protobuf_watch_frames};
 
 /// The kind of a cached change (the watch event type before per-watcher conversion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,8 +121,17 @@ impl HistoryEvent {
     }
 
     /// [`HistoryEvent::line`] as a protobuf watch frame
-    /// ([`protobuf_watch_frames`]); `api_version` is the resource's.
-    pub fn frame(&self, ty: EventType, api_version: &str) -> Option<Result<&Bytes, ProtobufError>> {
+    /// ([`protobuf_watch_frames`]); `api_version` and `kind` are the
+    /// resource's. ADDED and MODIFIED frames are made from the object's
+    /// cached message (shared with protobuf Gets and Lists); a DELETED one
+    /// carries the object at the deletion's revision, so it is encoded from
+    /// its line.
+    pub fn frame(
+        &self,
+        ty: EventType,
+        api_version: &str,
+        kind: &str,
+    ) -> Option<Result<&Bytes, ProtobufError>> {
         let i = match ty {
             EventType::Added => 0,
             EventType::Modified => 1,
@@ -130,12 +139,17 @@ impl HistoryEvent {
             EventType::Bookmark | EventType::Error => return None,
         };
         let cell = &self.frames.get_or_init(Default::default)[i];
-        let line = self.line(ty)?;
-        Some(
-            cell.get_or_init(|| protobuf_watch_frames(line, api_version))
-                .as_ref()
-                .map_err(Clone::clone),
-        )
+        let encode = || match (ty, &self.object) {
+            (EventType::Added | EventType::Modified, Some(obj)) => {
+                Some(protobuf_object_frame(ty, obj, api_version, kind))
+            }
+            _ => Some(protobuf_watch_frames(self.line(ty)?, api_version)),
+        };
+        if cell.get().is_none() {
+            let frame = encode()?;
+            let _ = cell.set(frame);
+        }
+        cell.get().map(|r| r.as_ref().map_err(Clone::clone))
     }
 }
 
@@ -301,6 +315,7 @@ mod tests {
             wire: Bytes::from(format!(
                 "{{\"metadata\":{{\"name\":\"{key}\",\"resourceVersion\":\"{rv}\"}}}}"
             )),
+            protobuf: Default::default(),
         })
     }
 
@@ -367,24 +382,49 @@ mod tests {
             Instant::now(),
         );
         let a = ev
-            .frame(EventType::Added, "v1")
+            .frame(EventType::Added, "v1", "Pod")
             .unwrap()
             .expect("a Pod encodes");
         let b = ev
-            .frame(EventType::Added, "v1")
+            .frame(EventType::Added, "v1", "Pod")
             .unwrap()
             .expect("a Pod encodes");
         assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
+        // Made from the object's cached message, byte for byte what the
+        // JSON line encodes to.
+        let from_line =
+            protobuf_watch_frames(ev.added_line().unwrap(), "v1").expect("line encodes");
+        assert_eq!(a, &from_line);
         let len = u32::from_be_bytes([a[0], a[1], a[2], a[3]]) as usize;
         assert_eq!(len + 4, a.len());
         let event = crate::object::protobuf::decode(&a[4..]).expect("decodes");
         assert_eq!(event["type"], "ADDED");
         assert_eq!(event["object"]["metadata"]["name"], "a");
         assert!(
-            ev.frame(EventType::Deleted, "v1").is_none(),
+            ev.frame(EventType::Deleted, "v1", "Pod").is_none(),
             "no previous object"
         );
-        // An object without a built-in type cannot be sent as protobuf.
+        // A DELETED frame carries the object at the deletion's revision.
+        let mut gone = (*obj("/p/ns/a", 3)).clone();
+        gone.wire = Bytes::from_static(
+            br#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"a","resourceVersion":"3"}}"#,
+        );
+        let del = h.push(
+            EventKind::Deleted,
+            Arc::from("/p/ns/a"),
+            None,
+            Some(Arc::new(gone)),
+            5,
+            Instant::now(),
+        );
+        let d = del
+            .frame(EventType::Deleted, "v1", "Pod")
+            .unwrap()
+            .expect("a Pod encodes");
+        let event = crate::object::protobuf::decode(&d[4..]).expect("decodes");
+        assert_eq!(event["type"], "DELETED");
+        assert_eq!(event["object"]["metadata"]["resourceVersion"], "5");
+        // An object of a type that is not built in cannot be sent as protobuf.
         let plain = h.push(
             EventKind::Added,
             Arc::from("/p/ns/b"),
@@ -394,7 +434,7 @@ mod tests {
             Instant::now(),
         );
         assert!(matches!(
-            plain.frame(EventType::Added, "v1"),
+            plain.frame(EventType::Added, "v1", "NoSuchKind"),
             Some(Err(
                 crate::object::protobuf::ProtobufError::UnknownKind { .. }
             ))

@@ -22,7 +22,9 @@ use super::selection_predicate::SelectionPredicate;
 use super::snapshot::Snapshot;
 use super::stats::WatchEnd;
 use super::watch_cache::{Registration, WatchCache, WatchStart};
-use crate::object::wire::{EventType, bookmark_line, event_line, protobuf_watch_frames};
+use crate::object::wire::{
+    EventType, bookmark_line, event_line, protobuf_object_frame, protobuf_watch_frames,
+};
 
 /// One item of a watch stream.
 #[derive(Debug, Clone, PartialEq)]
@@ -172,7 +174,8 @@ impl Watcher {
     /// Sends protobuf watch frames (length-delimited `WatchEvent`s, see
     /// [`crate::object::wire::protobuf_watch_frames`]) instead of JSON
     /// lines. History events are encoded once and shared by every protobuf
-    /// watcher; initial events and bookmarks are encoded per watcher.
+    /// watcher; initial events are framed per watcher from each object's
+    /// cached message, and bookmarks are encoded per watcher.
     pub fn use_protobuf(&mut self) {
         self.protobuf = true;
     }
@@ -399,9 +402,26 @@ impl Watcher {
             false,
         );
         let mut lines = BytesMut::new();
+        // Protobuf initial events are made from each object's cached message
+        // (no JSON parse per watcher); only the end bookmark goes through
+        // `push_lines` below.
+        let mut frames = BytesMut::new();
         for o in &page.items {
-            lines.extend_from_slice(&event_line(EventType::Added, &o.wire));
+            if self.protobuf {
+                let api_version = &self.params.api_version;
+                match protobuf_object_frame(EventType::Added, o, api_version, &self.params.kind) {
+                    Ok(f) => frames.extend_from_slice(&f),
+                    Err(e) => {
+                        self.initial = None;
+                        self.pending_error = Some(Box::new(CacherError::Encoding(e.to_string())));
+                        return (!frames.is_empty()).then(|| frames.freeze());
+                    }
+                }
+            } else {
+                lines.extend_from_slice(&event_line(EventType::Added, &o.wire));
+            }
         }
+        let init = self.initial.as_mut()?;
         match page.last_key {
             Some(k) => init.next_key = Some(format!("{k}\0")),
             None => {
@@ -420,16 +440,20 @@ impl Watcher {
                 self.next_bookmark = Instant::now() + self.params.bookmark_interval;
             }
         }
-        if lines.is_empty() || !self.protobuf {
+        if !self.protobuf {
             return (!lines.is_empty()).then(|| lines.freeze());
         }
         let mut buf = Chunk::default();
-        if let Err(e) = self.push_lines(&mut buf, &lines) {
+        if !frames.is_empty() {
+            buf.push(&frames.freeze());
+        }
+        if !lines.is_empty()
+            && let Err(e) = self.push_lines(&mut buf, &lines)
+        {
             self.initial = None;
             self.pending_error = Some(Box::new(e));
-            return None;
         }
-        Some(buf.freeze())
+        (!buf.is_empty()).then(|| buf.freeze())
     }
 
     /// Appends every available event for this watcher to `buf`.
@@ -472,7 +496,7 @@ impl Watcher {
                 continue;
             };
             let bytes = if self.protobuf {
-                match ev.frame(ty, &self.params.api_version) {
+                match ev.frame(ty, &self.params.api_version, &self.params.kind) {
                     Some(Ok(frame)) => Some(frame),
                     Some(Err(e)) => {
                         if sent > 0 {

@@ -21,7 +21,7 @@
 //! [`lookup_path`]) are for the REST API's write path.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 use serde_json::{Map, Value};
@@ -33,6 +33,7 @@ pub mod selector;
 pub mod validation;
 pub mod wire;
 
+use protobuf::ProtobufError;
 pub use selector::{FieldSelector, LabelSelector, SelectorError};
 pub use wire::{EventType, Status};
 
@@ -278,6 +279,7 @@ impl ObjectCodec {
             mod_revision,
             create_revision,
             wire: Bytes::from(wire),
+            protobuf: ProtobufCache::default(),
         })
     }
 }
@@ -306,7 +308,25 @@ pub struct Object {
     pub create_revision: i64,
     /// The object's JSON with `metadata.resourceVersion` = `mod_revision`.
     pub wire: Bytes,
+    /// The same object's typed protobuf message, encoded on the first
+    /// protobuf read ([`Object::protobuf_message`]).
+    pub protobuf: ProtobufCache,
 }
+
+/// An object's protobuf message once it has been encoded (boxed: 16 bytes
+/// per object that no protobuf client reads). Derived from
+/// [`Object::wire`], so it never makes two objects differ; an object that
+/// does not fit its type's schema is not cached (and fails every time).
+#[derive(Debug, Clone, Default)]
+pub struct ProtobufCache(OnceLock<Box<Bytes>>);
+
+impl PartialEq for ProtobufCache {
+    fn eq(&self, _: &ProtobufCache) -> bool {
+        true
+    }
+}
+
+impl Eq for ProtobufCache {}
 
 impl Object {
     /// The value of a field-selector path:
@@ -337,6 +357,22 @@ impl Object {
                 }
             }
         }
+    }
+
+    /// The object as a typed protobuf message of `api_version`/`kind` (its
+    /// resource's type): what a protobuf Get wraps and a protobuf List
+    /// carries per item. Encoded from [`Object::wire`] once; Gets and Lists
+    /// after the first share the bytes.
+    pub fn protobuf_message(&self, api_version: &str, kind: &str) -> Result<Bytes, ProtobufError> {
+        if let Some(b) = self.protobuf.0.get() {
+            return Ok((**b).clone());
+        }
+        let value: Value = serde_json::from_slice(&self.wire).map_err(|e| ProtobufError::Json {
+            path: String::new(),
+            reason: format!("cached object is not JSON: {e}"),
+        })?;
+        let message = Bytes::from(protobuf::encode_message(value, api_version, kind)?);
+        Ok((**self.protobuf.0.get_or_init(|| Box::new(message))).clone())
     }
 
     /// `metadata.resourceVersion` as carried by [`Object::wire`].

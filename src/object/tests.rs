@@ -33,6 +33,7 @@ pub(crate) fn object(ns: &str, name: &str, wire: impl Into<bytes::Bytes>) -> Obj
         mod_revision: 1,
         create_revision: 1,
         wire: wire.into(),
+        protobuf: Default::default(),
     }
 }
 

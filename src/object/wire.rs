@@ -76,13 +76,38 @@ pub fn protobuf_watch_frames(
             })?;
         let ty = event.get("type").and_then(|t| t.as_str()).unwrap_or("");
         let object = encode(event.get("object").unwrap_or(&serde_json::Value::Null))?;
-        let frame = encode_watch_event(ty, object, api_version)?;
-        let len = u32::try_from(frame.len())
-            .map_err(|_| ProtobufError::Schema("watch event larger than 4 GiB".into()))?;
-        out.put_u32(len);
-        out.put_slice(&frame);
+        push_frame(&mut out, &encode_watch_event(ty, object, api_version)?)?;
     }
     Ok(out.freeze())
+}
+
+/// One protobuf watch frame (as [`protobuf_watch_frames`] writes it) of an
+/// `event_type` event of `object` at its own resourceVersion, made from the
+/// object's cached message ([`super::Object::protobuf_message`]) without
+/// parsing its JSON: `api_version`/`kind` are its resource's.
+pub fn protobuf_object_frame(
+    event_type: EventType,
+    object: &super::Object,
+    api_version: &str,
+    kind: &str,
+) -> Result<Bytes, super::protobuf::ProtobufError> {
+    use super::protobuf::{encode_watch_event, wrap_message};
+    let message = object.protobuf_message(api_version, kind)?;
+    let object = wrap_message(api_version, kind, &message)?;
+    let frame = encode_watch_event(event_type.as_str(), object, api_version)?;
+    let mut out = BytesMut::with_capacity(4 + frame.len());
+    push_frame(&mut out, &frame)?;
+    Ok(out.freeze())
+}
+
+/// A frame of a protobuf watch stream: its 4-byte big-endian length, then it.
+fn push_frame(out: &mut BytesMut, frame: &[u8]) -> Result<(), super::protobuf::ProtobufError> {
+    let len = u32::try_from(frame.len()).map_err(|_| {
+        super::protobuf::ProtobufError::Schema("watch event larger than 4 GiB".into())
+    })?;
+    out.put_u32(len);
+    out.put_slice(frame);
+    Ok(())
 }
 
 /// The object of a BOOKMARK event: only `apiVersion`, `kind` and

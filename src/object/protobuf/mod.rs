@@ -18,8 +18,10 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
+use bytes::BufMut;
 use prost::Message as _;
-use prost_reflect::{DynamicMessage, Value as PValue};
+use prost::encoding::{self, WireType};
+use prost_reflect::{DynamicMessage, MessageDescriptor, Value as PValue};
 use serde_json::Value;
 
 use schema::Schema;
@@ -112,13 +114,54 @@ pub fn encode(object: &Value) -> Result<Vec<u8>, ProtobufError> {
 /// e.g. a `WatchEvent`); the envelope's `typeMeta` is the JSON's own.
 pub fn encode_as(object: &Value, api_version: &str, kind: &str) -> Result<Vec<u8>, ProtobufError> {
     let schema = Schema::get()?;
-    let desc = schema
+    let desc = resolve(schema, api_version, kind)?;
+    let message = encode_typed(schema, &desc, object.clone())?;
+    let (tm_version, tm_kind) = type_of(object);
+    wrap(schema, tm_version, tm_kind, &message)
+}
+
+/// The typed message of an object of type `api_version`/`kind`: what an
+/// envelope's `raw` and a List's items carry (the JSON's own TypeMeta is not
+/// part of it). Cached per object ([`crate::object::Object::protobuf_message`])
+/// so that Gets and Lists do not re-encode.
+pub fn encode_message(
+    object: Value,
+    api_version: &str,
+    kind: &str,
+) -> Result<Vec<u8>, ProtobufError> {
+    let schema = Schema::get()?;
+    let desc = resolve(schema, api_version, kind)?;
+    encode_typed(schema, &desc, object)
+}
+
+/// `message` (a typed message of `api_version`/`kind`) as kube-apiserver
+/// stores and serves it: `k8s\0` and the `runtime.Unknown` envelope.
+pub fn wrap_message(
+    api_version: &str,
+    kind: &str,
+    message: &[u8],
+) -> Result<Vec<u8>, ProtobufError> {
+    wrap(Schema::get()?, api_version, kind, message)
+}
+
+fn resolve(
+    schema: &Schema,
+    api_version: &str,
+    kind: &str,
+) -> Result<MessageDescriptor, ProtobufError> {
+    schema
         .resolve(api_version, kind)
         .ok_or_else(|| ProtobufError::UnknownKind {
             api_version: api_version.to_string(),
             kind: kind.to_string(),
-        })?;
-    let mut body = object.clone();
+        })
+}
+
+fn encode_typed(
+    schema: &Schema,
+    desc: &MessageDescriptor,
+    mut body: Value,
+) -> Result<Vec<u8>, ProtobufError> {
     if let Value::Object(map) = &mut body {
         // TypeMeta lives in the envelope, not in the typed message.
         for key in ["apiVersion", "kind"] {
@@ -127,15 +170,155 @@ pub fn encode_as(object: &Value, api_version: &str, kind: &str) -> Result<Vec<u8
             }
         }
     }
-    let message = json::json_to_message(schema, &desc, &body)?;
-    let (tm_version, tm_kind) = type_of(object);
-    let envelope = envelope(schema, tm_version, tm_kind, message.encode_to_vec())?;
-    let mut out = Vec::with_capacity(MAGIC.len() + envelope.encoded_len());
-    out.extend_from_slice(MAGIC);
-    envelope
-        .encode(&mut out)
-        .map_err(|e| ProtobufError::Schema(e.to_string()))?;
+    Ok(json::json_to_message(schema, desc, &body)?.encode_to_vec())
+}
+
+fn wrap(
+    schema: &Schema,
+    api_version: &str,
+    kind: &str,
+    raw: &[u8],
+) -> Result<Vec<u8>, ProtobufError> {
+    let parts = EnvelopeParts::new(schema, api_version, kind)?;
+    let mut out = Vec::with_capacity(parts.len(raw.len()));
+    parts.head(raw.len(), &mut out);
+    out.extend_from_slice(raw);
+    out.extend_from_slice(&parts.tail);
     Ok(out)
+}
+
+/// The bytes of a `k8s\0` value around its `raw` message: `k8s\0` and the
+/// `runtime.Unknown` fields before `raw` (`typeMeta`, then `raw`'s key and
+/// length), and those after it (`contentEncoding` and `contentType`, empty).
+/// Go writes fields in number order, so a value can be written as head, raw,
+/// tail without building the envelope around a copy of `raw`.
+struct EnvelopeParts {
+    /// `k8s\0` and the encoded `typeMeta` field.
+    type_meta: Vec<u8>,
+    raw_field: u32,
+    tail: Vec<u8>,
+}
+
+impl EnvelopeParts {
+    fn new(schema: &Schema, api_version: &str, kind: &str) -> Result<EnvelopeParts, ProtobufError> {
+        let missing = |name: &str| ProtobufError::Schema(format!("{name} missing"));
+        let unknown = schema.message(UNKNOWN).ok_or_else(|| missing(UNKNOWN))?;
+        let type_meta = schema
+            .message(TYPE_META)
+            .ok_or_else(|| missing(TYPE_META))?;
+        let number = |name: &str| {
+            unknown
+                .get_field_by_name(name)
+                .map(|f| f.number())
+                .ok_or_else(|| missing(&format!("{UNKNOWN}.{name}")))
+        };
+        let (tm_field, raw_field) = (number("typeMeta")?, number("raw")?);
+        let (ce_field, ct_field) = (number("contentEncoding")?, number("contentType")?);
+        if !(tm_field < raw_field && raw_field < ce_field && ce_field < ct_field) {
+            return Err(ProtobufError::Schema(format!(
+                "{UNKNOWN}: fields not in the expected order"
+            )));
+        }
+        let set = |m: &mut DynamicMessage, name: &str, v: PValue| {
+            m.try_set_field_by_name(name, v)
+                .map_err(|e| ProtobufError::Schema(e.to_string()))
+        };
+        let mut tm = DynamicMessage::new(type_meta);
+        set(&mut tm, "apiVersion", PValue::String(api_version.into()))?;
+        set(&mut tm, "kind", PValue::String(kind.into()))?;
+        let mut head = DynamicMessage::new(unknown.clone());
+        set(&mut head, "typeMeta", PValue::Message(tm))?;
+        let mut tail = DynamicMessage::new(unknown);
+        set(&mut tail, "contentEncoding", PValue::String(String::new()))?;
+        set(&mut tail, "contentType", PValue::String(String::new()))?;
+        let mut type_meta = MAGIC.to_vec();
+        head.encode(&mut type_meta)
+            .map_err(|e| ProtobufError::Schema(e.to_string()))?;
+        Ok(EnvelopeParts {
+            type_meta,
+            raw_field,
+            tail: tail.encode_to_vec(),
+        })
+    }
+
+    /// Everything before a `raw` of `raw_len` bytes.
+    fn head(&self, raw_len: usize, out: &mut impl BufMut) {
+        out.put_slice(&self.type_meta);
+        encoding::encode_key(self.raw_field, WireType::LengthDelimited, out);
+        encoding::encode_varint(raw_len as u64, out);
+    }
+
+    /// The whole value's length for a `raw` of `raw_len` bytes.
+    fn len(&self, raw_len: usize) -> usize {
+        self.type_meta.len()
+            + encoding::key_len(self.raw_field)
+            + encoding::encoded_len_varint(raw_len as u64)
+            + raw_len
+            + self.tail.len()
+    }
+}
+
+/// A `<Kind>List` in kube-apiserver's protobuf, written from its items'
+/// typed messages ([`encode_message`]) as they are: the list's `metadata`
+/// comes first and its `items` (the last field) after, so each item is its
+/// key, its length and its bytes. Nothing is parsed or re-encoded per item.
+pub struct ListEncoder {
+    envelope: EnvelopeParts,
+    /// The list message's `metadata` field, encoded.
+    metadata: Vec<u8>,
+    items_field: u32,
+}
+
+impl ListEncoder {
+    /// For a list of `api_version`/`kind` objects with ListMeta `metadata`.
+    pub fn new(
+        api_version: &str,
+        kind: &str,
+        metadata: Value,
+    ) -> Result<ListEncoder, ProtobufError> {
+        let schema = Schema::get()?;
+        let list_kind = format!("{kind}List");
+        let desc = resolve(schema, api_version, &list_kind)?;
+        let items_field = desc
+            .get_field_by_name("items")
+            .map(|f| f.number())
+            .ok_or_else(|| ProtobufError::Schema(format!("{} has no items", desc.full_name())))?;
+        if desc.fields().any(|f| f.number() > items_field) {
+            return Err(ProtobufError::Schema(format!(
+                "{}: items is not the last field",
+                desc.full_name()
+            )));
+        }
+        let metadata = encode_typed(schema, &desc, serde_json::json!({ "metadata": metadata }))?;
+        Ok(ListEncoder {
+            envelope: EnvelopeParts::new(schema, api_version, &list_kind)?,
+            metadata,
+            items_field,
+        })
+    }
+
+    /// The bytes one item of `len` bytes takes in the list, itself included.
+    pub fn item_len(&self, len: usize) -> usize {
+        encoding::key_len(self.items_field) + encoding::encoded_len_varint(len as u64) + len
+    }
+
+    /// What precedes one item of `len` bytes: its key and length.
+    pub fn item_prefix(&self, len: usize, out: &mut impl BufMut) {
+        encoding::encode_key(self.items_field, WireType::LengthDelimited, out);
+        encoding::encode_varint(len as u64, out);
+    }
+
+    /// Everything before the first item, for items taking `items_len` bytes
+    /// in all (the sum of their [`ListEncoder::item_len`]).
+    pub fn head(&self, items_len: usize, out: &mut impl BufMut) {
+        self.envelope.head(self.metadata.len() + items_len, out);
+        out.put_slice(&self.metadata);
+    }
+
+    /// Everything after the last item.
+    pub fn tail(&self) -> &[u8] {
+        &self.envelope.tail
+    }
 }
 
 /// One event of a protobuf watch stream as kube-apiserver writes it: a
@@ -165,46 +348,12 @@ pub fn encode_watch_event(
     event
         .try_set_field_by_name("object", PValue::Message(raw))
         .map_err(schema_error)?;
-    let envelope = envelope(schema, api_version, "WatchEvent", event.encode_to_vec())?;
-    let mut out = Vec::with_capacity(MAGIC.len() + envelope.encoded_len());
-    out.extend_from_slice(MAGIC);
-    envelope
-        .encode(&mut out)
-        .map_err(|e| ProtobufError::Schema(e.to_string()))?;
-    Ok(out)
+    wrap(schema, api_version, "WatchEvent", &event.encode_to_vec())
 }
 
 fn type_of(object: &Value) -> (&str, &str) {
     let get = |k: &str| object.get(k).and_then(Value::as_str).unwrap_or("");
     (get("apiVersion"), get("kind"))
-}
-
-/// `runtime.Unknown` as kube-apiserver writes it: every field set, the
-/// content encoding and type empty.
-fn envelope(
-    schema: &Schema,
-    api_version: &str,
-    kind: &str,
-    raw: Vec<u8>,
-) -> Result<DynamicMessage, ProtobufError> {
-    let missing = |name: &str| ProtobufError::Schema(format!("{name} missing"));
-    let unknown = schema.message(UNKNOWN).ok_or_else(|| missing(UNKNOWN))?;
-    let type_meta = schema
-        .message(TYPE_META)
-        .ok_or_else(|| missing(TYPE_META))?;
-    let set = |m: &mut DynamicMessage, name: &str, v: PValue| {
-        m.try_set_field_by_name(name, v)
-            .map_err(|e| ProtobufError::Schema(e.to_string()))
-    };
-    let mut tm = DynamicMessage::new(type_meta);
-    set(&mut tm, "apiVersion", PValue::String(api_version.into()))?;
-    set(&mut tm, "kind", PValue::String(kind.into()))?;
-    let mut env = DynamicMessage::new(unknown);
-    set(&mut env, "typeMeta", PValue::Message(tm))?;
-    set(&mut env, "raw", PValue::Bytes(raw.into()))?;
-    set(&mut env, "contentEncoding", PValue::String(String::new()))?;
-    set(&mut env, "contentType", PValue::String(String::new()))?;
-    Ok(env)
 }
 
 /// Decodes one `k8s\0` envelope; `embedding` counts enclosing envelopes.

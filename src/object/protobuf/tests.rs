@@ -317,11 +317,7 @@ fn garbage_is_an_error() {
             seed ^= seed << 17;
             payload.push(seed as u8);
         }
-        let env = envelope(Schema::get().expect("schema"), "v1", "Pod", payload)
-            .expect("envelope")
-            .encode_to_vec();
-        let mut value = MAGIC.to_vec();
-        value.extend_from_slice(&env);
+        let value = wrap_message("v1", "Pod", &payload).expect("envelope");
         // Either an error or (rarely) a valid message: never a panic.
         let _ = decode(&value);
     }
