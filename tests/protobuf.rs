@@ -519,3 +519,103 @@ async fn protobuf_list_is_the_json_list_encoded_and_follows_changes() {
     assert_eq!(rv_of(&items[1]), rev2);
     assert_eq!(items[2]["spec"]["containers"][0]["image"], "nginx");
 }
+
+/// A JSON object that does not fit the Pod schema (a field this build's
+/// schema does not know) cannot be sent as protobuf: a Get or List that
+/// asked for protobuf (with client-go's JSON fallback in its Accept) is
+/// answered in JSON, with every object, and the fallback is counted. A List
+/// without that object stays protobuf.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_outside_the_schema_are_answered_in_json() {
+    use watchcache::object::protobuf as pb;
+    const ACCEPT: &str = "application/vnd.kubernetes.protobuf, application/json";
+    let ts = TestServer::start("pb-fallback", |_| {}).await;
+    let mut etcd = ts.etcd.clone();
+    common::etcd_put(&mut etcd, ts.pod_key("fb", "ok"), protobuf_pod("fb", "ok")).await;
+    let odd = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "odd", "namespace": "fb"},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}], "futureField": {"x": 1}}
+    });
+    common::etcd_put(
+        &mut etcd,
+        ts.pod_key("fb", "odd"),
+        serde_json::to_vec(&odd).expect("json"),
+    )
+    .await;
+    let rev = common::etcd_put(
+        &mut etcd,
+        ts.pod_key("other", "ok2"),
+        protobuf_pod("other", "ok2"),
+    )
+    .await;
+    let fetch = |path: String| {
+        let req = ts.http.get(ts.url(&path)).header("Accept", ACCEPT);
+        async move {
+            let resp = req.send().await.expect("request");
+            let code = resp.status().as_u16();
+            let ct = resp.headers()["content-type"]
+                .to_str()
+                .expect("ascii")
+                .to_string();
+            (code, ct, resp.bytes().await.expect("body").to_vec())
+        }
+    };
+    let fallbacks = || async {
+        let metrics = ts
+            .http
+            .get(ts.url("/metrics"))
+            .send()
+            .await
+            .expect("metrics");
+        let metrics = metrics.text().await.expect("metrics body");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("watchcache_protobuf_fallbacks_total") && l.contains("pods"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let rv = format!("resourceVersion={rev}&resourceVersionMatch=NotOlderThan");
+    let before = fallbacks().await;
+
+    let (code, ct, body) = fetch(format!("/api/v1/namespaces/fb/pods/odd?{rv}")).await;
+    assert_eq!((code, ct.as_str()), (200, "application/json"));
+    let got: Value = serde_json::from_slice(&body).expect("a JSON Pod");
+    assert_eq!(got["spec"]["futureField"]["x"], 1, "the object as stored");
+
+    let (code, ct, body) = fetch(format!("/api/v1/namespaces/fb/pods?{rv}")).await;
+    assert_eq!((code, ct.as_str()), (200, "application/json"));
+    let list: Value = serde_json::from_slice(&body).expect("a JSON PodList");
+    assert_eq!(list["kind"], "PodList");
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(names, ["odd", "ok"]);
+    assert_eq!(
+        fallbacks().await - before,
+        2.0,
+        "a Get and a List fell back"
+    );
+
+    // The good object alone, and another namespace, are still protobuf.
+    let (code, ct, body) = fetch(format!("/api/v1/namespaces/fb/pods/ok?{rv}")).await;
+    assert_eq!(
+        (code, ct.as_str()),
+        (200, "application/vnd.kubernetes.protobuf")
+    );
+    assert_eq!(
+        pb::decode(&body).expect("protobuf Pod")["metadata"]["name"],
+        "ok"
+    );
+    let (code, ct, body) = fetch(format!("/api/v1/namespaces/other/pods?{rv}")).await;
+    assert_eq!(
+        (code, ct.as_str()),
+        (200, "application/vnd.kubernetes.protobuf")
+    );
+    let list = pb::decode(&body).expect("protobuf PodList");
+    assert_eq!(list["items"][0]["metadata"]["name"], "ok2");
+    assert_eq!(fallbacks().await - before, 2.0);
+}

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use http_body_util::{BodyExt, StreamBody};
@@ -31,20 +32,27 @@ pub(crate) fn negotiated(req: &Request<Incoming>, res: &Resource) -> bool {
     wants_protobuf(accept) && protobuf::is_builtin_type(&res.config.api_version(), &res.config.kind)
 }
 
-fn encode_error(e: ProtobufError) -> ApiStatus {
-    ApiStatus::internal(format!("cannot encode the object as protobuf: {e}"))
+/// One cached object in protobuf, typed as its resource (as kube-apiserver
+/// serves it, whatever TypeMeta the stored JSON carries). An error means
+/// the object does not fit its type's schema: the caller answers in JSON
+/// ([`fell_back`]).
+pub(crate) fn object(res: &Resource, obj: &Object) -> Result<Bytes, ProtobufError> {
+    let api_version = res.config.api_version();
+    let message = obj.protobuf_message(&api_version, &res.config.kind)?;
+    protobuf::wrap_message(&api_version, &res.config.kind, &message).map(Bytes::from)
 }
 
-/// One cached object in protobuf, typed as its resource (as kube-apiserver
-/// serves it, whatever TypeMeta the stored JSON carries).
-pub(crate) fn object(res: &Resource, obj: &Object) -> Result<Bytes, ApiStatus> {
-    let api_version = res.config.api_version();
-    let message = obj
-        .protobuf_message(&api_version, &res.config.kind)
-        .map_err(encode_error)?;
-    protobuf::wrap_message(&api_version, &res.config.kind, &message)
-        .map(Bytes::from)
-        .map_err(encode_error)
+/// A protobuf List, or why there is none.
+pub(crate) enum ProtobufList {
+    Body(Body),
+    /// An object (`key`; empty when the list type itself has no protobuf
+    /// message) does not fit the schema: the items come back for a JSON
+    /// List.
+    Unencodable {
+        key: Arc<str>,
+        error: ProtobufError,
+        items: ListItems,
+    },
 }
 
 /// A `<Kind>List` in protobuf: `meta` is the ListMeta JSON. The items'
@@ -55,24 +63,59 @@ pub(crate) async fn list(
     res: &Resource,
     meta: Map<String, Value>,
     items: ListItems,
-) -> Result<Body, ApiStatus> {
+) -> Result<ProtobufList, ApiStatus> {
     let api_version: Arc<str> = Arc::from(res.config.api_version());
     let kind: Arc<str> = Arc::from(res.config.kind.as_str());
-    let encoder =
-        ListEncoder::new(&api_version, &kind, Value::Object(meta)).map_err(encode_error)?;
-    let messages = tokio::task::spawn_blocking(move || {
-        items
+    let encoder = match ListEncoder::new(&api_version, &kind, Value::Object(meta)) {
+        Ok(e) => e,
+        Err(error) => {
+            let key = Arc::from("");
+            return Ok(ProtobufList::Unencodable { key, error, items });
+        }
+    };
+    let (items, gathered) = tokio::task::spawn_blocking(move || {
+        let gathered = items
             .iter()
-            .map(|o| o.protobuf_message(&api_version, &kind))
-            .collect::<Result<Vec<Bytes>, ProtobufError>>()
+            .map(|o| {
+                o.protobuf_message(&api_version, &kind)
+                    .map_err(|e| (Arc::clone(&o.key), e))
+            })
+            .collect::<Result<Vec<Bytes>, _>>();
+        (items, gathered)
     })
     .await
-    .map_err(|e| ApiStatus::internal(format!("protobuf list encoding failed: {e}")))?
-    .map_err(encode_error)?;
-    let frames = ListFrames::new(encoder, messages);
-    let stream =
-        futures::stream::iter(frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))));
-    Ok(StreamBody::new(stream).boxed_unsync())
+    .map_err(|e| ApiStatus::internal(format!("protobuf list encoding failed: {e}")))?;
+    match gathered {
+        Ok(messages) => {
+            let frames = ListFrames::new(encoder, messages);
+            let stream = futures::stream::iter(
+                frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))),
+            );
+            Ok(ProtobufList::Body(StreamBody::new(stream).boxed_unsync()))
+        }
+        Err((key, error)) => Ok(ProtobufList::Unencodable { key, error, items }),
+    }
+}
+
+/// A Get or List asked for protobuf gets JSON instead, because `key` does
+/// not fit its type's protobuf schema (a field this build's Kubernetes
+/// schema does not know, say). client-go accepts JSON too and reads each
+/// response by its Content-Type, so the client keeps working. Counted in
+/// `watchcache_protobuf_fallbacks_total`; logged at most once a minute.
+pub(crate) fn fell_back(res: &Resource, key: &str, error: &ProtobufError) {
+    static LAST_LOGGED: AtomicU64 = AtomicU64::new(0);
+    res.cacher.stats().protobuf_fallback();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST_LOGGED.load(Ordering::Relaxed);
+    if now >= last + 60
+        && LAST_LOGGED
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(resource = %res.config.kind, key, %error, "object does not fit its protobuf schema: answered in JSON");
+    }
 }
 
 /// The frames of a protobuf List body: head, items (each with its key and

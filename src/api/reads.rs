@@ -21,7 +21,7 @@ use super::connection::ConnectionHandle;
 use super::errors::cacher_status;
 use super::k8s::{Target, json_value};
 use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
-use super::protobuf;
+use super::protobuf::{self, ProtobufList};
 use super::table::{self, IncludeObject};
 use super::watch_stream::WatchStreamParams;
 use super::{ApiStatus, Body, Resource, State, full, json_response, response};
@@ -75,9 +75,13 @@ pub(crate) async fn get(
         .await
         .map_err(|e| cacher_status(e, &target.what()))?;
     match table {
-        None if protobuf::negotiated(req, res) => {
-            Ok(response(200, PROTOBUF, full(protobuf::object(res, &obj)?)))
-        }
+        None if protobuf::negotiated(req, res) => match protobuf::object(res, &obj) {
+            Ok(body) => Ok(response(200, PROTOBUF, full(body))),
+            Err(e) => {
+                protobuf::fell_back(res, &obj.key, &e);
+                Ok(json_response(200, obj.wire.clone()))
+            }
+        },
         None => Ok(json_response(200, obj.wire.clone())),
         Some(include) => {
             let paths = res.cacher.codec().index_paths();
@@ -135,10 +139,17 @@ pub(crate) async fn list(
         let t = table::table(rows, paths, Value::Object(meta), true);
         return Ok(json_value(200, &t));
     }
-    if protobuf::negotiated(req, res) {
-        let body = protobuf::list(res, meta, result.items).await?;
-        return Ok(response(200, PROTOBUF, body));
-    }
+    let items = if protobuf::negotiated(req, res) {
+        match protobuf::list(res, meta.clone(), result.items).await? {
+            ProtobufList::Body(body) => return Ok(response(200, PROTOBUF, body)),
+            ProtobufList::Unencodable { key, error, items } => {
+                protobuf::fell_back(res, &key, &error);
+                items
+            }
+        }
+    } else {
+        result.items
+    };
     let head = json!({
         "apiVersion": res.config.api_version(),
         "kind": format!("{}List", res.config.kind),
@@ -151,7 +162,7 @@ pub(crate) async fn list(
     prefix.push_str(",\"items\":[");
     let frames = ListFrames {
         prefix: Some(Bytes::from(prefix)),
-        items: result.items.into_cursor(),
+        items: items.into_cursor(),
         first: true,
         done: false,
         ready: VecDeque::new(),

@@ -82,6 +82,9 @@ pub struct CacherStats {
     pub consistent_read_fallback: AtomicU64,
     pub list_cache: AtomicU64,
     pub list_etcd: AtomicU64,
+    /// Gets and Lists answered in JSON to a protobuf client because an
+    /// object does not fit its type's protobuf schema.
+    pub protobuf_fallbacks: AtomicU64,
     /// Gauge: open watchers.
     pub watchers: AtomicI64,
     /// Watchers ended, by [`WatchEnd`] (in `WatchEnd::ALL` order).
@@ -114,6 +117,7 @@ impl CacherStats {
             consistent_read_fallback: AtomicU64::new(0),
             list_cache: AtomicU64::new(0),
             list_etcd: AtomicU64::new(0),
+            protobuf_fallbacks: AtomicU64::new(0),
             watchers: AtomicI64::new(0),
             terminated: Default::default(),
             events_dispatched: AtomicU64::new(0),
@@ -147,6 +151,10 @@ impl CacherStats {
     pub(crate) fn observe_read_wait(&self, d: Duration) {
         self.prom.read_wait.observe(d.as_secs_f64());
     }
+    pub(crate) fn protobuf_fallback(&self) {
+        Self::bump(&self.protobuf_fallbacks);
+    }
+
     pub(crate) fn decode_error(&self) {
         Self::bump(&self.decode_errors);
     }
@@ -227,6 +235,7 @@ impl CacherStats {
             (C_CONSISTENT, "fallback", l(&self.consistent_read_fallback)),
             (C_LIST, "cache", l(&self.list_cache)),
             (C_LIST, "etcd", l(&self.list_etcd)),
+            (C_PROTOBUF_FALLBACK, "", l(&self.protobuf_fallbacks)),
         ];
         for (i, r) in WatchEnd::ALL.iter().enumerate() {
             out.push((C_TERMINATED, r.label(), l(&self.terminated[i])));
@@ -256,7 +265,8 @@ const C_CONSISTENT: usize = 6;
 const C_LIST: usize = 7;
 const C_TERMINATED: usize = 8;
 const C_CHECKS: usize = 9;
-const COUNTERS: [(&str, &str, Option<&str>); 10] = [
+const C_PROTOBUF_FALLBACK: usize = 10;
+const COUNTERS: [(&str, &str, Option<&str>); 11] = [
     (
         "watchcache_events_received_total",
         "Events received from etcd by the reflector.",
@@ -306,6 +316,11 @@ const COUNTERS: [(&str, &str, Option<&str>); 10] = [
         "watchcache_consistency_checks_total",
         "Comparisons of the cache with etcd at one revision, by result (match, mismatch: the resource was relisted, error: no comparison could be made).",
         Some("result"),
+    ),
+    (
+        "watchcache_protobuf_fallbacks_total",
+        "Gets and Lists answered in JSON to a client that asked for protobuf, because an object does not fit its type's protobuf schema.",
+        None,
     ),
 ];
 
