@@ -14,6 +14,7 @@
 
 mod chaos;
 mod check;
+mod codec;
 mod env;
 mod http;
 mod procfs;
@@ -47,6 +48,9 @@ enum Scenario {
     Startup,
     /// M1: RSS per idle watcher.
     Idle,
+    /// The protobuf codec's cost per object (encode for protobuf clients,
+    /// decode of stored values), N objects of each shape; no etcd, no daemon.
+    Codec,
     /// Faults against etcd and the daemon under load, every stream checked
     /// against etcd's own history (docs/RELIABILITY.md). Exits 1 on a violation.
     Chaos,
@@ -246,6 +250,16 @@ fn main() -> Result<()> {
     if cli.proxy.is_some() && cli.etcd.is_none() {
         bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
     }
+    if cli.scenario == Scenario::Codec {
+        let results = codec::run(cli.objects.unwrap_or(2000), cli.size)?;
+        if let Some(path) = &cli.json {
+            let report = json!({"scenario": "codec", "results": results});
+            std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+            eprintln!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     // Our own etcd lives in a keeper thread for the whole run.
     let keeper = match &cli.etcd {
         Some(_) => None,
@@ -439,7 +453,9 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
                 Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
                 Scenario::Startup => scenarios::startup(&ctx, t).await,
                 Scenario::Idle => scenarios::idle(&ctx, t).await,
-                Scenario::Chaos => bail!("chaos runs on its own path"),
+                Scenario::Chaos | Scenario::Codec => {
+                    bail!("{:?} runs on its own path", cli.scenario)
+                }
             };
             let (mut value, _h) = r.with_context(|| format!("{:?} against {key}", cli.scenario))?;
             if let Some(o) = value.as_object_mut() {
@@ -680,7 +696,7 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 json!({}),
             )
         }
-        Scenario::Startup | Scenario::Chaos => (json!({}), json!({})),
+        Scenario::Startup | Scenario::Chaos | Scenario::Codec => (json!({}), json!({})),
     }
 }
 
@@ -850,7 +866,7 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             }),
             json!({}),
         ),
-        Scenario::Chaos => (json!({}), json!({})),
+        Scenario::Chaos | Scenario::Codec => (json!({}), json!({})),
         Scenario::Idle => {
             let pp = num(proxy, &["rss_per_watcher_bytes"]);
             (
@@ -1028,7 +1044,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                 &rows,
             );
         }
-        Scenario::Chaos => {}
+        Scenario::Chaos | Scenario::Codec => {}
         Scenario::Idle => {
             let rows: Vec<Vec<String>> = map
                 .iter()

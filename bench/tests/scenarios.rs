@@ -395,3 +395,33 @@ fn protobuf_list_counts_every_item() {
     let err = bench_fails(&["fanout", "--protobuf"]);
     assert!(err.contains("--protobuf applies to list"), "{err}");
 }
+
+#[test]
+fn codec_times_both_object_shapes() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = bench(
+        &["codec", "-n", "30", "-s", "512"],
+        &dir.path().join("codec.json"),
+    );
+    for shape in ["bench_pod", "realistic_pod"] {
+        let v = &r["results"][shape];
+        assert_eq!(v["objects"], 30, "{shape}: {v:#}");
+        for f in ["encode_us_per_object", "decode_us_per_object"] {
+            assert!(v[f].as_f64().unwrap() > 0.0, "{shape}.{f}: {v:#}");
+        }
+        let (json_b, pb_b) = (
+            v["json_bytes"].as_u64().unwrap(),
+            v["protobuf_bytes"].as_u64().unwrap(),
+        );
+        assert!(
+            pb_b > 100 && pb_b < json_b,
+            "{shape}: protobuf is the smaller form: {v:#}"
+        );
+    }
+    assert!(
+        r["results"]["realistic_pod"]["json_bytes"]
+            .as_u64()
+            .unwrap()
+            > 3000
+    );
+}

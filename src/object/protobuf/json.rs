@@ -24,7 +24,7 @@ use prost_reflect::{
 use serde_json::{Map, Number, Value};
 
 use super::ProtobufError;
-use super::schema::Schema;
+use super::schema::{JsonKey, Schema};
 
 const TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.Time";
 const MICRO_TIME: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.MicroTime";
@@ -517,24 +517,28 @@ pub(super) fn json_to_message(
     // Keys of embedded (inlined) structs, gathered per embedding field.
     let mut embedded: Vec<(FieldDescriptor, Map<String, Value>)> = Vec::new();
     for (key, value) in object {
-        match json_field(schema, desc, key) {
-            Some(JsonField::Direct(field)) => {
-                if let Some(v) = field_value(schema, &field, value).map_err(|e| e.under(key))? {
-                    message.set_field(&field, v);
+        match schema.json_key(desc, key) {
+            Some(JsonKey {
+                field,
+                embedded: false,
+            }) => {
+                if let Some(v) = field_value(schema, field, value).map_err(|e| e.under(key))? {
+                    message.set_field(field, v);
                 }
             }
-            Some(JsonField::Embedded(field)) => {
-                match embedded.iter_mut().find(|(f, _)| *f == field) {
-                    Some((_, keys)) => {
-                        keys.insert(key.clone(), value.clone());
-                    }
-                    None => {
-                        let mut keys = Map::new();
-                        keys.insert(key.clone(), value.clone());
-                        embedded.push((field, keys));
-                    }
+            Some(JsonKey {
+                field,
+                embedded: true,
+            }) => match embedded.iter_mut().find(|(f, _)| f == field) {
+                Some((_, keys)) => {
+                    keys.insert(key.clone(), value.clone());
                 }
-            }
+                None => {
+                    let mut keys = Map::new();
+                    keys.insert(key.clone(), value.clone());
+                    embedded.push((field.clone(), keys));
+                }
+            },
             None => return Err(json_error(format!("unknown field {key:?}")).under(key)),
         }
     }
@@ -603,40 +607,6 @@ pub(super) fn go_zero_json(schema: &Schema, desc: &MessageDescriptor) -> Value {
         _ if apiextensions_type(desc).is_some() || schema.is_slice_wrapper(desc) => Value::Null,
         _ => Value::Object(Map::new()),
     }
-}
-
-enum JsonField {
-    /// A field of the message itself.
-    Direct(FieldDescriptor),
-    /// A field of an embedded struct (`json:",inline"`): this field holds it.
-    Embedded(FieldDescriptor),
-}
-
-/// Which field a JSON key sets: the message's own fields first, then those
-/// of embedded structs (Go's rule: the shallower field wins).
-fn json_field(schema: &Schema, desc: &MessageDescriptor, key: &str) -> Option<JsonField> {
-    let mut inline = Vec::new();
-    for field in desc.fields() {
-        match schema.field_tag(&field) {
-            Some(tag) if tag.inline => inline.push(field),
-            Some(tag) => {
-                if tag.json_name.as_deref() == Some(key) {
-                    return Some(JsonField::Direct(field));
-                }
-            }
-            None => {
-                if field.name() == key {
-                    return Some(JsonField::Direct(field));
-                }
-            }
-        }
-    }
-    inline.into_iter().find_map(|field| match field.kind() {
-        Kind::Message(inner) if json_field(schema, &inner, key).is_some() => {
-            Some(JsonField::Embedded(field))
-        }
-        _ => None,
-    })
 }
 
 /// The value of one field, or None to leave it unset (JSON null).

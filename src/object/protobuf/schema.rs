@@ -10,7 +10,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::OnceLock;
 
 use prost::Message as _;
-use prost_reflect::{DescriptorPool, FieldDescriptor, MessageDescriptor};
+use prost_reflect::{DescriptorPool, FieldDescriptor, Kind, MessageDescriptor};
 use prost_types::FileDescriptorSet;
 
 use super::ProtobufError;
@@ -32,6 +32,19 @@ pub(crate) struct FieldTag {
     pub(crate) keep: bool,
     /// A Go pointer: a zero value that is present (non-nil) is written.
     pub(crate) pointer: bool,
+}
+
+/// Maps and sets of the per-field lookups: SipHash over long full names was
+/// a fifth of the codec's time.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+type FastSet<K> = HashSet<K, foldhash::fast::RandomState>;
+
+/// Which field a JSON key of a message's object sets.
+#[derive(Debug, Clone)]
+pub(crate) struct JsonKey {
+    pub(crate) field: FieldDescriptor,
+    /// The key belongs to the struct embedded (`json:",inline"`) in `field`.
+    pub(crate) embedded: bool,
 }
 
 /// Proto package of the core ("") API group.
@@ -57,13 +70,16 @@ fn api_group_package(package: &str) -> Option<(&str, &str)> {
 pub(crate) struct Schema {
     pool: DescriptorPool,
     /// Field full name -> its Go JSON tag, for fields that differ from the default.
-    field_tags: HashMap<String, FieldTag>,
+    field_tags: FastMap<String, FieldTag>,
+    /// Message full name -> JSON key -> the field it sets (see
+    /// [`Schema::json_key`]).
+    json_keys: FastMap<String, FastMap<String, JsonKey>>,
     /// Full names of messages that only wrap a Go slice (`repeated ... items`
     /// as their single field, e.g. `ExtraValue`, `Verbs`): their JSON is the list.
-    slice_wrappers: HashSet<String>,
+    slice_wrappers: FastSet<String>,
     /// Full names of the `XxxEntry` messages of map fields (their `map_entry`
     /// option is cleared at load, see [`Schema::load`]).
-    map_entries: HashSet<String>,
+    map_entries: FastSet<String>,
     /// (version, kind) -> message full names in `k8s.io.api.*.<version>`, for
     /// groups whose name does not start with their package directory
     /// (`internal.apiserver.k8s.io` lives in `apiserverinternal`).
@@ -86,7 +102,7 @@ impl Schema {
     fn load(bytes: &[u8]) -> Result<Schema, ProtobufError> {
         let mut set =
             FileDescriptorSet::decode(bytes).map_err(|e| ProtobufError::Schema(e.to_string()))?;
-        let mut map_entries = HashSet::new();
+        let mut map_entries = FastSet::default();
         for file in &mut set.file {
             let package = file.package.clone().unwrap_or_default();
             // Map fields become plain `repeated XxxEntry` fields (identical on
@@ -99,13 +115,18 @@ impl Schema {
         let pool = DescriptorPool::from_file_descriptor_set(set)
             .map_err(|e| ProtobufError::Schema(e.to_string()))?;
         let (field_tags, slice_types) = parse_field_tags(JSON_FIELDS)?;
-        let mut slice_wrappers = HashSet::new();
+        let mut slice_wrappers = FastSet::default();
+        let mut json_keys = FastMap::default();
         let mut kinds_by_version: HashMap<(String, String), Vec<String>> = HashMap::new();
         let mut group_packages = HashMap::new();
         for message in pool.all_messages() {
             if slice_types.contains(message.full_name()) && is_slice_wrapper(&message) {
                 slice_wrappers.insert(message.full_name().to_string());
             }
+            json_keys.insert(
+                message.full_name().to_string(),
+                json_keys_of(&field_tags, &message),
+            );
             let package = message.package_name();
             if let Some((dir, version)) = api_group_package(package)
                 && message.parent_message().is_none()
@@ -122,6 +143,7 @@ impl Schema {
         Ok(Schema {
             pool,
             field_tags,
+            json_keys,
             slice_wrappers,
             map_entries,
             kinds_by_version,
@@ -187,6 +209,14 @@ impl Schema {
     }
 
     /// Whether `message` is the entry type of a map field (key = 1, value = 2).
+    /// The field a JSON key of `message`'s object sets: the message's own
+    /// fields first, then those of embedded structs (Go's rule: the
+    /// shallower field wins). Precomputed per message at load, so a key costs
+    /// two lookups instead of a scan of the message's fields.
+    pub(crate) fn json_key(&self, message: &MessageDescriptor, key: &str) -> Option<&JsonKey> {
+        self.json_keys.get(message.full_name())?.get(key)
+    }
+
     pub(crate) fn is_map_entry(&self, message: &MessageDescriptor) -> bool {
         self.map_entries.contains(message.full_name())
     }
@@ -226,10 +256,48 @@ fn is_slice_wrapper(message: &MessageDescriptor) -> bool {
     }
 }
 
+/// Every JSON key of `message`'s object and the field it sets (see
+/// [`Schema::json_key`]); embedded structs are followed recursively.
+fn json_keys_of(
+    tags: &FastMap<String, FieldTag>,
+    message: &MessageDescriptor,
+) -> FastMap<String, JsonKey> {
+    let mut keys = FastMap::default();
+    let mut inline = Vec::new();
+    for field in message.fields() {
+        let name = match tags.get(field.full_name()) {
+            Some(tag) if tag.inline => {
+                inline.push(field);
+                continue;
+            }
+            Some(tag) => match &tag.json_name {
+                Some(n) => n.clone(),
+                None => continue,
+            },
+            None => field.name().to_string(),
+        };
+        keys.entry(name).or_insert(JsonKey {
+            field,
+            embedded: false,
+        });
+    }
+    for field in inline {
+        if let Kind::Message(inner) = field.kind() {
+            for key in json_keys_of(tags, &inner).into_keys() {
+                keys.entry(key).or_insert_with(|| JsonKey {
+                    field: field.clone(),
+                    embedded: true,
+                });
+            }
+        }
+    }
+    keys
+}
+
 fn clear_map_entry(
     message: &mut prost_types::DescriptorProto,
     scope: &str,
-    map_entries: &mut HashSet<String>,
+    map_entries: &mut FastSet<String>,
 ) {
     let name = format!("{scope}.{}", message.name.as_deref().unwrap_or(""));
     if let Some(options) = message.options.as_mut()
@@ -244,11 +312,11 @@ fn clear_map_entry(
 
 /// The tags file: field tags, and the names of messages that wrap a named Go
 /// slice type (`<Message> - slice`).
-type ParsedTags = (HashMap<String, FieldTag>, HashSet<String>);
+type ParsedTags = (FastMap<String, FieldTag>, FastSet<String>);
 
 fn parse_field_tags(text: &str) -> Result<ParsedTags, ProtobufError> {
-    let mut tags = HashMap::new();
-    let mut slices = HashSet::new();
+    let mut tags = FastMap::default();
+    let mut slices = FastSet::default();
     for line in text
         .lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
