@@ -83,11 +83,14 @@ pub fn realistic_pod(name: &str) -> Value {
     })
 }
 
+/// An object shape: its label and how to make object `i`.
+type Shape = (&'static str, Box<dyn Fn(usize) -> Value>);
+
 /// Times `n` encodes and decodes of each object shape; prints a table and
 /// returns the figures.
 pub fn run(n: usize, size: usize) -> Result<Value> {
     let n = n.max(1);
-    let shapes: [(&str, Box<dyn Fn(usize) -> Value>); 2] = [
+    let shapes: [Shape; 2] = [
         (
             "bench pod",
             Box::new(move |i| {
