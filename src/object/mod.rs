@@ -316,9 +316,16 @@ pub struct Object {
 /// An object's protobuf message once it has been encoded (boxed: 16 bytes
 /// per object that no protobuf client reads). Derived from
 /// [`Object::wire`], so it never makes two objects differ; an object that
-/// does not fit its type's schema is not cached (and fails every time).
-#[derive(Debug, Clone, Default)]
+/// does not fit its type's schema is not cached (and fails every time). A
+/// clone starts empty: the cloned object may be given another `wire`.
+#[derive(Debug, Default)]
 pub struct ProtobufCache(OnceLock<Box<Bytes>>);
+
+impl Clone for ProtobufCache {
+    fn clone(&self) -> ProtobufCache {
+        ProtobufCache::default()
+    }
+}
 
 impl PartialEq for ProtobufCache {
     fn eq(&self, _: &ProtobufCache) -> bool {

@@ -430,3 +430,23 @@ fn decode_rejects_unreadable_protobuf_with_a_typed_error() {
         }
     }
 }
+
+#[test]
+fn a_clone_does_not_keep_the_protobuf_message() {
+    let pod = |name: &str| {
+        serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}}))
+            .expect("json")
+    };
+    let a = object("ns", "a", pod("a"));
+    let first = a.protobuf_message("v1", "Pod").expect("encodes");
+    let mut b = a.clone();
+    b.wire = pod("b").into();
+    let second = b.protobuf_message("v1", "Pod").expect("encodes");
+    assert_ne!(first, second, "the clone encodes its own wire");
+    let served = protobuf::wrap_message("v1", "Pod", &second).expect("wraps");
+    assert_eq!(
+        protobuf::decode(&served).expect("decodes")["metadata"]["name"],
+        "b"
+    );
+    assert_eq!(a.protobuf_message("v1", "Pod").expect("cached"), first);
+}
