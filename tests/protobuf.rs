@@ -41,6 +41,16 @@ fn protobuf_pod(ns: &str, name: &str) -> Vec<u8> {
     .expect("encode a Pod")
 }
 
+/// The names of a List's items, in order.
+fn item_names(list: &Value) -> Vec<&str> {
+    list["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect()
+}
+
 async fn first_event(ts: &TestServer, path: &str) -> Value {
     let mut resp = ts
         .http
@@ -171,12 +181,7 @@ async fn corrupt_protobuf_is_skipped_and_counted() {
         ))
         .await;
     assert_eq!(code, 200, "{list}");
-    let names: Vec<&str> = list["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .filter_map(|p| p["metadata"]["name"].as_str())
-        .collect();
+    let names = item_names(&list);
     assert_eq!(names, ["good"], "{list}");
     let metrics = ts
         .http
@@ -587,12 +592,7 @@ async fn objects_outside_the_schema_are_answered_in_json() {
     assert_eq!((code, ct.as_str()), (200, "application/json"));
     let list: Value = serde_json::from_slice(&body).expect("a JSON PodList");
     assert_eq!(list["kind"], "PodList");
-    let names: Vec<&str> = list["items"]
-        .as_array()
-        .expect("items")
-        .iter()
-        .filter_map(|p| p["metadata"]["name"].as_str())
-        .collect();
+    let names = item_names(&list);
     assert_eq!(names, ["odd", "ok"]);
     assert_eq!(
         fallbacks().await - before,

@@ -6,11 +6,10 @@
 //! watcher itself ([`crate::cacher::Watcher::use_protobuf`]), which shares
 //! each history event's encoding among all protobuf watchers.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes};
 use http_body_util::{BodyExt, StreamBody};
 use hyper::Request;
 use hyper::body::{Frame, Incoming};
@@ -22,6 +21,8 @@ use crate::object::Object;
 use crate::object::protobuf::{self, ListEncoder, ProtobufError};
 
 use super::params::wants_protobuf;
+use super::reads::Frames;
+#[cfg(test)]
 use super::reads::LIST_FRAME_BYTES;
 use super::{ApiStatus, Body, Resource};
 
@@ -118,15 +119,14 @@ pub(crate) fn fell_back(res: &Resource, key: &str, error: &ProtobufError) {
     }
 }
 
-/// The frames of a protobuf List body: head, items (each with its key and
-/// length; small ones coalesced up to [`LIST_FRAME_BYTES`], large ones a
-/// frame of their own, uncopied), tail.
+/// The frames of a protobuf List body ([`Frames`]): head, items (each
+/// after its key and length), tail.
 struct ListFrames {
     encoder: ListEncoder,
     head: Option<Vec<u8>>,
     items: std::vec::IntoIter<Bytes>,
     done: bool,
-    ready: VecDeque<Bytes>,
+    frames: Frames,
 }
 
 impl ListFrames {
@@ -139,7 +139,7 @@ impl ListFrames {
             head: Some(head),
             items: items.into_iter(),
             done: false,
-            ready: VecDeque::new(),
+            frames: Frames::default(),
         }
     }
 }
@@ -148,30 +148,27 @@ impl Iterator for ListFrames {
     type Item = Bytes;
 
     fn next(&mut self) -> Option<Bytes> {
-        if let Some(f) = self.ready.pop_front() {
-            return Some(f);
-        }
-        if self.done {
-            return None;
-        }
-        let mut buf = BytesMut::with_capacity(LIST_FRAME_BYTES);
-        if let Some(h) = self.head.take() {
-            buf.put_slice(&h);
-        }
-        while buf.len() < LIST_FRAME_BYTES {
-            let Some(item) = self.items.next() else {
-                buf.put_slice(self.encoder.tail());
-                self.done = true;
-                break;
-            };
-            self.encoder.item_prefix(item.len(), &mut buf);
-            if item.len() >= LIST_FRAME_BYTES / 4 {
-                self.ready.push_back(item);
-                break;
+        loop {
+            if let Some(f) = self.frames.pop() {
+                return Some(f);
             }
-            buf.put_slice(&item);
+            if self.done {
+                return None;
+            }
+            if let Some(h) = self.head.take() {
+                self.frames.buf().put_slice(&h);
+            }
+            while !self.frames.full() {
+                let Some(item) = self.items.next() else {
+                    self.frames.buf().put_slice(self.encoder.tail());
+                    self.done = true;
+                    break;
+                };
+                self.encoder.item_prefix(item.len(), self.frames.buf());
+                self.frames.put_item(&item);
+            }
+            self.frames.end_frame();
         }
-        Some(buf.freeze())
     }
 }
 

@@ -165,7 +165,7 @@ pub(crate) async fn list(
         items: items.into_cursor(),
         first: true,
         done: false,
-        ready: VecDeque::new(),
+        frames: Frames::default(),
     };
     let stream =
         futures::stream::iter(frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))));
@@ -176,64 +176,96 @@ pub(crate) async fn list(
     ))
 }
 
+/// List body frames in the making, for JSON and protobuf Lists alike:
+/// small pieces are copied into a frame of about [`LIST_FRAME_BYTES`]; a
+/// large item ends that frame and goes out as a frame of its own, uncopied.
+#[derive(Default)]
+pub(super) struct Frames {
+    buf: BytesMut,
+    /// Finished frames not yet handed out.
+    ready: VecDeque<Bytes>,
+}
+
+impl Frames {
+    /// Whether the frame being filled should end before the next item.
+    pub(super) fn full(&self) -> bool {
+        self.buf.len() >= LIST_FRAME_BYTES || !self.ready.is_empty()
+    }
+
+    /// The frame being filled, to append small pieces to.
+    pub(super) fn buf(&mut self) -> &mut BytesMut {
+        if self.buf.capacity() == 0 {
+            self.buf.reserve(LIST_FRAME_BYTES);
+        }
+        &mut self.buf
+    }
+
+    /// An item's bytes: copied, or (large) a frame of their own.
+    pub(super) fn put_item(&mut self, item: &Bytes) {
+        if item.len() >= LIST_FRAME_BYTES / 4 {
+            self.end_frame();
+            self.ready.push_back(item.clone());
+        } else {
+            self.buf().put_slice(item);
+        }
+    }
+
+    /// Ends the frame being filled (if it has anything).
+    pub(super) fn end_frame(&mut self) {
+        if !self.buf.is_empty() {
+            self.ready.push_back(std::mem::take(&mut self.buf).freeze());
+        }
+    }
+
+    /// The next finished frame.
+    pub(super) fn pop(&mut self) -> Option<Bytes> {
+        self.ready.pop_front()
+    }
+}
+
 /// The frames of a List body: the head, the items' cached wire bytes
-/// (coalesced up to [`LIST_FRAME_BYTES`]; a large item is a frame of its
-/// own, uncopied), then `]}`. The items are walked a frame at a time, as
+/// ([`Frames`]), then `]}`. The items are walked a frame at a time, as
 /// hyper asks for the next frame.
 struct ListFrames {
     prefix: Option<Bytes>,
     items: ListCursor,
     first: bool,
     done: bool,
-    /// Frames made and not yet handed out.
-    ready: VecDeque<Bytes>,
+    frames: Frames,
 }
 
 impl Iterator for ListFrames {
     type Item = Bytes;
 
     fn next(&mut self) -> Option<Bytes> {
-        if let Some(f) = self.ready.pop_front() {
-            return Some(f);
-        }
-        if self.done {
-            return None;
-        }
-        let mut buf = BytesMut::with_capacity(LIST_FRAME_BYTES);
-        if let Some(p) = self.prefix.take() {
-            buf.put_slice(&p);
-        }
-        let first = &mut self.first;
-        let mut large = None;
-        let more = self.items.visit(|obj| {
-            if buf.len() >= LIST_FRAME_BYTES || large.is_some() {
-                return ControlFlow::Break(());
+        loop {
+            if let Some(f) = self.frames.pop() {
+                return Some(f);
             }
-            if !*first {
-                buf.put_u8(b',');
+            if self.done {
+                return None;
             }
-            *first = false;
-            if obj.wire.len() >= LIST_FRAME_BYTES / 4 {
-                large = Some(obj.wire.clone());
-            } else {
-                buf.put_slice(&obj.wire);
+            if let Some(p) = self.prefix.take() {
+                self.frames.buf().put_slice(&p);
             }
-            ControlFlow::Continue(())
-        });
-        if !more {
-            self.done = true;
-        }
-        match large {
-            Some(obj) => {
-                self.ready.push_back(obj);
-                if !more {
-                    self.ready.push_back(Bytes::from_static(b"]}"));
+            let (first, frames) = (&mut self.first, &mut self.frames);
+            let more = self.items.visit(|obj| {
+                if frames.full() {
+                    return ControlFlow::Break(());
                 }
+                if !*first {
+                    frames.buf().put_u8(b',');
+                }
+                *first = false;
+                frames.put_item(&obj.wire);
+                ControlFlow::Continue(())
+            });
+            if !more {
+                self.frames.buf().put_slice(b"]}");
+                self.done = true;
             }
-            None if !more => buf.put_slice(b"]}"),
-            None => {}
+            self.frames.end_frame();
         }
-        Some(buf.freeze())
     }
 }
 
@@ -381,7 +413,7 @@ pub(crate) async fn watch(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::VecDeque;
+    use super::Frames;
     use std::sync::Arc;
 
     use bytes::Bytes;
@@ -405,7 +437,7 @@ mod tests {
             items: ListItems::Collected(items).into_cursor(),
             first: true,
             done: false,
-            ready: VecDeque::new(),
+            frames: Frames::default(),
         }
         .collect();
         let body: Vec<u8> = frames.concat();
