@@ -14,5 +14,6 @@ pub mod etcd_server;
 pub mod grpc;
 pub mod metrics;
 pub mod object;
+pub mod prefetch;
 pub mod server_tls;
 pub mod storage;

@@ -622,19 +622,21 @@ pub async fn load_objects(
     let mut results = futures::stream::iter(batches.into_iter().map(|(s, e)| {
         let mut kv = kv.clone();
         async move {
-            let ops: Vec<TxnOp> = (s..e)
+            let ops = (s..e)
                 .map(|i| {
                     let name = object_name(i);
-                    TxnOp::put(
-                        format!("{prefix}{name}"),
-                        match shape {
-                            ObjectShape::Bench => make_object(namespace, &name, now_nanos(), size),
-                            ObjectShape::SchemaPod => make_schema_pod(namespace, &name, size),
-                        },
-                        None,
-                    )
+                    let value = match shape {
+                        ObjectShape::Bench => make_object(namespace, &name, now_nanos(), size),
+                        ObjectShape::SchemaPod => make_schema_pod(namespace, &name, size),
+                        ObjectShape::StoredProtobufPod => {
+                            let pod =
+                                serde_json::from_slice(&make_schema_pod(namespace, &name, size))?;
+                            watchcache::object::protobuf::encode(&pod)?
+                        }
+                    };
+                    Ok(TxnOp::put(format!("{prefix}{name}"), value, None))
                 })
-                .collect();
+                .collect::<Result<Vec<TxnOp>>>()?;
             let r = kv
                 .txn(Txn::new().and_then(ops))
                 .await

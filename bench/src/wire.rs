@@ -44,6 +44,8 @@ pub enum ObjectShape {
     Bench,
     /// [`make_schema_pod`]: fits the Pod schema, so it can be served as protobuf.
     SchemaPod,
+    /// [`make_schema_pod`] stored as kube-apiserver stores it (`k8s\0` protobuf).
+    StoredProtobufPod,
 }
 
 /// A Pod of about `size` bytes of JSON that fits the Pod schema (so

@@ -396,6 +396,50 @@ fn protobuf_list_counts_every_item() {
     assert!(err.contains("--protobuf applies to list"), "{err}");
 }
 
+/// Objects stored as kube-apiserver stores them (protobuf), listed in
+/// protobuf and in JSON: every item comes back either way.
+#[test]
+fn protobuf_stored_objects_are_listed_in_both_media_types() {
+    let dir = tempfile::tempdir().unwrap();
+    for (accept, media_type) in [
+        (&["--protobuf"][..], "application/vnd.kubernetes.protobuf"),
+        (&[][..], "application/json"),
+    ] {
+        let mut args = vec![
+            "list",
+            "--target",
+            "proxy",
+            "--storage-media-type",
+            "application/vnd.kubernetes.protobuf",
+            "-n",
+            "300",
+            "-s",
+            "512",
+            "--iterations",
+            "2",
+        ];
+        args.extend_from_slice(accept);
+        let r = bench(&args, &dir.path().join("l1-stored-pb.json"));
+        assert_eq!(
+            r["params"]["storage_media_type"], "application/vnd.kubernetes.protobuf",
+            "{r:#}"
+        );
+        let v = &r["results"]["proxy"];
+        assert_eq!(v["media_type"], media_type, "{v:#}");
+        assert_eq!(v["items"], 300, "{v:#}");
+        assert!(v["first_list_ms"].as_f64().unwrap() > 0.0, "{v:#}");
+    }
+    let err = bench_fails(&[
+        "fanout",
+        "--storage-media-type",
+        "application/vnd.kubernetes.protobuf",
+    ]);
+    assert!(
+        err.contains("--storage-media-type applies to list, get and startup"),
+        "{err}"
+    );
+}
+
 #[test]
 fn codec_times_both_object_shapes() {
     let dir = tempfile::tempdir().unwrap();
@@ -409,6 +453,10 @@ fn codec_times_both_object_shapes() {
         for f in ["encode_us_per_object", "decode_us_per_object"] {
             assert!(v[f].as_f64().unwrap() > 0.0, "{shape}.{f}: {v:#}");
         }
+        assert!(
+            v["stored_message_us_per_object"].as_f64().is_some(),
+            "{shape}: {v:#}"
+        );
         let (json_b, pb_b) = (
             v["json_bytes"].as_u64().unwrap(),
             v["protobuf_bytes"].as_u64().unwrap(),

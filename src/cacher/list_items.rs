@@ -12,6 +12,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use crate::object::Object;
+use crate::prefetch::prefetch;
 
 use super::Snapshot;
 
@@ -114,7 +115,7 @@ impl ListCursor {
 /// bigger than the cache; prefetching the object `2 * AHEAD` items early and
 /// its bytes `AHEAD` items early hides both behind the copying of the items
 /// before it.
-const AHEAD: usize = 8;
+pub(crate) const AHEAD: usize = 8;
 
 /// Calls `f` on each item until it breaks; returns the item it broke on
 /// and its index.
@@ -139,20 +140,6 @@ fn walk<'a>(
         }
     }
     None
-}
-
-/// A cache prefetch hint.
-#[inline(always)]
-fn prefetch<T>(p: *const T) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch only hints the cache: it reads nothing the program
-    // sees and cannot fault, whatever the address.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>(p.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 #[cfg(test)]

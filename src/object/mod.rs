@@ -222,7 +222,16 @@ impl ObjectCodec {
         create_revision: i64,
     ) -> Result<Object, ObjectError> {
         let (namespace, name) = self.parse_key(key)?;
-        let mut root = parse_stored_value(key, value)?;
+        let (mut root, stored) = if protobuf::is_protobuf(value) {
+            let (json, stored) =
+                protobuf::decode_stored(value).map_err(|source| ObjectError::InvalidProtobuf {
+                    key: key.to_string(),
+                    source,
+                })?;
+            (json, Some(stored))
+        } else {
+            (parse_stored_value(key, value)?, None)
+        };
         let Some(obj) = root.as_object() else {
             return Err(ObjectError::NotJsonObject {
                 key: key.to_string(),
@@ -279,7 +288,14 @@ impl ObjectCodec {
             mod_revision,
             create_revision,
             wire: Bytes::from(wire),
-            protobuf: ProtobufCache::default(),
+            // The stored message is what protobuf clients are served: keep
+            // it rather than encode it again from the JSON on their first
+            // read (a resource stored at another version is encoded then).
+            protobuf: ProtobufCache::from(
+                stored
+                    .filter(|s| s.is(&self.api_version, &self.kind))
+                    .and_then(|s| s.at(mod_revision)),
+            ),
         })
     }
 }
@@ -314,12 +330,44 @@ pub struct Object {
 }
 
 /// An object's protobuf message once it has been encoded (boxed: 16 bytes
-/// per object that no protobuf client reads). Derived from
-/// [`Object::wire`], so it never makes two objects differ; an object that
-/// does not fit its type's schema is not cached (and fails every time). A
-/// clone starts empty: the cloned object may be given another `wire`.
+/// per object that no protobuf client reads), or as it was stored when etcd
+/// holds protobuf. The same object as [`Object::wire`], so it never makes
+/// two objects differ; an object that does not fit its type's schema is not
+/// cached (and fails every time). A clone starts empty: the cloned object
+/// may be given another `wire`.
 #[derive(Debug, Default)]
 pub struct ProtobufCache(OnceLock<Box<Bytes>>);
+
+impl From<Option<Bytes>> for ProtobufCache {
+    fn from(message: Option<Bytes>) -> ProtobufCache {
+        let cache = ProtobufCache::default();
+        if let Some(m) = message {
+            let _ = cache.0.set(Box::new(m));
+        }
+        cache
+    }
+}
+
+impl ProtobufCache {
+    /// Whether the message is held (encoded or as stored).
+    pub fn is_filled(&self) -> bool {
+        self.0.get().is_some()
+    }
+
+    /// The message, if held.
+    pub fn get(&self) -> Option<&Bytes> {
+        self.0.get().map(|b| &**b)
+    }
+
+    /// Asks the CPU to fetch the message's handle (a large List reads it a
+    /// few items later: a cache miss per object otherwise).
+    #[inline]
+    pub fn prefetch(&self) {
+        if let Some(b) = self.0.get() {
+            crate::prefetch::prefetch(&**b as *const Bytes);
+        }
+    }
+}
 
 impl Clone for ProtobufCache {
     fn clone(&self) -> ProtobufCache {
@@ -368,18 +416,29 @@ impl Object {
 
     /// The object as a typed protobuf message of `api_version`/`kind` (its
     /// resource's type): what a protobuf Get wraps and a protobuf List
-    /// carries per item. Encoded from [`Object::wire`] once; Gets and Lists
-    /// after the first share the bytes.
+    /// carries per item. Taken from the stored value when etcd holds this
+    /// type's protobuf, else encoded from [`Object::wire`] once; Gets and
+    /// Lists after the first share the bytes.
     pub fn protobuf_message(&self, api_version: &str, kind: &str) -> Result<Bytes, ProtobufError> {
+        self.protobuf_message_ref(api_version, kind).cloned()
+    }
+
+    /// [`Object::protobuf_message`] without taking a reference on the bytes
+    /// (a List holds its objects).
+    pub fn protobuf_message_ref(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<&Bytes, ProtobufError> {
         if let Some(b) = self.protobuf.0.get() {
-            return Ok((**b).clone());
+            return Ok(b);
         }
         let value: Value = serde_json::from_slice(&self.wire).map_err(|e| ProtobufError::Json {
             path: String::new(),
             reason: format!("cached object is not JSON: {e}"),
         })?;
         let message = Bytes::from(protobuf::encode_message(value, api_version, kind)?);
-        Ok((**self.protobuf.0.get_or_init(|| Box::new(message))).clone())
+        Ok(self.protobuf.0.get_or_init(|| Box::new(message)))
     }
 
     /// `metadata.resourceVersion` as carried by [`Object::wire`].

@@ -450,3 +450,42 @@ fn a_clone_does_not_keep_the_protobuf_message() {
     );
     assert_eq!(a.protobuf_message("v1", "Pod").expect("cached"), first);
 }
+
+/// A cluster that stores protobuf: the stored message is kept as the one
+/// protobuf clients get (with the key's revision as its resourceVersion),
+/// the same bytes the JSON would encode to, so nothing is encoded on their
+/// first read.
+#[test]
+fn a_stored_protobuf_message_is_kept_for_protobuf_clients() {
+    let c = pods();
+    let o = c
+        .decode("/registry/pods/ns/p1", &protobuf_pod(), 42, 40)
+        .expect("protobuf Pod decodes");
+    assert!(o.protobuf.is_filled(), "kept from the stored value");
+    let kept = o.protobuf_message("v1", "Pod").expect("kept");
+    let encoded = protobuf::encode_message(wire_json(&o), "v1", "Pod").expect("the JSON encodes");
+    assert_eq!(
+        kept, encoded,
+        "the stored message at revision 42 is the JSON's"
+    );
+    let served = protobuf::wrap_message("v1", "Pod", &kept).expect("wraps");
+    let back = protobuf::decode(&served).expect("decodes");
+    assert_eq!(back["metadata"]["resourceVersion"], "42");
+    assert_eq!(back, wire_json(&o));
+
+    // JSON values, and protobuf of another type than the resource's, are
+    // encoded on first read as before.
+    let json = serde_json::to_vec(&wire_json(&o)).expect("json");
+    let from_json = c
+        .decode("/registry/pods/ns/p1", &json, 43, 40)
+        .expect("JSON decodes");
+    assert!(!from_json.protobuf.is_filled());
+    let config_map = protobuf::encode(
+        &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "p1"}}),
+    )
+    .expect("encodes");
+    let other = c
+        .decode("/registry/pods/ns/p1", &config_map, 44, 40)
+        .expect("decodes");
+    assert!(!other.protobuf.is_filled(), "not a Pod: not kept as one");
+}

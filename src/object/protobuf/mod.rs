@@ -18,7 +18,7 @@ mod schema;
 #[cfg(test)]
 mod tests;
 
-use bytes::BufMut;
+use bytes::{BufMut, Bytes};
 use prost::Message as _;
 use prost::encoding::{self, WireType};
 use prost_reflect::{DynamicMessage, MessageDescriptor, Value as PValue};
@@ -33,6 +33,7 @@ const UNKNOWN: &str = "k8s.io.apimachinery.pkg.runtime.Unknown";
 const TYPE_META: &str = "k8s.io.apimachinery.pkg.runtime.TypeMeta";
 const WATCH_EVENT: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.WatchEvent";
 const RAW_EXTENSION: &str = "k8s.io.apimachinery.pkg.runtime.RawExtension";
+const OBJECT_META: &str = "k8s.io.apimachinery.pkg.apis.meta.v1.ObjectMeta";
 
 /// Why a value could not be decoded or encoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -363,6 +364,16 @@ fn decode_envelope(
     type_hint: Option<(&str, &str)>,
     embedding: usize,
 ) -> Result<Value, ProtobufError> {
+    decode_parts(schema, value, type_hint, embedding).map(|(json, _)| json)
+}
+
+/// [`decode_envelope`], also returning the typed message as stored.
+fn decode_parts(
+    schema: &Schema,
+    value: &[u8],
+    type_hint: Option<(&str, &str)>,
+    embedding: usize,
+) -> Result<(Value, StoredMessage), ProtobufError> {
     let body = value
         .strip_prefix(MAGIC)
         .ok_or(ProtobufError::NotProtobuf)?;
@@ -398,10 +409,11 @@ fn decode_envelope(
         Some(PValue::Bytes(b)) => b.clone(),
         _ => Default::default(),
     };
-    let message = DynamicMessage::decode(desc.clone(), raw).map_err(|e| ProtobufError::Decode {
-        message: desc.full_name().to_string(),
-        reason: e.to_string(),
-    })?;
+    let message =
+        DynamicMessage::decode(desc.clone(), raw.clone()).map_err(|e| ProtobufError::Decode {
+            message: desc.full_name().to_string(),
+            reason: e.to_string(),
+        })?;
     let body = json::message_to_json(schema, &message, embedding)?;
     let Value::Object(fields) = body else {
         return Err(ProtobufError::Decode {
@@ -411,11 +423,149 @@ fn decode_envelope(
     };
     let mut out = serde_json::Map::with_capacity(fields.len() + 2);
     if !kind.is_empty() {
-        out.insert("kind".into(), Value::String(kind));
+        out.insert("kind".into(), Value::String(kind.clone()));
     }
     if !api_version.is_empty() {
-        out.insert("apiVersion".into(), Value::String(api_version));
+        out.insert("apiVersion".into(), Value::String(api_version.clone()));
     }
     out.extend(fields);
-    Ok(Value::Object(out))
+    let stored = StoredMessage {
+        api_version,
+        kind,
+        desc,
+        raw,
+    };
+    Ok((Value::Object(out), stored))
+}
+
+/// Decodes a stored `k8s\0` value like [`decode`], keeping the typed
+/// message it carried: a cluster that stores protobuf already holds, in
+/// etcd, the bytes its protobuf clients are served (but for
+/// `metadata.resourceVersion`, see [`StoredMessage::at`]), so they need
+/// not be encoded again from the JSON.
+pub fn decode_stored(value: &[u8]) -> Result<(Value, StoredMessage), ProtobufError> {
+    decode_parts(Schema::get()?, value, None, 0)
+}
+
+/// The typed message of a stored value ([`decode_stored`]).
+#[derive(Debug, Clone)]
+pub struct StoredMessage {
+    api_version: String,
+    kind: String,
+    desc: MessageDescriptor,
+    raw: Bytes,
+}
+
+impl StoredMessage {
+    /// Whether the envelope named this type (kube-apiserver stores a
+    /// resource at its storage version, which may differ from the one
+    /// served).
+    pub fn is(&self, api_version: &str, kind: &str) -> bool {
+        self.api_version == api_version && self.kind == kind
+    }
+
+    /// The message as served at `resource_version`: kube-apiserver stores
+    /// objects with `metadata.resourceVersion` empty and sets it from the
+    /// key's revision on every read. Every other byte is the stored one;
+    /// Go writes fields in number order, so for a value Go wrote this is
+    /// byte for byte what [`encode_message`] makes of the decoded JSON with
+    /// the same resourceVersion. `None` when the message has no single
+    /// `metadata` (an `ObjectMeta`) to set it in.
+    pub fn at(&self, resource_version: i64) -> Option<Bytes> {
+        let meta = self.desc.get_field_by_name("metadata")?;
+        let prost_reflect::Kind::Message(meta_desc) = meta.kind() else {
+            return None;
+        };
+        if meta_desc.full_name() != OBJECT_META || meta.is_list() {
+            return None;
+        }
+        let rv_field = meta_desc.get_field_by_name("resourceVersion")?.number();
+        let rv = resource_version.to_string();
+        with_field_in(&self.raw, meta.number(), rv_field, rv.as_bytes()).map(Bytes::from)
+    }
+}
+
+/// One field of an encoded message: `[start, end)` with its key, the value
+/// from `value_start` (after the length of a length-delimited field).
+struct FieldSpan {
+    number: u32,
+    wire_type: WireType,
+    start: usize,
+    value_start: usize,
+    end: usize,
+}
+
+/// The top-level fields of an encoded message, in the order written;
+/// `None` if it is not valid protobuf.
+fn field_spans(message: &[u8]) -> Option<Vec<FieldSpan>> {
+    let mut buf = message;
+    let offset = |buf: &[u8]| message.len() - buf.len();
+    let mut spans = Vec::new();
+    while !buf.is_empty() {
+        let start = offset(buf);
+        let (number, wire_type) = encoding::decode_key(&mut buf).ok()?;
+        let value_start = if wire_type == WireType::LengthDelimited {
+            let mut peek = buf;
+            encoding::decode_varint(&mut peek).ok()?;
+            offset(peek)
+        } else {
+            offset(buf)
+        };
+        encoding::skip_field(wire_type, number, &mut buf, Default::default()).ok()?;
+        spans.push(FieldSpan {
+            number,
+            wire_type,
+            start,
+            value_start,
+            end: offset(buf),
+        });
+    }
+    Some(spans)
+}
+
+/// `message` with the string field `field` of its (single, length-delimited)
+/// sub-message field `outer` set to `value`: written where Go writes it (before
+/// the first field numbered above it), any earlier occurrence dropped, every
+/// other byte kept. `None` if the message is not valid protobuf or `outer`
+/// is absent or repeated.
+fn with_field_in(message: &[u8], outer: u32, field: u32, value: &[u8]) -> Option<Vec<u8>> {
+    let top = field_spans(message)?;
+    let mut outers = top.iter().filter(|f| f.number == outer);
+    let sub = outers.next()?;
+    if outers.next().is_some() || sub.wire_type != WireType::LengthDelimited {
+        return None;
+    }
+    let inner = &message[sub.value_start..sub.end];
+    let fields = field_spans(inner)?;
+    let mut new_inner = Vec::with_capacity(inner.len() + value.len() + 12);
+    let put = |out: &mut Vec<u8>| {
+        encoding::encode_key(field, WireType::LengthDelimited, out);
+        encoding::encode_varint(value.len() as u64, out);
+        out.extend_from_slice(value);
+    };
+    let mut written = false;
+    for f in fields.iter().filter(|f| f.number != field) {
+        if !written && f.number > field {
+            put(&mut new_inner);
+            written = true;
+        }
+        new_inner.extend_from_slice(&inner[f.start..f.end]);
+    }
+    if !written {
+        put(&mut new_inner);
+    }
+    // Exactly sized: the result is kept for the object's life.
+    let len = sub.start
+        + encoding::key_len(outer)
+        + encoding::encoded_len_varint(new_inner.len() as u64)
+        + new_inner.len()
+        + (message.len() - sub.end);
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&message[..sub.start]);
+    encoding::encode_key(outer, WireType::LengthDelimited, &mut out);
+    encoding::encode_varint(new_inner.len() as u64, &mut out);
+    out.extend_from_slice(&new_inner);
+    out.extend_from_slice(&message[sub.end..]);
+    debug_assert_eq!(out.len(), len, "sized exactly");
+    Some(out)
 }
