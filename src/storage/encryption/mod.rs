@@ -105,8 +105,10 @@ struct ProviderEntry {
     aesgcm: Option<KeysConfig>,
     aescbc: Option<KeysConfig>,
     secretbox: Option<KeysConfig>,
-    identity: Option<serde_yaml::Value>,
-    kms: Option<serde_yaml::Value>,
+    /// Only its presence matters (`identity: {}`).
+    identity: Option<serde::de::IgnoredAny>,
+    /// Refused with its own error (no KMS plugin support).
+    kms: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -119,10 +121,16 @@ struct KeysConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct KeyConfig {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     name: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     secret: String,
+}
+
+/// `name:` with no value is YAML's null; Go (kube-apiserver) reads a null
+/// into a string as "", which validation then reports as missing.
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 // ---- the transformer -------------------------------------------------------
@@ -342,8 +350,10 @@ impl EncryptionTransformer {
         resources: &[ResourceConfig],
         etcd_prefix: &str,
     ) -> Result<EncryptionTransformer, EncryptionConfigError> {
-        let cfg: EncryptionConfiguration =
-            serde_yaml::from_str(text).map_err(|e| EncryptionConfigError::Parse {
+        // No source snippet in errors: the lines around a mistake may hold keys.
+        let options = serde_saphyr::options! { with_snippet: false };
+        let cfg: EncryptionConfiguration = serde_saphyr::from_str_with_options(text, options)
+            .map_err(|e| EncryptionConfigError::Parse {
                 file: file.to_string(),
                 message: e.to_string(),
             })?;

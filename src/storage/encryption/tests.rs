@@ -360,6 +360,22 @@ fn config_error(text: &str, field: &str) -> String {
     msg
 }
 
+/// A YAML mistake next to a key is reported by its place, never by
+/// quoting the lines around it.
+#[test]
+fn syntax_errors_do_not_echo_the_keys() {
+    let key = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    let broken = format!(
+        "apiVersion: apiserver.config.k8s.io/v1\nkind: EncryptionConfiguration\nresources:\n  - resources: [secrets]\n    providers:\n      - aesgcm:\n          keys:\n            - name: k\n              secret: {key}\n             bad: [\n"
+    );
+    let err = EncryptionTransformer::parse(&broken, "enc.yaml", &resources(), "/registry")
+        .expect_err("not YAML");
+    let msg = err.to_string();
+    assert!(msg.contains("enc.yaml"), "{msg}");
+    assert!(!msg.contains(&key), "never echo a key: {msg}");
+    assert!(!msg.contains(&key[..12]), "not even part of one: {msg}");
+}
+
 #[test]
 fn malformed_configs_name_the_field() {
     let key = base64::engine::general_purpose::STANDARD.encode([3u8; 32]);
