@@ -124,8 +124,7 @@ impl HistoryEvent {
     /// ([`protobuf_watch_frames`]); `api_version` and `kind` are the
     /// resource's. ADDED and MODIFIED frames are made from the object's
     /// cached message (shared with protobuf Gets and Lists); a DELETED one
-    /// carries the object at the deletion's revision, so it is encoded from
-    /// its line.
+    /// from the deleted object's, with the deletion's revision written in.
     pub fn frame(
         &self,
         ty: EventType,
@@ -139,12 +138,16 @@ impl HistoryEvent {
             EventType::Bookmark | EventType::Error => return None,
         };
         let cell = &self.frames.get_or_init(Default::default)[i];
-        let encode = || match (ty, &self.object) {
-            (EventType::Added | EventType::Modified, Some(obj)) => {
-                Some(protobuf_object_frame(ty, obj, api_version, kind))
-            }
-            _ => Some(protobuf_watch_frames(self.line(ty)?, api_version)),
-        };
+        let encode =
+            || match (ty, &self.object, &self.prev) {
+                (EventType::Added | EventType::Modified, Some(obj), _) => Some(
+                    protobuf_object_frame(ty, obj, obj.mod_revision, api_version, kind),
+                ),
+                (EventType::Deleted, _, Some(prev)) => {
+                    Some(protobuf_object_frame(ty, prev, self.rv, api_version, kind))
+                }
+                _ => Some(protobuf_watch_frames(self.line(ty)?, api_version)),
+            };
         if cell.get().is_none() {
             let frame = encode()?;
             let _ = cell.set(frame);
@@ -424,6 +427,11 @@ mod tests {
         let event = crate::object::protobuf::decode(&d[4..]).expect("decodes");
         assert_eq!(event["type"], "DELETED");
         assert_eq!(event["object"]["metadata"]["resourceVersion"], "5");
+        // Made from the deleted object's message with the revision written
+        // in: byte for byte what its line (re-rendered JSON) encodes to.
+        let from_line =
+            protobuf_watch_frames(del.deleted_line().unwrap(), "v1").expect("line encodes");
+        assert_eq!(d, &from_line);
         // An object of a type that is not built in cannot be sent as protobuf.
         let plain = h.push(
             EventKind::Added,

@@ -409,7 +409,13 @@ impl Watcher {
         for o in &page.items {
             if self.protobuf {
                 let api_version = &self.params.api_version;
-                match protobuf_object_frame(EventType::Added, o, api_version, &self.params.kind) {
+                match protobuf_object_frame(
+                    EventType::Added,
+                    o,
+                    o.mod_revision,
+                    api_version,
+                    &self.params.kind,
+                ) {
                     Ok(f) => frames.extend_from_slice(&f),
                     Err(e) => {
                         self.initial = None;

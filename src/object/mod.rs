@@ -441,6 +441,33 @@ impl Object {
         Ok(self.protobuf.0.get_or_init(|| Box::new(message)))
     }
 
+    /// [`Object::protobuf_message`] at `resource_version` (DELETED events
+    /// carry the deleted object at the deletion's revision): the cached
+    /// message with its resourceVersion replaced, or, for a message that has
+    /// no `ObjectMeta` to replace it in, [`Object::wire_at`] encoded.
+    pub fn protobuf_message_at(
+        &self,
+        api_version: &str,
+        kind: &str,
+        resource_version: i64,
+    ) -> Result<Bytes, ProtobufError> {
+        let message = self.protobuf_message_ref(api_version, kind)?;
+        if resource_version == self.mod_revision {
+            return Ok(message.clone());
+        }
+        if let Some(m) = protobuf::message_at(message, api_version, kind, resource_version)? {
+            return Ok(m);
+        }
+        let value: Value =
+            serde_json::from_slice(&self.wire_at(resource_version)).map_err(|e| {
+                ProtobufError::Json {
+                    path: String::new(),
+                    reason: format!("cached object is not JSON: {e}"),
+                }
+            })?;
+        protobuf::encode_message(value, api_version, kind).map(Bytes::from)
+    }
+
     /// `metadata.resourceVersion` as carried by [`Object::wire`].
     pub fn resource_version(&self) -> i64 {
         self.mod_revision

@@ -82,17 +82,19 @@ pub fn protobuf_watch_frames(
 }
 
 /// One protobuf watch frame (as [`protobuf_watch_frames`] writes it) of an
-/// `event_type` event of `object` at its own resourceVersion, made from the
-/// object's cached message ([`super::Object::protobuf_message`]) without
-/// parsing its JSON: `api_version`/`kind` are its resource's.
+/// `event_type` event of `object` at `resource_version` (its own, or a
+/// deletion's), made from the object's cached message
+/// ([`super::Object::protobuf_message_at`]) without parsing its JSON:
+/// `api_version`/`kind` are its resource's.
 pub fn protobuf_object_frame(
     event_type: EventType,
     object: &super::Object,
+    resource_version: i64,
     api_version: &str,
     kind: &str,
 ) -> Result<Bytes, super::protobuf::ProtobufError> {
     use super::protobuf::{encode_watch_event, wrap_message};
-    let message = object.protobuf_message(api_version, kind)?;
+    let message = object.protobuf_message_at(api_version, kind, resource_version)?;
     let object = wrap_message(api_version, kind, &message)?;
     let frame = encode_watch_event(event_type.as_str(), object, api_version)?;
     let mut out = BytesMut::with_capacity(4 + frame.len());

@@ -472,17 +472,41 @@ impl StoredMessage {
     /// the same resourceVersion. `None` when the message has no single
     /// `metadata` (an `ObjectMeta`) to set it in.
     pub fn at(&self, resource_version: i64) -> Option<Bytes> {
-        let meta = self.desc.get_field_by_name("metadata")?;
-        let prost_reflect::Kind::Message(meta_desc) = meta.kind() else {
-            return None;
-        };
-        if meta_desc.full_name() != OBJECT_META || meta.is_list() {
-            return None;
-        }
-        let rv_field = meta_desc.get_field_by_name("resourceVersion")?.number();
-        let rv = resource_version.to_string();
-        with_field_in(&self.raw, meta.number(), rv_field, rv.as_bytes()).map(Bytes::from)
+        with_resource_version(&self.desc, &self.raw, resource_version).map(Bytes::from)
     }
+}
+
+/// `message`, a typed message of `api_version`/`kind`, with its
+/// `metadata.resourceVersion` set to `resource_version` and every other byte
+/// kept (as [`StoredMessage::at`]): a DELETED watch event carries the
+/// deleted object at the deletion's revision. `Ok(None)` when the type has
+/// no `ObjectMeta` or the message no single one.
+pub fn message_at(
+    message: &[u8],
+    api_version: &str,
+    kind: &str,
+    resource_version: i64,
+) -> Result<Option<Bytes>, ProtobufError> {
+    let desc = resolve(Schema::get()?, api_version, kind)?;
+    Ok(with_resource_version(&desc, message, resource_version).map(Bytes::from))
+}
+
+/// See [`StoredMessage::at`].
+fn with_resource_version(
+    desc: &MessageDescriptor,
+    message: &[u8],
+    resource_version: i64,
+) -> Option<Vec<u8>> {
+    let meta = desc.get_field_by_name("metadata")?;
+    let prost_reflect::Kind::Message(meta_desc) = meta.kind() else {
+        return None;
+    };
+    if meta_desc.full_name() != OBJECT_META || meta.is_list() {
+        return None;
+    }
+    let rv_field = meta_desc.get_field_by_name("resourceVersion")?.number();
+    let rv = resource_version.to_string();
+    with_field_in(message, meta.number(), rv_field, rv.as_bytes())
 }
 
 /// One field of an encoded message: `[start, end)` with its key, the value
