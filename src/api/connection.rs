@@ -25,7 +25,7 @@ use bytes::Bytes;
 use hyper::Request;
 use hyper::body::{Frame, Incoming, SizeHint};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, OwnedSemaphorePermit};
@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::stream_executor::{StreamExecutor, Streams};
 use super::{Body, State, secure};
 
 /// How long a connection being shut down (idle, or the server stopping) may
@@ -183,7 +184,6 @@ fn closed(reason: &str) {
 pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
-    builder: Arc<auto::Builder<TokioExecutor>>,
     state: Arc<State>,
     limits: ConnectionLimits,
     tls: Option<tokio_rustls::TlsAcceptor>,
@@ -196,7 +196,7 @@ pub(crate) async fn serve(
         let io = TokioIo::new(ServerStream::new(stream, limits.coalesce_writes));
         let conn = secure::Connection::default();
         let at = first_request_deadline;
-        serve_io(io, conn, peer, &builder, state, limits, at, close_rx).await;
+        serve_io(io, conn, peer, state, limits, at, close_rx).await;
         return;
     };
     let Some(tls) = tls_handshake(&acceptor, stream, &limits, peer).await else {
@@ -216,7 +216,6 @@ pub(crate) async fn serve(
         io,
         conn,
         peer,
-        &builder,
         state,
         limits,
         first_request_deadline,
@@ -231,7 +230,6 @@ async fn serve_io<I>(
     io: I,
     conn_info: secure::Connection,
     peer: SocketAddr,
-    builder: &auto::Builder<TokioExecutor>,
     state: Arc<State>,
     limits: ConnectionLimits,
     first_request_deadline: Instant,
@@ -265,7 +263,9 @@ async fn serve_io<I>(
             }
         })
     };
-    let conn = builder.serve_connection(io, svc);
+    let executor = StreamExecutor::default();
+    let builder = http_builder(&limits, executor.clone());
+    let conn = Streams::new(builder.serve_connection(io, svc), &executor);
     let mut conn = std::pin::pin!(conn);
     let mut closing: Option<Instant> = None;
     loop {
@@ -291,11 +291,11 @@ async fn serve_io<I>(
             _ = idle(&handle, limits.idle_timeout), if closing.is_none() => {
                 debug!(%peer, "idle connection; closing");
                 closed("idle_timeout");
-                conn.as_mut().graceful_shutdown();
+                conn.as_mut().conn().graceful_shutdown();
                 closing = Some(Instant::now() + CLOSE_GRACE);
             }
             _ = close_rx.changed(), if closing.is_none() => {
-                conn.as_mut().graceful_shutdown();
+                conn.as_mut().conn().graceful_shutdown();
                 closing = Some(Instant::now() + CLOSE_GRACE);
             }
             _ = tokio::time::sleep_until(closing.unwrap_or(first_request_deadline)), if closing.is_some() => {
@@ -303,6 +303,33 @@ async fn serve_io<I>(
             }
         }
     }
+}
+
+/// HTTP/2 streams per connection (each watch is one stream).
+const H2_MAX_CONCURRENT_STREAMS: u32 = 10_000;
+
+/// The HTTP/1.1 and HTTP/2 settings of one connection, whose HTTP/2 streams
+/// run in its own task ([`StreamExecutor`]).
+fn http_builder(
+    limits: &ConnectionLimits,
+    executor: StreamExecutor,
+) -> auto::Builder<StreamExecutor> {
+    let mut builder = auto::Builder::new(executor);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.first_request_timeout)
+        .keep_alive(true);
+    // No HTTP/2 PING keep-alive: hyper checks its ping timer on every
+    // poll of the connection (`Ponger::poll`, 1.5% of a fan-out profile,
+    // plus its clock reads). Dead peers are found by TCP keep-alive
+    // instead, set on every accepted socket, as Go's net/http
+    // (kube-apiserver) does.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS);
+    builder
 }
 
 /// What Go's TLS server answers a plain-HTTP request on a TLS port (and so

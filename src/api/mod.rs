@@ -19,8 +19,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -45,6 +43,7 @@ mod reviews;
 pub mod secure;
 mod smp;
 pub mod status;
+mod stream_executor;
 pub mod table;
 mod watch_stream;
 pub use watch_stream::WatchStreams;
@@ -56,8 +55,6 @@ pub use status::ApiStatus;
 
 /// How long [`Server::serve`] waits for connections to drain after shutdown.
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(4_000);
-/// HTTP/2 streams per connection (each watch is one stream).
-const H2_MAX_CONCURRENT_STREAMS: u32 = 10_000;
 
 /// The response body type of every handler.
 pub type Body = UnsyncBoxBody<Bytes, Infallible>;
@@ -180,23 +177,6 @@ impl Server {
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ApiError> {
         let state = self.state;
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_millis(
-                state.config.server.header_read_timeout_ms.max(1),
-            ))
-            .keep_alive(true);
-        builder
-            .http2()
-            .timer(TokioTimer::new())
-            .max_concurrent_streams(H2_MAX_CONCURRENT_STREAMS);
-        // No HTTP/2 PING keep-alive: hyper checks its ping timer on every
-        // poll of the connection (`Ponger::poll`, 1.5% of a fan-out profile,
-        // plus its clock reads). Dead peers are found by TCP keep-alive instead, set on
-        // every accepted socket, as Go's net/http (kube-apiserver) does.
-        let builder = Arc::new(builder);
 
         let limits = connection::ConnectionLimits::from_config(&state.config.server);
         let conn_slots = Arc::new(Semaphore::new(
@@ -256,7 +236,6 @@ impl Server {
                     conns.spawn(connection::serve(
                         stream,
                         peer,
-                        Arc::clone(&builder),
                         Arc::clone(&state),
                         limits,
                         acceptor.clone(),

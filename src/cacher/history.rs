@@ -14,6 +14,10 @@ use crate::object::Object;
 use crate::object::protobuf::ProtobufError;
 use crate::object::wire::{EventType, event_line, protobuf_object_frame, protobuf_watch_frames};
 
+/// Events a watcher reads in one drain: usually one or two (a watcher that
+/// keeps up), so they live inline, not in an allocation per delivery.
+pub(crate) type Events = smallvec::SmallVec<[Arc<HistoryEvent>; 4]>;
+
 /// The kind of a cached change (the watch event type before per-watcher conversion).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EventKind {
@@ -275,7 +279,7 @@ impl History {
     }
 
     /// Up to `max` events from `seq` on; `Gone` if `seq` was evicted.
-    pub fn read_from(&self, seq: u64, max: usize) -> Result<Vec<Arc<HistoryEvent>>, Gone> {
+    pub fn read_from(&self, seq: u64, max: usize) -> Result<Events, Gone> {
         let first = self.first_seq();
         if seq < first {
             return Err(Gone {

@@ -49,14 +49,20 @@ struct RouteLog {
 pub(crate) struct Trimmed;
 
 impl Route {
-    /// The logged sequence numbers from `cursor` on.
-    pub(crate) fn seqs_from(&self, cursor: u64) -> Result<Vec<u64>, Trimmed> {
+    /// `f` over the logged sequence numbers from `cursor` on, under the
+    /// log's lock (callers holding the history's lock take it first, as
+    /// every reader does).
+    pub(crate) fn with_seqs_from<R>(
+        &self,
+        cursor: u64,
+        f: impl FnOnce(&mut dyn Iterator<Item = u64>) -> R,
+    ) -> Result<R, Trimmed> {
         let log = self.log.lock();
         if log.trimmed_max.is_some_and(|t| t >= cursor) {
             return Err(Trimmed);
         }
         let from = log.seqs.partition_point(|s| *s < cursor);
-        Ok(log.seqs.iter().skip(from).copied().collect())
+        Ok(f(&mut log.seqs.range(from..).copied()))
     }
 
     /// One past the newest sequence number logged (0 before any).

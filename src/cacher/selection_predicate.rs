@@ -130,6 +130,15 @@ impl SelectionPredicate {
         self.label.matches(&o.labels) && self.field.matches(o)
     }
 
+    /// Every object its route's events carry is selected: a namespace with
+    /// no selector (an object never changes namespace, so both sides of an
+    /// event logged on the namespace's route lie in it).
+    pub fn route_selects_all(&self) -> bool {
+        matches!(self.route, Some(IndexKey::Namespace(_)))
+            && self.namespace.is_some()
+            && !self.has_selectors()
+    }
+
     /// No namespace and no selector: every object of the resource.
     pub fn is_everything(&self) -> bool {
         self.namespace.is_none() && !self.has_selectors()

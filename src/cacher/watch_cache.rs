@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::history::{EventKind, Gone, History, HistoryEvent};
+use super::history::{EventKind, Events, Gone, History, HistoryEvent};
 use super::indexed_watchers::{IndexedWatchers, Route};
 use super::snapshot::{IndexKey, Snapshot};
 use super::stats::CacherStats;
@@ -354,7 +354,9 @@ impl WatchCache {
         self.stats.received(n);
         self.stats.published(snap.rv, snap.len());
         if n > 0 {
-            self.watchers.wake(woken);
+            // A connection's task whose watchers this wakes runs once, with
+            // all of them ready, not once per watcher.
+            crate::wake_batch::batch(|| self.watchers.wake(woken));
         }
     }
 
@@ -431,13 +433,14 @@ impl WatchCache {
             None => hist.bytes_since(cursor),
             // Older than its route (a replay): every event counts.
             Some(r) if cursor < r.created_seq => hist.bytes_since(cursor),
-            Some(r) => {
-                let mut n = 0u64;
-                for s in r.seqs_from(cursor).map_err(|_| gone())? {
-                    n += hist.get(s).ok_or_else(gone)?.wire_bytes();
-                }
-                Ok(n)
-            }
+            Some(r) => r
+                .with_seqs_from(cursor, |seqs| {
+                    seqs.map(|s| hist.get(s).map(|ev| ev.wire_bytes()))
+                        .sum::<Option<u64>>()
+                })
+                .ok()
+                .flatten()
+                .ok_or_else(gone),
         }
     }
 
@@ -452,7 +455,7 @@ impl WatchCache {
     }
 
     /// Events from `cursor` on (all of them, routed or not).
-    pub(crate) fn read_all(&self, cursor: u64) -> Result<Vec<Arc<HistoryEvent>>, Gone> {
+    pub(crate) fn read_all(&self, cursor: u64) -> Result<Events, Gone> {
         self.history.read().read_from(cursor, usize::MAX)
     }
 
@@ -463,13 +466,9 @@ impl WatchCache {
     /// joined a young route) first gets every retained event up to the
     /// route's creation, which the route never logged; the watcher's own
     /// filter drops what is not its business.
-    pub(crate) fn read_route(
-        &self,
-        route: &Route,
-        cursor: u64,
-    ) -> Result<(Vec<Arc<HistoryEvent>>, u64), Gone> {
+    pub(crate) fn read_route(&self, route: &Route, cursor: u64) -> Result<(Events, u64), Gone> {
         if cursor < route.created_seq {
-            let mut out: Vec<Arc<HistoryEvent>> = self
+            let mut out: Events = self
                 .history
                 .read()
                 .read_from(cursor, usize::MAX)?
@@ -480,23 +479,21 @@ impl WatchCache {
             out.extend(more);
             return Ok((out, next));
         }
-        let seqs = route.seqs_from(cursor).map_err(|_| Gone {
-            oldest_rv: self.history.read().start_rv(),
-        })?;
+        // The history's lock first, then the route's, as every reader.
         let hist = self.history.read();
-        let mut out = Vec::with_capacity(seqs.len());
-        let mut next = cursor;
-        for s in seqs {
-            match hist.get(s) {
-                Some(ev) => out.push(Arc::clone(ev)),
-                None => {
-                    return Err(Gone {
-                        oldest_rv: hist.start_rv(),
-                    });
-                }
+        let gone = || Gone {
+            oldest_rv: hist.start_rv(),
+        };
+        let read = route.with_seqs_from(cursor, |seqs| {
+            let mut out = Events::new();
+            let mut next = cursor;
+            for s in seqs {
+                out.push(Arc::clone(hist.get(s)?));
+                next = s + 1;
             }
-            next = s + 1;
-        }
+            Some((out, next))
+        });
+        let (out, next) = read.ok().flatten().ok_or_else(gone)?;
         Ok((out, next))
     }
 }

@@ -39,8 +39,8 @@ pub enum WatchChunk {
 /// `cacheWatcher.convertToWatchEvent`), judged on the previous object too:
 /// new match only -> ADDED, both -> MODIFIED, old only -> DELETED (the old
 /// object at the new RV), neither -> nothing.
-fn convert(pred: &SelectionPredicate, ev: &HistoryEvent) -> Option<EventType> {
-    if pred.is_everything() {
+fn convert(pred: &SelectionPredicate, ev: &HistoryEvent, selected: bool) -> Option<EventType> {
+    if selected || pred.is_everything() {
         return Some(match ev.kind {
             EventKind::Added => EventType::Added,
             EventKind::Modified => EventType::Modified,
@@ -470,6 +470,14 @@ impl Watcher {
         {
             return Ok(());
         }
+        // Events read from the route's own log need no matching when the
+        // route implies the selection (a replay from before the route was
+        // created reads every event).
+        let selected = self.predicate.route_selects_all()
+            && self
+                .route
+                .as_ref()
+                .is_some_and(|r| self.cursor >= r.created_seq);
         let events = match &self.route {
             Some(route) => match self.cache.read_route(route, self.cursor) {
                 Ok((evs, next)) => {
@@ -497,7 +505,7 @@ impl Watcher {
         // reference-count round trip per delivery (a chunk is usually one
         // event).
         for ev in events {
-            let Some(ty) = convert(&self.predicate, &ev) else {
+            let Some(ty) = convert(&self.predicate, &ev, selected) else {
                 self.last_rv = self.last_rv.max(ev.rv);
                 continue;
             };
