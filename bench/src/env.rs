@@ -439,6 +439,21 @@ pub struct GrpcProxy {
 }
 
 impl GrpcProxy {
+    /// Whether the etcd binary the bench uses has `grpc-proxy start`
+    /// (etcd 3.x's does; a build without it answers its help with an error).
+    pub fn supported() -> bool {
+        let Some(bin) = watchcache::etcd_server::find_etcd_binary() else {
+            return false;
+        };
+        Command::new(bin)
+            .args(["grpc-proxy", "start", "--help"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
     /// Starts it on a free loopback port and waits until a Range through it
     /// answers. Call it from a thread that outlives it (PDEATHSIG).
     pub async fn start(etcd_endpoint: &str) -> Result<GrpcProxy> {

@@ -87,8 +87,14 @@ struct Cli {
     #[arg(long, value_enum, default_value = "proxy")]
     target: TargetArg,
     /// Run both targets in one invocation on the same etcd and print ratios.
+    /// fanout: also a third column, etcd watchers through `etcd grpc-proxy
+    /// start` (the peer a user would put in front of etcd instead), when the
+    /// etcd binary has it (see --no-grpc-proxy).
     #[arg(long)]
     compare: bool,
+    /// fanout --compare: leave the `etcd grpc-proxy` column out.
+    #[arg(long)]
+    no_grpc_proxy: bool,
     /// fanout: three columns on the same etcd, etcd watchers on etcd
     /// directly, through `etcd grpc-proxy start` and on watchcache's gRPC
     /// front, with the front/grpc-proxy and etcd-CPU ratios.
@@ -317,7 +323,22 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
     let targets: Vec<Target> = if cli.compare_grpc {
         vec![Target::Etcd, Target::GrpcProxy, Target::Grpc]
     } else if cli.compare {
-        vec![Target::Proxy, Target::Etcd]
+        let mut t = vec![Target::Proxy, Target::Etcd];
+        // The plain comparison of fan-out also runs the peer a user would
+        // pick instead of watchcache, when this etcd build has it.
+        if cli.scenario == Scenario::Fanout
+            && !cli.no_grpc_proxy
+            && !cli.secure
+            && !cli.compare_secure
+            && cli.proxy.is_none()
+        {
+            if env::GrpcProxy::supported() {
+                t.push(Target::GrpcProxy);
+            } else {
+                eprintln!("no `etcd grpc-proxy` in this etcd build: its column is left out");
+            }
+        }
+        t
     } else if cli.target == TargetArg::Proxy || cli.compare_secure {
         vec![Target::Proxy]
     } else if cli.target == TargetArg::Grpc {
@@ -717,6 +738,20 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
     }
 }
 
+/// `fanout --compare` with the grpc-proxy column: watchcache (the REST
+/// watches) over etcd's own proxy (etcd watches through it), same writes,
+/// same etcd; holder = the process holding the watchers.
+fn proxy_over_grpc_proxy(proxy: &Value, gp: &Value) -> Value {
+    let over = |p: &[&str]| ratio(num(proxy, p), num(gp, p));
+    json!({
+        "holder_cpu_per_delivery_proxy_over_grpc_proxy": over(&["per_delivery", "holder_cpu_us_per_delivery"]),
+        "p99_latency_proxy_over_grpc_proxy": over(&["latency_ms", "p99_ms"]),
+        "deliveries_per_s_proxy_over_grpc_proxy": over(&["deliveries_per_s"]),
+        "busy_rss_per_watcher_proxy_over_grpc_proxy": over(&["per_delivery", "holder_rss_per_busy_watcher_bytes"]),
+        "etcd_cpu_proxy_target_over_grpc_proxy_target": over(&["processes", "etcd", "cpu_s"]),
+    })
+}
+
 /// `--compare-grpc`: watchcache's gRPC front (`grpc`) against etcd
 /// grpc-proxy (`grpc_proxy`), and the etcd CPU each leaves to etcd against
 /// watchers on etcd directly (`etcd`). `processes.proxy` is the front of
@@ -849,6 +884,9 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 }),
             );
             add_busy_rss_goal(&mut out.1, proxy);
+            if let Some(gp) = r.get("grpc_proxy") {
+                merge(&mut out.0, proxy_over_grpc_proxy(proxy, gp));
+            }
             out
         }
         Scenario::List => {

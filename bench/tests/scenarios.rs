@@ -103,7 +103,9 @@ fn fanout_small_run_on_both_targets_is_clean() {
     );
     has_fields(&r, TOP, false, "report");
     assert_eq!(r["scenario"], "fanout");
-    for target in ["proxy", "etcd"] {
+    // The third column: the same etcd watchers through `etcd grpc-proxy`
+    // (the project's etcd has it).
+    for target in ["proxy", "etcd", "grpc_proxy"] {
         let t = &r["results"][target];
         has_fields(t, FANOUT, false, target);
         assert_eq!(t["watchers_established"], 20, "{target}: {t:#}");
@@ -124,6 +126,28 @@ fn fanout_small_run_on_both_targets_is_clean() {
     // etcd holds the watchers only when they are on etcd.
     assert!(r["results"]["etcd"]["etcd_watchers"].as_f64().unwrap() >= 20.0);
     assert!(r["results"]["proxy"]["etcd_watchers"].as_f64().unwrap() < 20.0);
+    assert!(
+        r["results"]["grpc_proxy"]["etcd_watchers"]
+            .as_f64()
+            .unwrap()
+            < 20.0
+    );
+    assert_eq!(
+        r["results"]["grpc_proxy"]["per_delivery"]["holder"], "proxy",
+        "the grpc-proxy process holds that column's watchers"
+    );
+    has_fields(
+        &r,
+        &[
+            "ratios.holder_cpu_per_delivery_proxy_over_grpc_proxy",
+            "ratios.p99_latency_proxy_over_grpc_proxy",
+            "ratios.deliveries_per_s_proxy_over_grpc_proxy",
+            "ratios.busy_rss_per_watcher_proxy_over_grpc_proxy",
+            "ratios.etcd_cpu_proxy_target_over_grpc_proxy_target",
+        ],
+        true,
+        "grpc-proxy ratios",
+    );
     has_fields(
         &r,
         &[
@@ -174,6 +198,7 @@ fn fanout_small_run_on_both_targets_is_clean() {
     );
     let plot = std::fs::read_to_string(&svg).expect("plot written");
     assert!(plot.starts_with("<svg") && plot.contains("proxy") && plot.contains("etcd"));
+    assert!(plot.contains("grpc_proxy"), "three distributions drawn");
 }
 
 #[test]
