@@ -17,4 +17,3 @@ pub mod object;
 pub mod prefetch;
 pub mod server_tls;
 pub mod storage;
-pub mod wake_batch;

@@ -9,10 +9,15 @@
 //! wake-ups were a third of a fan-out profile. Here [`StreamExecutor`]
 //! queues each stream as a future of the connection ([`Streams`]), which
 //! polls only the streams that were woken (a `FuturesUnordered`), then the
-//! connection, in one task on one core: an event is one task wake per
-//! connection, not per watch, and the frames it queued are written in the
-//! same poll. The wakes of one event's watchers reach the task once
-//! ([`wake_batch`](crate::wake_batch)).
+//! connection, in one task on one core: the frames an event's watchers
+//! queued are written in the same poll.
+//!
+//! The task is woken once per round, not once per watcher: what wakes it
+//! while it polls (the next watcher of the event, h2 waking the connection
+//! for the frames just queued, the set of streams yielding every few
+//! streams) is noted by its [`TaskWaker`] and served by another round of
+//! the same poll. Without that, the task was polled about 50 times per
+//! event at 100 watches per connection, chasing the event's wake loop.
 //!
 //! A stream that panics ends alone (its request's response is cut short,
 //! as a panicking tokio task would), never its connection's other streams.
@@ -21,13 +26,13 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::task::{Context, Poll, Wake, Waker};
 
 use futures::FutureExt;
 use futures::stream::{FuturesUnordered, StreamExt};
+use futures::task::AtomicWaker;
 use parking_lot::Mutex;
-
-use crate::wake_batch::TaskWaker;
 
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -62,8 +67,7 @@ pub(crate) struct Streams<C> {
     conn: Pin<Box<C>>,
     streams: FuturesUnordered<StreamFuture>,
     spawned: Arc<Mutex<Vec<StreamFuture>>>,
-    /// What the streams and the connection are given to wake this task:
-    /// the watchers an event wakes wake it once ([`wake_batch`](crate::wake_batch)).
+    /// What the streams and the connection are given to wake this task.
     task: Arc<TaskWaker>,
     waker: Waker,
 }
@@ -135,6 +139,59 @@ impl<C: Future> Future for Streams<C> {
     }
 }
 
+/// The waker [`Streams`] hands to what it polls: a wake while the task
+/// polls is noted for it ([`TaskWaker::end_poll`]) instead of rescheduling
+/// it; any other wake reaches the task's own waker.
+#[derive(Default)]
+struct TaskWaker {
+    task: AtomicWaker,
+    /// [`IDLE`], [`POLLING`] or [`WOKEN`] (woken while polling).
+    state: AtomicU8,
+}
+
+const IDLE: u8 = 0;
+const POLLING: u8 = 1;
+const WOKEN: u8 = 2;
+
+impl TaskWaker {
+    fn new() -> Arc<TaskWaker> {
+        Arc::default()
+    }
+
+    /// The task is being polled, by `waker`'s task.
+    fn begin_poll(&self, waker: &Waker) {
+        self.task.register(waker);
+        self.state.store(POLLING, Ordering::Release);
+    }
+
+    /// The poll is over; `true` if the task was woken meanwhile (it must
+    /// poll again, or wake itself). A wake from now on reschedules it.
+    fn end_poll(&self) -> bool {
+        self.state.swap(IDLE, Ordering::AcqRel) == WOKEN
+    }
+
+    fn waker(self: &Arc<Self>) -> Waker {
+        Waker::from(Arc::clone(self))
+    }
+}
+
+impl Wake for TaskWaker {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        match self
+            .state
+            .compare_exchange(POLLING, WOKEN, Ordering::AcqRel, Ordering::Acquire)
+        {
+            // Noted: the task polls again before it returns.
+            Ok(_) | Err(WOKEN) => {}
+            Err(_) => self.task.wake(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,10 +251,67 @@ mod tests {
     #[derive(Default)]
     struct Woken(AtomicUsize);
 
+    impl Woken {
+        fn count(&self) -> usize {
+            self.0.load(Ordering::SeqCst)
+        }
+    }
+
+    /// A wake while the task polls is noted, not sent to the task (from
+    /// this thread or another); after the poll, wakes reach the task.
+    #[test]
+    fn wakes_while_the_task_polls_are_noted_for_it() {
+        let woken = Arc::new(Woken::default());
+        let task = futures::task::waker(Arc::clone(&woken));
+        let tw = TaskWaker::new();
+        tw.begin_poll(&task);
+        assert!(!tw.end_poll(), "not woken");
+        tw.begin_poll(&task);
+        tw.waker().wake_by_ref();
+        let w = tw.waker();
+        std::thread::spawn(move || w.wake()).join().unwrap();
+        assert_eq!(woken.count(), 0, "not rescheduled");
+        assert!(tw.end_poll(), "noted");
+        tw.waker().wake_by_ref();
+        assert_eq!(woken.count(), 1, "after the poll: the task is woken");
+        tw.begin_poll(&task);
+        assert!(!tw.end_poll());
+    }
+
     impl futures::task::ArcWake for Woken {
         fn wake_by_ref(arc_self: &Arc<Self>) {
             arc_self.0.fetch_add(1, Ordering::SeqCst);
         }
+    }
+
+    /// A stream that wakes itself (as h2's streams and the set of streams
+    /// do) is polled again within the same poll of the connection's task,
+    /// without a trip through the scheduler.
+    #[test]
+    fn a_wake_during_the_poll_is_served_by_another_round() {
+        let exec = StreamExecutor::default();
+        let done = Arc::new(AtomicUsize::new(0));
+        let d = Arc::clone(&done);
+        exec.execute(async move {
+            let mut first = true;
+            std::future::poll_fn(|cx| {
+                if std::mem::take(&mut first) {
+                    cx.waker().wake_by_ref();
+                    Poll::Pending
+                } else {
+                    Poll::Ready(())
+                }
+            })
+            .await;
+            d.fetch_add(1, Ordering::SeqCst);
+        });
+        let mut driven = Streams::new(std::future::pending::<()>(), &exec);
+        let woken = Arc::new(Woken::default());
+        let waker = futures::task::waker(Arc::clone(&woken));
+        let mut cx = Context::from_waker(&waker);
+        assert!(Pin::new(&mut driven).poll(&mut cx).is_pending());
+        assert_eq!(done.load(Ordering::SeqCst), 1, "done in one poll");
+        assert_eq!(woken.count(), 0, "the task was not rescheduled");
     }
 
     /// A panicking stream ends alone; the connection and its other streams

@@ -354,9 +354,7 @@ impl WatchCache {
         self.stats.received(n);
         self.stats.published(snap.rv, snap.len());
         if n > 0 {
-            // A connection's task whose watchers this wakes runs once, with
-            // all of them ready, not once per watcher.
-            crate::wake_batch::batch(|| self.watchers.wake(woken));
+            self.watchers.wake(woken);
         }
     }
 
