@@ -1441,7 +1441,7 @@ async fn cacher_records_prometheus_metrics() {
     assert_eq!(scrape("watchcache_resource_version", R), rev as f64);
     assert_eq!(scrape("watchcache_objects", R), 1.0);
     assert!(scrape("watchcache_events_dispatched_total", R) >= 1.0);
-    assert!(m.watch_event_delay.get_sample_count() >= 1);
+    assert!(m.watch_event_delay.sample_count() >= 1);
 
     drop(closed);
     assert_eq!(

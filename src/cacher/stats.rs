@@ -202,7 +202,7 @@ impl CacherStats {
     }
     /// One "received from etcd -> handed to a watcher" delay.
     pub(crate) fn event_delay(&self, d: std::time::Duration) {
-        self.prom.watch_event_delay.observe(d.as_secs_f64());
+        self.prom.watch_event_delay.observe(d);
     }
     pub(crate) fn consistency_checked(&self, result: CheckResult) {
         Self::bump(&self.consistency_checks[result as usize]);
