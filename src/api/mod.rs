@@ -7,15 +7,12 @@
 //! then stops accepting, shuts every cacher down (which ends open watch
 //! streams), lets in-flight requests finish and returns within 5 s.
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
@@ -30,6 +27,7 @@ use crate::config::{Config, ResourceConfig};
 use crate::storage::Storage;
 use params::Query;
 
+mod body;
 mod connection;
 pub mod discovery;
 mod errors;
@@ -56,8 +54,7 @@ pub use status::ApiStatus;
 /// How long [`Server::serve`] waits for connections to drain after shutdown.
 const DRAIN_TIMEOUT: Duration = Duration::from_millis(4_000);
 
-/// The response body type of every handler.
-pub type Body = UnsyncBoxBody<Bytes, Infallible>;
+pub use body::Body;
 
 /// Errors of the server itself (request errors are `Status` responses).
 #[derive(Debug, thiserror::Error)]
@@ -370,7 +367,7 @@ async fn route(
 // Response helpers
 
 pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
-    Full::new(bytes.into()).boxed_unsync()
+    Body::full(bytes)
 }
 
 /// A response with `body` and the given content type.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{BufMut, Bytes};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::StreamBody;
 use hyper::Request;
 use hyper::body::{Frame, Incoming};
 use hyper::header::ACCEPT;
@@ -89,7 +89,7 @@ pub(crate) async fn list(
             let stream = futures::stream::iter(
                 frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))),
             );
-            Ok(ProtobufList::Body(StreamBody::new(stream).boxed_unsync()))
+            Ok(ProtobufList::Body(Body::boxed(StreamBody::new(stream))))
         }
         Err((key, error)) => Ok(ProtobufList::Unencodable { key, error, items }),
     }

@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::{BodyExt, StreamBody};
+use http_body_util::StreamBody;
 use hyper::body::{Frame, Incoming};
 use hyper::header::ACCEPT;
 use hyper::{Request, Response};
@@ -172,7 +172,7 @@ pub(crate) async fn list(
     Ok(response(
         200,
         "application/json",
-        StreamBody::new(stream).boxed_unsync(),
+        Body::boxed(StreamBody::new(stream)),
     ))
 }
 

@@ -35,7 +35,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::BodyExt;
 use hyper::body::Frame;
 use parking_lot::Mutex;
 use tokio::sync::OwnedSemaphorePermit;
@@ -114,13 +113,12 @@ impl WatchStreams {
                 protobuf_api_version: params.protobuf_api_version,
             })
         });
-        WatchBody {
+        Body::Watch(WatchBody {
             shared,
             cacher: params.cacher,
             extras,
             done: false,
-        }
-        .boxed_unsync()
+        })
     }
 
     /// One pass over every stream.
@@ -254,7 +252,7 @@ impl Shared {
 }
 
 /// The response body of a watch: small, as it lives as long as the watch.
-struct WatchBody {
+pub struct WatchBody {
     shared: Arc<Shared>,
     cacher: Arc<Cacher>,
     /// Table or protobuf streams only.
