@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::{Frame, SizeHint};
+use tokio_stream::StreamExt;
 
 use super::watch_stream::WatchBody;
 
@@ -37,6 +38,37 @@ impl Body {
         B: hyper::body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
     {
         Body::Boxed(UnsyncBoxBody::new(body))
+    }
+}
+
+/// Frames a [`Body::produced`] body's producer may have made and the
+/// connection not yet taken.
+const PRODUCED_AHEAD: usize = 2;
+
+impl Body {
+    /// A body of `frames`, made on a task of their own, at most
+    /// [`PRODUCED_AHEAD`] frames ahead of the connection. For a large List:
+    /// its connection's streams all run in the connection's task
+    /// (`stream_executor`), so frames made in the body itself would be made
+    /// on the same core as they are written, one after the other; made
+    /// here, the copy into the next frame overlaps the write of the last.
+    /// The producer stops when the body is dropped (the client went away).
+    pub fn produced<I>(frames: I) -> Body
+    where
+        I: Iterator<Item = Bytes> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::mpsc::channel(PRODUCED_AHEAD);
+        tokio::spawn(async move {
+            for frame in frames {
+                if tx.send(frame).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Body::boxed(http_body_util::StreamBody::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx)
+                .map(|b| Ok::<_, Infallible>(Frame::data(b))),
+        ))
     }
 }
 
@@ -92,6 +124,47 @@ mod tests {
         assert!(hyper::body::Body::is_end_stream(&empty));
         assert_eq!(hyper::body::Body::size_hint(&empty).exact(), Some(0));
         assert!(empty.collect().await.unwrap().to_bytes().is_empty());
+    }
+
+    /// Every frame in order, and the producer stops once the body is gone.
+    #[tokio::test]
+    async fn a_produced_body_carries_every_frame_and_stops_with_its_reader() {
+        let frames: Vec<Bytes> = (0..50).map(|i| Bytes::from(format!("{i},"))).collect();
+        let want: Vec<u8> = frames.iter().flat_map(|b| b.to_vec()).collect();
+        let got = Body::produced(frames.into_iter())
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(&got[..], &want[..]);
+
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = std::sync::Arc::clone(&made);
+        let endless = std::iter::repeat_with(move || {
+            m.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Bytes::from_static(b"x")
+        });
+        let mut body = Body::produced(endless);
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"x");
+        drop(body);
+        // The producer ends: the count stops growing, bounded by what was
+        // queued ahead.
+        let mut last = made.load(std::sync::atomic::Ordering::SeqCst);
+        for _ in 0..50 {
+            tokio::task::yield_now().await;
+            let now = made.load(std::sync::atomic::Ordering::SeqCst);
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let end = made.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            end <= 1 + PRODUCED_AHEAD + 2,
+            "{end} frames made for a reader of 1"
+        );
     }
 
     #[tokio::test]

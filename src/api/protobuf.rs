@@ -11,9 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{BufMut, Bytes};
-use http_body_util::StreamBody;
 use hyper::Request;
-use hyper::body::{Frame, Incoming};
+use hyper::body::Incoming;
 use hyper::header::ACCEPT;
 use serde_json::{Map, Value};
 
@@ -86,10 +85,7 @@ pub(crate) async fn list(
     match gathered {
         Ok(gathered) => {
             let frames = ListFrames::new(encoder, gathered);
-            let stream = futures::stream::iter(
-                frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))),
-            );
-            Ok(ProtobufList::Body(Body::boxed(StreamBody::new(stream))))
+            Ok(ProtobufList::Body(Body::produced(frames)))
         }
         Err((key, error)) => Ok(ProtobufList::Unencodable { key, error, items }),
     }

@@ -7,8 +7,7 @@ use std::ops::ControlFlow;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http_body_util::StreamBody;
-use hyper::body::{Frame, Incoming};
+use hyper::body::Incoming;
 use hyper::header::ACCEPT;
 use hyper::{Request, Response};
 use serde_json::{Map, Value, json};
@@ -167,13 +166,7 @@ pub(crate) async fn list(
         done: false,
         frames: Frames::default(),
     };
-    let stream =
-        futures::stream::iter(frames.map(|b| Ok::<_, std::convert::Infallible>(Frame::data(b))));
-    Ok(response(
-        200,
-        "application/json",
-        Body::boxed(StreamBody::new(stream)),
-    ))
+    Ok(response(200, "application/json", Body::produced(frames)))
 }
 
 /// List body frames in the making, for JSON and protobuf Lists alike:
