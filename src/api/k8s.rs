@@ -28,7 +28,8 @@ pub async fn handle(
     query: Query,
 ) -> Response<Body> {
     let result = if info.is_resource_request {
-        resource_request(state, req, info, query).await
+        // Boxed: see `api::handle` (the request future's size).
+        Box::pin(resource_request(state, req, info, query)).await
     } else {
         discovery(&state, &info, req.method())
     };

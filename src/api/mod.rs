@@ -313,9 +313,11 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
     let resp = match info {
         Ok(info) => match secure::admit(&state, &mut req, &info) {
             Ok(admitted) => {
-                let resp = route(state, req, info, query)
-                    .instrument(span.clone())
-                    .await;
+                // Each level below is boxed: an async fn holds its callee's
+                // future and the arguments it moved there, so unboxed the
+                // request future was 17 KB (measured with `size_of_val`),
+                // allocated and moved for every request; now 1.7 KB.
+                let resp = Box::pin(route(state, req, info, query).instrument(span.clone())).await;
                 secure::finish(&admitted, resp.status().as_u16());
                 resp
             }
@@ -359,7 +361,8 @@ async fn route(
                 None => status_response(&ApiStatus::not_found("not found")),
             }
         }
-        _ => k8s::handle(state, req, info, query).await,
+        // Boxed, see `handle`.
+        _ => Box::pin(k8s::handle(state, req, info, query)).await,
     }
 }
 
