@@ -554,6 +554,13 @@ async fn bad_requests_leave_etcd_untouched() {
         .await
         .unwrap();
     assert_eq!(r.status(), 413);
+    // The rest of that body is never read: the HTTP/1.1 connection ends
+    // with this answer, and says so, so the client does not send its next
+    // request on it.
+    assert_eq!(
+        r.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["reason"], "RequestEntityTooLarge");
 

@@ -633,6 +633,22 @@ async fn daemon_flags_and_audit_lines() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
+    assert!(r.headers().get("connection").is_none(), "no body: kept");
+    // Refused with its body unread: the HTTP/1.1 connection ends with the
+    // answer, and says so; the next request goes on a new one.
+    let r = http
+        .post(d.url("/api/v1/namespaces/team-a/pods"))
+        .bearer_auth("bob-token")
+        .header("content-type", "application/json")
+        .body(vec![b' '; 64 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert_eq!(
+        r.headers().get("connection").map(|v| v.as_bytes()),
+        Some(&b"close"[..])
+    );
     let r = http.get(d.url("/api/v1/pods")).send().await.unwrap();
     assert_eq!(
         r.status(),
@@ -650,17 +666,17 @@ async fn daemon_flags_and_audit_lines() {
 
     let found = common::eventually(Duration::from_secs(10), || {
         let log = d.log();
-        async move { log.lines().filter(|l| l.contains("\"audit\"")).count() >= 3 }
+        async move { log.lines().filter(|l| l.contains("\"audit\"")).count() >= 4 }
     })
     .await;
     let log = d.log();
-    assert!(found, "three audit lines:\n{log}");
+    assert!(found, "four audit lines:\n{log}");
     let audits: Vec<Value> = log
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["target"] == "audit")
         .collect();
-    assert_eq!(audits.len(), 3, "{log}");
+    assert_eq!(audits.len(), 4, "{log}");
     let f = |v: &Value, k: &str| v["fields"][k].clone();
     let create = &audits[0];
     assert_eq!(f(create, "user"), "bob");
@@ -674,7 +690,12 @@ async fn daemon_flags_and_audit_lines() {
         (f(denied, "verb"), f(denied, "code")),
         (json!("list"), json!(403))
     );
-    let unauth = &audits[2];
+    let denied_create = &audits[2];
+    assert_eq!(
+        (f(denied_create, "verb"), f(denied_create, "code")),
+        (json!("create"), json!(403))
+    );
+    let unauth = &audits[3];
     assert_eq!(
         (f(unauth, "user"), f(unauth, "code")),
         (json!(""), json!(401))

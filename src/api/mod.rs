@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -321,9 +321,9 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
                 secure::finish(&admitted, resp.status().as_u16());
                 resp
             }
-            Err(denied) => status_response(&denied),
+            Err(denied) => status_response(&unread_body(&req, denied)),
         },
-        Err(e) => status_response(&errors::request_info_status(&e)),
+        Err(e) => status_response(&unread_body(&req, errors::request_info_status(&e))),
     };
     let elapsed = start.elapsed();
     let code = resp.status().as_u16();
@@ -344,6 +344,18 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
         "request"
     );
     resp
+}
+
+/// `status` for a request refused before its body was read: on HTTP/1.x,
+/// with `Connection: close` when a body may still be on its way (see
+/// [`ApiStatus::close_connection`]).
+fn unread_body(req: &Request<Incoming>, status: ApiStatus) -> ApiStatus {
+    use hyper::body::Body as _;
+    if req.version() < hyper::Version::HTTP_2 && !req.body().is_end_stream() {
+        status.with_close_connection()
+    } else {
+        status
+    }
 }
 
 async fn route(
@@ -394,6 +406,10 @@ pub(crate) fn status_response(status: &ApiStatus) -> Response<Body> {
         && let Ok(v) = HeaderValue::from_str(&secs.to_string())
     {
         resp.headers_mut().insert(RETRY_AFTER, v);
+    }
+    if status.close_connection {
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     resp
 }

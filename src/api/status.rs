@@ -17,6 +17,9 @@ pub struct ApiStatus {
     pub reason: &'static str,
     pub message: String,
     pub retry_after: Option<u64>,
+    /// Answered with `Connection: close` (HTTP/1.x): the request's body was
+    /// left unread, so the connection cannot carry another request.
+    pub close_connection: bool,
     /// `details` of the Status (name, kind), when known.
     pub details: Option<(String, String)>,
 }
@@ -28,6 +31,7 @@ impl ApiStatus {
             reason,
             message: message.into(),
             retry_after: None,
+            close_connection: false,
             details: None,
         }
     }
@@ -92,6 +96,12 @@ impl ApiStatus {
 
     pub fn timeout(message: impl Into<String>) -> ApiStatus {
         ApiStatus::new(504, "Timeout", message)
+    }
+
+    /// See [`ApiStatus::close_connection`].
+    pub fn with_close_connection(mut self) -> ApiStatus {
+        self.close_connection = true;
+        self
     }
 
     pub fn with_retry_after(mut self, seconds: u64) -> ApiStatus {

@@ -33,10 +33,16 @@ pub(crate) async fn read_body(
 ) -> Result<(Parts, Bytes), ApiStatus> {
     let max = state.config.server.max_body_bytes;
     let (parts, body) = req.into_parts();
+    // The rest of the body is left unread: an HTTP/1.x connection cannot
+    // carry another request after it, so the answer says so (as Go's
+    // net/http does for a request over its limit); without it the client
+    // could send its next request on a connection being closed.
+    let http1 = parts.version < hyper::Version::HTTP_2;
     let too_large = || {
-        ApiStatus::too_large(format!(
+        let s = ApiStatus::too_large(format!(
             "the request body is larger than the limit of {max} bytes"
-        ))
+        ));
+        if http1 { s.with_close_connection() } else { s }
     };
     if let Some(len) = parts
         .headers
