@@ -159,6 +159,12 @@ pub struct ServerConfig {
     /// are exempt: they wait for the client instead.
     #[serde(default = "default_watch_max_buffered_bytes")]
     pub watch_max_buffered_bytes: usize,
+    /// Bytes of finished List bodies kept, in all resources, so a List of
+    /// the same snapshot (an informer relist storm, a controller listing a
+    /// quiet resource again) is written from them instead of being built
+    /// again (`api::list_body_cache`). 0 turns it off.
+    #[serde(default = "default_list_body_cache_bytes")]
+    pub list_body_cache_bytes: usize,
     /// Coalesce a connection's small writes (HTTP/2 frames, HTTP/1.1
     /// chunks) into one system call per batch instead of one per frame:
     /// the largest saving in watch fan-out. Off only to measure it.
@@ -346,6 +352,10 @@ fn default_true() -> bool {
 fn default_watch_max_buffered_bytes() -> usize {
     256 * 1024
 }
+fn default_list_body_cache_bytes() -> usize {
+    256 << 20
+}
+
 fn default_consistent_read_timeout_ms() -> u64 {
     3_000
 }
@@ -395,6 +405,7 @@ impl Default for ServerConfig {
             idle_timeout_ms: default_idle_timeout_ms(),
             max_connections: default_max_connections(),
             watch_max_buffered_bytes: default_watch_max_buffered_bytes(),
+            list_body_cache_bytes: default_list_body_cache_bytes(),
             coalesce_writes: true,
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),

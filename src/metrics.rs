@@ -51,6 +51,11 @@ pub struct Metrics {
     pub api_connections_closed: IntCounterVec,
     pub grpc_requests: IntCounterVec,
     pub grpc_watchers: prometheus::IntGaugeVec,
+    /// Full Lists by resource and whether their body was kept from an
+    /// earlier List of the same snapshot (`hit`) or built (`miss`).
+    pub list_body_cache: IntCounterVec,
+    /// Bytes of List bodies kept (bounded by `server.list_body_cache_bytes`).
+    pub list_body_cache_bytes: IntGauge,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -213,6 +218,22 @@ impl Metrics {
                         "etcd v3 gRPC front: open client watches by source (cache, etcd).",
                     ),
                     &["source"],
+                )
+                .expect("valid metric definition");
+                r.register(Box::new(g.clone()))
+                    .expect("metric registered once");
+                g
+            },
+            list_body_cache: counter(
+                &r,
+                "watchcache_list_body_cache_total",
+                "Full JSON Lists by resource and result: hit (written from the body of an earlier List of the same snapshot) or miss (built).",
+                &["resource", "result"],
+            ),
+            list_body_cache_bytes: {
+                let g = IntGauge::new(
+                    "watchcache_list_body_cache_bytes",
+                    "Bytes of List bodies kept for Lists of the same snapshot (bounded by server.list_body_cache_bytes).",
                 )
                 .expect("valid metric definition");
                 r.register(Box::new(g.clone()))

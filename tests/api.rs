@@ -1167,6 +1167,84 @@ async fn idle_watches_are_woken_for_bookmarks_and_their_timeout() {
 
 /// The value of one sample of `/metrics`, e.g.
 /// `watchcache_http_requests_total{code="200",verb="watch"}` (0 when absent).
+/// The bytes after a List's head (`..."items":[`): what a kept body holds.
+fn list_items_bytes(body: &[u8]) -> &[u8] {
+    let at = body
+        .windows(9)
+        .position(|w| w == b"\"items\":[")
+        .expect("a List body");
+    &body[at..]
+}
+
+async fn list_raw(ts: &TestServer, path: &str) -> bytes::Bytes {
+    let r = ts.http.get(ts.url(path)).send().await.expect("list");
+    assert_eq!(r.status(), 200);
+    r.bytes().await.expect("list body")
+}
+
+fn item_names(body: &[u8]) -> Vec<String> {
+    let v: Value = serde_json::from_slice(body).expect("a whole JSON List");
+    v["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// Repeated full Lists of the same objects are written from the body the
+/// second one kept (`ListBodyCache`): byte for byte what was built, whole,
+/// for a namespace and for all namespaces; and after a write or a delete
+/// the next List shows it, never a kept body of the objects before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_lists_are_written_from_the_kept_body_and_see_every_write() {
+    let ts = TestServer::start("listbody", |_| {}).await;
+    // Bodies of several frames (256 KiB each): 160 pods of about 2 KiB.
+    let mut want: Vec<String> = Vec::new();
+    for i in 0..160 {
+        let name = format!("p{i:03}");
+        let mut p = pod("ns1", &name);
+        p["metadata"]["annotations"] = json!({"blob": "x".repeat(2000)});
+        let (c, _) = ts.post_json(PODS, &p).await;
+        assert_eq!(c, 201);
+        want.push(name);
+    }
+    let hits = r#"watchcache_list_body_cache_total{resource="pods",result="hit"} "#;
+    let before = metric_value(&ts, hits).await;
+    for path in [PODS, "/api/v1/pods"] {
+        // Consistent: at the last write. Then built, recorded, kept.
+        let fresh = list_raw(&ts, path).await;
+        assert_eq!(item_names(&fresh), want);
+        for _ in 0..3 {
+            let again = list_raw(&ts, path).await;
+            assert_eq!(list_items_bytes(&again), list_items_bytes(&fresh));
+            assert_eq!(item_names(&again), want);
+        }
+        let rv0 = list_raw(&ts, &format!("{path}?resourceVersion=0")).await;
+        assert_eq!(list_items_bytes(&rv0), list_items_bytes(&fresh));
+    }
+    assert!(
+        metric_value(&ts, hits).await > before,
+        "repeated Lists were written from a kept body"
+    );
+    // A write, then a delete: every later List shows it.
+    let mut p = pod("ns1", "p500");
+    p["metadata"]["annotations"] = json!({"blob": "y"});
+    let (c, _) = ts.post_json(PODS, &p).await;
+    assert_eq!(c, 201);
+    want.push("p500".into());
+    for _ in 0..3 {
+        assert_eq!(item_names(&list_raw(&ts, PODS).await), want);
+        assert_eq!(item_names(&list_raw(&ts, "/api/v1/pods").await), want);
+    }
+    let (c, _) = ts.delete_json(&format!("{PODS}/p000"), None).await;
+    assert_eq!(c, 200);
+    want.remove(0);
+    for _ in 0..3 {
+        assert_eq!(item_names(&list_raw(&ts, PODS).await), want);
+    }
+}
+
 async fn metric_value(ts: &TestServer, sample: &str) -> f64 {
     let text = ts
         .http

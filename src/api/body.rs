@@ -72,6 +72,20 @@ impl Body {
     }
 }
 
+impl Body {
+    /// `head`, then frames kept from an earlier body (shared, not copied):
+    /// a List written from the `ListBodyCache`. Nothing to make, so no
+    /// producer task.
+    pub fn kept(head: Bytes, frames: std::sync::Arc<[Bytes]>) -> Body {
+        let rest = (0..frames.len()).map(move |i| frames[i].clone());
+        Body::boxed(http_body_util::StreamBody::new(tokio_stream::iter(
+            std::iter::once(head)
+                .chain(rest)
+                .map(|b| Ok::<_, Infallible>(Frame::data(b))),
+        )))
+    }
+}
+
 impl hyper::body::Body for Body {
     type Data = Bytes;
     type Error = Infallible;
@@ -165,6 +179,18 @@ mod tests {
             end <= 1 + PRODUCED_AHEAD + 2,
             "{end} frames made for a reader of 1"
         );
+    }
+
+    #[tokio::test]
+    async fn a_kept_body_is_its_head_then_its_frames() {
+        let frames: std::sync::Arc<[Bytes]> =
+            vec![Bytes::from_static(b"{\"a\":1}"), Bytes::from_static(b"]}")].into();
+        let mut b = Body::kept(Bytes::from_static(b"{\"items\":["), frames);
+        let mut got = Vec::new();
+        while let Some(f) = b.frame().await {
+            got.push(f.unwrap().into_data().unwrap());
+        }
+        assert_eq!(got, [&b"{\"items\":["[..], b"{\"a\":1}", b"]}"]);
     }
 
     #[tokio::test]

@@ -25,6 +25,7 @@ use tracing::{Instrument, debug, info, warn};
 use crate::cacher::{Cacher, CacherOptions};
 use crate::config::{Config, ResourceConfig};
 use crate::storage::Storage;
+use list_body_cache::{ListBodyBudget, ListBodyCache};
 use params::Query;
 
 mod body;
@@ -32,6 +33,7 @@ mod connection;
 pub mod discovery;
 mod errors;
 pub mod k8s;
+pub mod list_body_cache;
 pub mod ops;
 pub mod params;
 mod protobuf;
@@ -69,6 +71,8 @@ pub enum ApiError {
 pub struct Resource {
     pub config: ResourceConfig,
     pub cacher: Arc<Cacher>,
+    /// Bodies of full Lists, kept for Lists of the same snapshot.
+    pub list_bodies: Arc<ListBodyCache>,
 }
 
 /// State shared by every request.
@@ -120,11 +124,13 @@ impl Server {
         let security = Security::from_config(&config.server)?;
         let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
         let max_watches = config.server.max_watches.min(Semaphore::MAX_PERMITS);
+        let list_body_budget = ListBodyBudget::new(config.server.list_body_cache_bytes);
         let resources = config
             .resources
             .iter()
             .map(|r| Resource {
                 config: r.clone(),
+                list_bodies: ListBodyCache::new(&r.plural, Arc::clone(&list_body_budget)),
                 cacher: Cacher::start(
                     r.clone(),
                     &config.etcd.prefix,

@@ -13,12 +13,13 @@ use hyper::{Request, Response};
 use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::cacher::{GetRequest, ListCursor, ListRequest, WatchRequest};
+use crate::cacher::{GetRequest, ListCursor, ListItems, ListRequest, WatchRequest};
 use crate::object::{FieldSelector, LabelSelector, metadata_str};
 
 use super::connection::ConnectionHandle;
 use super::errors::cacher_status;
 use super::k8s::{Target, json_value};
+use super::list_body_cache::{Lookup, Recorder};
 use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
 use super::protobuf::{self, ProtobufList};
 use super::table::{self, IncludeObject};
@@ -156,15 +157,31 @@ pub(crate) async fn list(
     })
     .to_string();
     // `head` ends with '}': reopen it for the items.
-    let mut prefix = head;
-    prefix.pop();
-    prefix.push_str(",\"items\":[");
+    let mut head = head;
+    head.pop();
+    head.push_str(",\"items\":[");
+    let head = Bytes::from(head);
+    // Everything under a prefix: the same bytes for every List of this
+    // snapshot, kept once built.
+    let recorder = match &items {
+        ListItems::Range { snap, prefix, from } if from.is_empty() => {
+            match res.list_bodies.lookup(snap, prefix) {
+                Lookup::Hit(frames) => {
+                    return Ok(response(200, "application/json", Body::kept(head, frames)));
+                }
+                Lookup::Miss(r) => r,
+                Lookup::Off => None,
+            }
+        }
+        _ => None,
+    };
     let frames = ListFrames {
-        prefix: Some(Bytes::from(prefix)),
+        head: Some(head),
         items: items.into_cursor(),
         first: true,
         done: false,
         frames: Frames::default(),
+        recorder,
     };
     Ok(response(200, "application/json", Body::produced(frames)))
 }
@@ -216,30 +233,38 @@ impl Frames {
     }
 }
 
-/// The frames of a List body: the head, the items' cached wire bytes
-/// ([`Frames`]), then `]}`. The items are walked a frame at a time, as
-/// hyper asks for the next frame.
+/// The frames of a List body: the head (a frame of its own), the items'
+/// cached wire bytes ([`Frames`]), then `]}`. The items are walked a frame
+/// at a time, as hyper asks for the next frame. With a recorder, the frames
+/// after the head are kept for the next List of the same snapshot.
 struct ListFrames {
-    prefix: Option<Bytes>,
+    head: Option<Bytes>,
     items: ListCursor,
     first: bool,
     done: bool,
     frames: Frames,
+    recorder: Option<Recorder>,
 }
 
 impl Iterator for ListFrames {
     type Item = Bytes;
 
     fn next(&mut self) -> Option<Bytes> {
+        if let Some(h) = self.head.take() {
+            return Some(h);
+        }
         loop {
             if let Some(f) = self.frames.pop() {
+                if let Some(r) = &mut self.recorder {
+                    r.record(&f);
+                }
                 return Some(f);
             }
             if self.done {
+                if let Some(r) = self.recorder.take() {
+                    r.finish();
+                }
                 return None;
-            }
-            if let Some(p) = self.prefix.take() {
-                self.frames.buf().put_slice(&p);
             }
             let (first, frames) = (&mut self.first, &mut self.frames);
             let more = self.items.visit(|obj| {
@@ -412,7 +437,8 @@ mod tests {
     use bytes::Bytes;
 
     use super::{LIST_FRAME_BYTES, ListFrames, default_watch_timeout};
-    use crate::cacher::ListItems;
+    use crate::api::list_body_cache::{ListBodyBudget, ListBodyCache, Lookup};
+    use crate::cacher::{ListItems, Snapshot};
     use crate::object::Object;
 
     fn obj(i: usize, blob: usize) -> Arc<Object> {
@@ -425,14 +451,32 @@ mod tests {
     /// the joined body lists.
     fn frames(sizes: &[usize]) -> (Vec<Bytes>, Vec<String>) {
         let items: Vec<Arc<Object>> = sizes.iter().enumerate().map(|(i, n)| obj(i, *n)).collect();
+        // Recorded as a List of everything would be: what is kept is
+        // exactly what was sent after the head.
+        let cache = ListBodyCache::new("reads-test", ListBodyBudget::new(64 << 20));
+        let snap = Arc::new(Snapshot::empty(1, 0));
+        assert!(matches!(
+            cache.lookup(&snap, "/r/pods/ns/"),
+            Lookup::Miss(None)
+        ));
+        let Lookup::Miss(Some(recorder)) = cache.lookup(&snap, "/r/pods/ns/") else {
+            panic!("the second List of a snapshot records");
+        };
+        let head = Bytes::from_static(br#"{"kind":"PodList","items":["#);
         let frames: Vec<Bytes> = ListFrames {
-            prefix: Some(Bytes::from_static(br#"{"kind":"PodList","items":["#)),
+            head: Some(head.clone()),
             items: ListItems::Collected(items).into_cursor(),
             first: true,
             done: false,
             frames: Frames::default(),
+            recorder: Some(recorder),
         }
         .collect();
+        assert_eq!(frames[0], head, "the head is a frame of its own");
+        let Lookup::Hit(kept) = cache.lookup(&snap, "/r/pods/ns/") else {
+            panic!("a finished body is kept");
+        };
+        assert_eq!(&frames[1..], &kept[..]);
         let body: Vec<u8> = frames.concat();
         let v: serde_json::Value = serde_json::from_slice(&body).expect("the body is JSON");
         let names = v["items"]
@@ -466,16 +510,25 @@ mod tests {
             for f in &frames {
                 assert!(f.len() < LIST_FRAME_BYTES + 2000 || f.starts_with(b"{\"name\""));
             }
-            let alone: Vec<&Bytes> = frames
+            let alone = frames
                 .iter()
-                .filter(|f| f.starts_with(b"{\"name\""))
-                .collect();
-            assert!(alone.iter().all(|f| f.len() > large), "sizes {sizes:?}");
-            assert_eq!(alone.len(), sizes.iter().filter(|n| **n == large).count());
+                .filter(|f| {
+                    f.len() > large
+                        && f.starts_with(b"{\"name\"")
+                        && f.ends_with(b"\"}")
+                        && !f.windows(3).any(|w| w == b"},{")
+                })
+                .count();
+            assert_eq!(
+                alone,
+                sizes.iter().filter(|n| **n == large).count(),
+                "sizes {sizes:?}"
+            );
         }
-        // Small items are coalesced: 3 frames' worth take about 3 frames.
+        // Small items are coalesced: 3 frames' worth take about 3 frames
+        // (after the head's).
         let (f, _) = frames(&many_small);
-        assert!((3..=4).contains(&f.len()), "{} frames", f.len());
+        assert!((4..=5).contains(&f.len()), "{} frames", f.len());
     }
 
     #[test]

@@ -7,6 +7,7 @@
 
 use std::ops::Bound;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use imbl::{HashMap as PHashMap, OrdMap, OrdSet};
 
@@ -71,7 +72,15 @@ pub struct Snapshot {
     pub next_seq: u64,
     objects: OrdMap<Arc<str>, Arc<Object>>,
     index: PHashMap<IndexKey, OrdSet<Arc<str>>>,
+    /// Names the objects this snapshot holds: a change gives it a new value
+    /// (never used before); a progress notification, which only moves
+    /// `rv`, keeps it. What is built from the objects alone (a List's
+    /// items) can be kept for as long as it stays the same.
+    contents: u64,
 }
+
+/// The last [`Snapshot::contents`] given out.
+static CONTENTS: AtomicU64 = AtomicU64::new(0);
 
 impl Snapshot {
     pub fn empty(rv: i64, next_seq: u64) -> Snapshot {
@@ -84,6 +93,12 @@ impl Snapshot {
 
     pub fn len(&self) -> usize {
         self.objects.len()
+    }
+
+    /// See the field: equal values mean the same objects (and a larger one
+    /// a later change of the same cache).
+    pub fn contents(&self) -> u64 {
+        self.contents
     }
     pub fn is_empty(&self) -> bool {
         self.objects.is_empty()
@@ -115,6 +130,7 @@ impl Snapshot {
         new: Option<Arc<Object>>,
         index_paths: &[Arc<str>],
     ) -> Option<Arc<Object>> {
+        self.contents = CONTENTS.fetch_add(1, Ordering::Relaxed) + 1;
         let prev = match &new {
             Some(o) => self.objects.insert(Arc::clone(key), Arc::clone(o)),
             None => self.objects.remove(&**key),
@@ -218,6 +234,24 @@ mod tests {
 
     fn paths() -> Vec<Arc<str>> {
         vec![Arc::from("spec.nodeName")]
+    }
+
+    #[test]
+    fn contents_change_with_the_objects_and_only_with_them() {
+        let mut s = Snapshot::empty(1, 0);
+        let k: Arc<str> = Arc::from("/r/pods/ns/a");
+        s.apply(&k, Some(obj("ns", "a", &[], None)), &paths());
+        let c = s.contents();
+        // A progress notification: a newer RV, the same objects.
+        let mut later = s.clone();
+        later.rv = 9;
+        assert_eq!(later.contents(), c);
+        later.apply(&k, None, &paths());
+        assert!(later.contents() > c);
+        assert_eq!(s.contents(), c);
+        let mut other = Snapshot::empty(1, 0);
+        other.apply(&k, Some(obj("ns", "a", &[], None)), &paths());
+        assert_ne!(other.contents(), c, "every change gets a value of its own");
     }
 
     #[test]

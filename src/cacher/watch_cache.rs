@@ -693,7 +693,9 @@ mod tests {
                 ("BOOKMARK".into(), "".into(), "11".into())
             ]
         );
+        let contents = cache.current().contents();
         cache.advance(15); // progress: no events, newer RV
+        assert_eq!(cache.current().contents(), contents);
         let t0 = tokio::time::Instant::now();
         assert_eq!(
             lines(w.next().await),

@@ -1,0 +1,450 @@
+//! `ListBodyCache`: the finished body of a full List, kept for the next List
+//! of the same snapshot.
+//!
+//! Why: Lists of one resource at one resourceVersion ask for the same bytes:
+//! every informer of a resource relisting after a restart or a partition, a
+//! controller listing a quiet resource again. Building the body copies every
+//! object's cached bytes into frames, about a fifth of a 10,000-object
+//! List's time (docs/BENCHMARKS.md, session 9); written from kept frames, a
+//! List costs little more than the socket's own copy. etcd's grpc-proxy
+//! keeps Range answers for the same reason.
+//!
+//! An entry belongs to the objects it was built from, named by the
+//! snapshot's [`contents`](Snapshot::contents): every change gives a new
+//! value (a progress notification, which only moves the resourceVersion,
+//! does not), so an entry cannot answer for objects it does not hold, no
+//! invalidation can be missed, and entries of older contents are dropped
+//! at the next List. It never keeps a snapshot alive. Memory is bounded:
+//! `server.list_body_cache_bytes` for all resources together (0 turns the
+//! cache off) and [`ENTRIES`] per resource (the latest prefixes listed:
+//! the whole resource, a few namespaces). Only what is the same for every
+//! client is kept: the items and the closing bytes, not the head (it holds
+//! the List's resourceVersion).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use prometheus::IntCounter;
+
+use crate::cacher::Snapshot;
+
+/// Entries kept per resource.
+pub const ENTRIES: usize = 4;
+
+/// The bytes every resource's cache may keep, shared.
+#[derive(Debug)]
+pub struct ListBodyBudget {
+    limit: usize,
+    used: AtomicUsize,
+}
+
+impl ListBodyBudget {
+    pub fn new(limit: usize) -> Arc<ListBodyBudget> {
+        Arc::new(ListBodyBudget {
+            limit,
+            used: AtomicUsize::new(0),
+        })
+    }
+
+    /// Bytes kept now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Reserves `n` bytes if they fit.
+    fn take(&self, n: usize) -> bool {
+        let mut used = self.used.load(Ordering::Relaxed);
+        loop {
+            let Some(after) = used.checked_add(n).filter(|a| *a <= self.limit) else {
+                return false;
+            };
+            match self
+                .used
+                .compare_exchange_weak(used, after, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => {
+                    crate::metrics::metrics()
+                        .list_body_cache_bytes
+                        .add(n as i64);
+                    return true;
+                }
+                Err(now) => used = now,
+            }
+        }
+    }
+
+    fn give(&self, n: usize) {
+        self.used.fetch_sub(n, Ordering::Relaxed);
+        crate::metrics::metrics()
+            .list_body_cache_bytes
+            .sub(n as i64);
+    }
+}
+
+/// What is known of the List of one prefix at one snapshot.
+enum Kept {
+    /// Listed once: the next List records its frames.
+    Seen,
+    /// A List is recording its frames (one at a time: a relist storm
+    /// records once, not once per client).
+    Recording,
+    /// Too large for the budget: built every time (no further attempt at
+    /// this snapshot).
+    Unkept,
+    /// The frames, for every later List.
+    Frames(Arc<[Bytes]>),
+}
+
+/// One prefix of one snapshot's contents; its bytes go back to the budget
+/// when it is dropped.
+struct Entry {
+    contents: u64,
+    prefix: String,
+    kept: Kept,
+    /// Budget bytes held for `kept`'s frames.
+    bytes: usize,
+    budget: Arc<ListBodyBudget>,
+}
+
+impl Entry {
+    fn is(&self, contents: u64, prefix: &str) -> bool {
+        self.contents == contents && self.prefix == prefix
+    }
+}
+
+impl Drop for Entry {
+    fn drop(&mut self) {
+        self.budget.give(self.bytes);
+    }
+}
+
+/// One resource's kept List bodies (see the module documentation).
+pub struct ListBodyCache {
+    budget: Arc<ListBodyBudget>,
+    /// Oldest first.
+    entries: Mutex<Vec<Entry>>,
+    hits: IntCounter,
+    misses: IntCounter,
+}
+
+impl ListBodyCache {
+    /// The cache of resource `resource` (a metrics label), drawing on `budget`.
+    pub fn new(resource: &str, budget: Arc<ListBodyBudget>) -> Arc<ListBodyCache> {
+        let m = &crate::metrics::metrics().list_body_cache;
+        Arc::new(ListBodyCache {
+            budget,
+            entries: Mutex::new(Vec::new()),
+            hits: m.with_label_values(&[resource, "hit"]),
+            misses: m.with_label_values(&[resource, "miss"]),
+        })
+    }
+
+    /// The kept frames of the List of everything under `prefix` at `snap`;
+    /// otherwise whether the List about to be built should record its
+    /// frames: the second List of a snapshot does, so a resource that
+    /// changes between Lists never pays for keeping what no one reads again.
+    pub fn lookup(self: &Arc<Self>, snap: &Arc<Snapshot>, prefix: &str) -> Lookup {
+        if self.budget.limit == 0 {
+            return Lookup::Off;
+        }
+        let contents = snap.contents();
+        let mut entries = self.entries.lock();
+        // Older contents: changed since, never asked for again (a List at
+        // an older resourceVersion finds its own entry, or builds).
+        entries.retain(|e| e.contents >= contents);
+        let Some(e) = entries.iter_mut().find(|e| e.is(contents, prefix)) else {
+            if entries.len() >= ENTRIES {
+                entries.remove(0);
+            }
+            entries.push(Entry {
+                contents,
+                prefix: prefix.to_string(),
+                kept: Kept::Seen,
+                bytes: 0,
+                budget: Arc::clone(&self.budget),
+            });
+            self.misses.inc();
+            return Lookup::Miss(None);
+        };
+        match &e.kept {
+            Kept::Frames(f) => {
+                self.hits.inc();
+                Lookup::Hit(Arc::clone(f))
+            }
+            Kept::Seen => {
+                e.kept = Kept::Recording;
+                self.misses.inc();
+                Lookup::Miss(Some(Recorder {
+                    cache: Arc::clone(self),
+                    contents,
+                    prefix: prefix.to_string(),
+                    frames: Vec::new(),
+                    bytes: 0,
+                    over: false,
+                    finished: false,
+                }))
+            }
+            Kept::Recording | Kept::Unkept => {
+                self.misses.inc();
+                Lookup::Miss(None)
+            }
+        }
+    }
+
+    /// The recording of `prefix` at `snap` ended: with its frames (whose
+    /// `bytes` the recorder took from the budget), or without.
+    /// `retry`: an abandoned recording; the next List records again.
+    fn recorded(
+        &self,
+        contents: u64,
+        prefix: &str,
+        frames: Option<Vec<Bytes>>,
+        retry: bool,
+        bytes: usize,
+    ) {
+        let mut entries = self.entries.lock();
+        match entries.iter_mut().find(|e| e.is(contents, prefix)) {
+            Some(e) => match frames {
+                Some(f) => {
+                    e.kept = Kept::Frames(f.into());
+                    e.bytes = bytes;
+                }
+                None => {
+                    e.kept = if retry { Kept::Seen } else { Kept::Unkept };
+                    self.budget.give(bytes);
+                }
+            },
+            // Evicted meanwhile (changed, or pushed out by other prefixes).
+            None => self.budget.give(bytes),
+        }
+    }
+
+    /// Prefixes known now (for tests).
+    pub fn len(&self) -> usize {
+        self.entries.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What [`ListBodyCache::lookup`] found.
+pub enum Lookup {
+    /// The cache is off.
+    Off,
+    /// The frames of an earlier List of the same snapshot and prefix.
+    Hit(Arc<[Bytes]>),
+    /// Not kept: build the body, recording its frames with the recorder.
+    Miss(Option<Recorder>),
+}
+
+/// Collects the frames of a body being built; [`Recorder::finish`] keeps
+/// them once the body is complete. The bytes it holds are taken from the
+/// budget as it goes (it stops once they would not fit), so recordings in
+/// progress are bounded too; a recording dropped unfinished (the client
+/// went away) gives them back.
+pub struct Recorder {
+    cache: Arc<ListBodyCache>,
+    contents: u64,
+    prefix: String,
+    frames: Vec<Bytes>,
+    bytes: usize,
+    /// Would not fit in the budget: recording stopped.
+    over: bool,
+    finished: bool,
+}
+
+impl Recorder {
+    /// A frame of the body, in order (shared, not copied).
+    pub fn record(&mut self, frame: &Bytes) {
+        if self.over {
+            return;
+        }
+        if !self.cache.budget.take(frame.len()) {
+            self.over = true;
+            self.frames = Vec::new();
+            return;
+        }
+        self.bytes += frame.len();
+        self.frames.push(frame.clone());
+    }
+
+    /// The body is complete: keep it (if it fit).
+    pub fn finish(mut self) {
+        self.finished = true;
+        let frames = (!self.over).then(|| std::mem::take(&mut self.frames));
+        let bytes = std::mem::take(&mut self.bytes);
+        self.cache
+            .recorded(self.contents, &self.prefix, frames, false, bytes);
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        if !self.finished {
+            let bytes = std::mem::take(&mut self.bytes);
+            let retry = !self.over;
+            self.cache
+                .recorded(self.contents, &self.prefix, None, retry, bytes);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot with contents of its own (as after a change).
+    fn snap(rv: i64) -> Arc<Snapshot> {
+        let mut s = Snapshot::empty(rv, 0);
+        let o = Arc::new(crate::object::tests::object("ns", "a", "{}"));
+        s.apply(&Arc::clone(&o.key), Some(o), &[]);
+        Arc::new(s)
+    }
+
+    /// The same objects at a later resourceVersion (a progress notification).
+    fn advanced(s: &Snapshot, rv: i64) -> Arc<Snapshot> {
+        let mut later = s.clone();
+        later.rv = rv;
+        Arc::new(later)
+    }
+
+    /// A List of `prefix` at `s` as the API makes it: the frames are
+    /// recorded when the cache asks for it. Returns what the lookup said.
+    fn list(
+        cache: &Arc<ListBodyCache>,
+        s: &Arc<Snapshot>,
+        prefix: &str,
+        frames: &[&'static [u8]],
+    ) -> &'static str {
+        match cache.lookup(s, prefix) {
+            Lookup::Off => "off",
+            Lookup::Hit(_) => "hit",
+            Lookup::Miss(None) => "built",
+            Lookup::Miss(Some(mut r)) => {
+                for f in frames {
+                    r.record(&Bytes::from_static(f));
+                }
+                r.finish();
+                "recorded"
+            }
+        }
+    }
+
+    fn kept(cache: &Arc<ListBodyCache>, s: &Arc<Snapshot>, prefix: &str) -> Option<Vec<u8>> {
+        match cache.lookup(s, prefix) {
+            Lookup::Hit(f) => Some(f.iter().flat_map(|b| b.to_vec()).collect()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn the_second_list_of_a_snapshot_records_and_later_ones_are_written_from_it() {
+        let budget = ListBodyBudget::new(1 << 20);
+        let cache = ListBodyCache::new("t-kept", Arc::clone(&budget));
+        let s1 = snap(1);
+        let body: &[&[u8]] = &[b"{\"a\":1}", b",{\"b\":2}]}"];
+        assert_eq!(list(&cache, &s1, "/r/pods/", body), "built");
+        assert_eq!(budget.used(), 0);
+        assert_eq!(list(&cache, &s1, "/r/pods/", body), "recorded");
+        assert_eq!(
+            kept(&cache, &s1, "/r/pods/").as_deref(),
+            Some(&b"{\"a\":1},{\"b\":2}]}"[..])
+        );
+        assert_eq!(budget.used(), 17);
+        // The same objects at a later resourceVersion: the same items.
+        assert_eq!(list(&cache, &advanced(&s1, 5), "/r/pods/", body), "hit");
+        // Another prefix: built.
+        assert_eq!(list(&cache, &s1, "/r/pods/ns/", body), "built");
+    }
+
+    #[test]
+    fn a_change_drops_the_body_and_its_bytes_return_to_the_budget() {
+        let budget = ListBodyBudget::new(1 << 20);
+        let cache = ListBodyCache::new("t-gone", Arc::clone(&budget));
+        let s1 = snap(1);
+        list(&cache, &s1, "/r/pods/", &[]);
+        assert_eq!(list(&cache, &s1, "/r/pods/", &[b"0123456789"]), "recorded");
+        assert_eq!(budget.used(), 10);
+        // A change: the next List builds, and the old body is gone.
+        let s2 = snap(2);
+        assert_eq!(list(&cache, &s2, "/r/pods/", &[]), "built");
+        assert_eq!(cache.len(), 1);
+        assert_eq!(budget.used(), 0);
+        // A List at the older contents (an exact resourceVersion) builds
+        // and leaves the newer entries alone.
+        assert_eq!(list(&cache, &s2, "/r/pods/", &[b"2"]), "recorded");
+        assert_eq!(list(&cache, &s1, "/r/pods/", &[]), "built");
+        assert_eq!(kept(&cache, &s2, "/r/pods/").as_deref(), Some(&b"2"[..]));
+    }
+
+    #[test]
+    fn one_list_records_at_a_time_and_an_abandoned_recording_is_retried() {
+        let budget = ListBodyBudget::new(1 << 20);
+        let cache = ListBodyCache::new("t-abandoned", Arc::clone(&budget));
+        let s = snap(1);
+        list(&cache, &s, "/r/pods/", &[]);
+        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/pods/") else {
+            panic!("the second List records");
+        };
+        r.record(&Bytes::from_static(b"{\"a\":1}"));
+        assert_eq!(budget.used(), 7, "a recording holds budget as it goes");
+        // A relist storm: the others build while one records.
+        assert_eq!(list(&cache, &s, "/r/pods/", &[b"x"]), "built");
+        drop(r);
+        assert_eq!(budget.used(), 0);
+        assert!(kept(&cache, &s, "/r/pods/").is_none());
+        assert_eq!(list(&cache, &s, "/r/pods/", &[b"x"]), "recorded");
+        assert_eq!(kept(&cache, &s, "/r/pods/").as_deref(), Some(&b"x"[..]));
+    }
+
+    #[test]
+    fn memory_stays_within_the_budget_and_the_entries_per_resource() {
+        let budget = ListBodyBudget::new(25);
+        let a = ListBodyCache::new("t-budget-a", Arc::clone(&budget));
+        let b = ListBodyCache::new("t-budget-b", Arc::clone(&budget));
+        let s = snap(1);
+        let ten: &[&[u8]] = &[b"0123456789"];
+        for p in ["/a/1/", "/a/2/"] {
+            list(&a, &s, p, ten);
+            assert_eq!(list(&a, &s, p, ten), "recorded");
+        }
+        assert_eq!(budget.used(), 20);
+        // Another resource's body does not fit: built every time, and a's
+        // bodies stay.
+        let t = snap(1);
+        list(&b, &t, "/b/", ten);
+        assert_eq!(list(&b, &t, "/b/", ten), "recorded");
+        assert!(kept(&b, &t, "/b/").is_none());
+        assert_eq!(list(&b, &t, "/b/", ten), "built");
+        assert_eq!(budget.used(), 20);
+        assert!(kept(&a, &s, "/a/1/").is_some() && kept(&a, &s, "/a/2/").is_some());
+        // Larger than what is left: not kept.
+        list(&a, &s, "/a/big/", &[]);
+        list(&a, &s, "/a/big/", &[b"0123456789", b"0123456789"]);
+        assert!(kept(&a, &s, "/a/big/").is_none());
+        assert_eq!(budget.used(), 20);
+        // At most ENTRIES prefixes per resource: the oldest goes first.
+        let roomy = ListBodyCache::new("t-budget-roomy", ListBodyBudget::new(1 << 20));
+        for i in 0..ENTRIES + 2 {
+            let p = format!("/p/{i}/");
+            list(&roomy, &s, &p, &[b"x"]);
+            assert_eq!(list(&roomy, &s, &p, &[b"x"]), "recorded");
+        }
+        assert_eq!(roomy.len(), ENTRIES);
+        assert!(kept(&roomy, &s, "/p/0/").is_none());
+        assert!(kept(&roomy, &s, &format!("/p/{}/", ENTRIES + 1)).is_some());
+        drop(a);
+        drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn with_no_budget_the_cache_is_off() {
+        let cache = ListBodyCache::new("t-off", ListBodyBudget::new(0));
+        assert_eq!(list(&cache, &snap(1), "/r/", &[]), "off");
+    }
+}
