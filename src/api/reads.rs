@@ -476,7 +476,7 @@ mod tests {
         let Lookup::Hit(kept) = cache.lookup(&snap, "/r/pods/ns/") else {
             panic!("a finished body is kept");
         };
-        assert_eq!(&frames[1..], &kept[..]);
+        assert_eq!(frames[1..].concat(), kept.concat());
         let body: Vec<u8> = frames.concat();
         let v: serde_json::Value = serde_json::from_slice(&body).expect("the body is JSON");
         let names = v["items"]
