@@ -229,6 +229,14 @@ impl ListBodyCache {
         }
     }
 
+    /// Drops what was kept for objects older than `current` (the cache's
+    /// newest contents): run periodically, so the bodies of a resource that
+    /// changed and is not listed again do not hold memory until its next
+    /// List.
+    pub fn drop_older_than(&self, current: u64) {
+        self.entries.lock().retain(|e| e.contents >= current);
+    }
+
     /// Prefixes known now (for tests).
     pub fn len(&self) -> usize {
         self.entries.lock().len()
@@ -500,6 +508,21 @@ mod tests {
             "a large frame is not copied"
         );
         assert_eq!(frames.concat(), want);
+    }
+
+    #[test]
+    fn the_sweep_drops_bodies_of_older_contents() {
+        let budget = ListBodyBudget::new(1 << 20);
+        let cache = ListBodyCache::new("t-sweep", Arc::clone(&budget));
+        let s1 = snap(1);
+        list(&cache, &s1, "/r/", &[]);
+        assert_eq!(list(&cache, &s1, "/r/", &[b"0123"]), "recorded");
+        cache.drop_older_than(s1.contents());
+        assert_eq!(budget.used(), 4, "current contents stay");
+        let s2 = snap(2);
+        cache.drop_older_than(s2.contents());
+        assert!(cache.is_empty());
+        assert_eq!(budget.used(), 0);
     }
 
     #[test]

@@ -152,6 +152,7 @@ impl Server {
             }),
         };
         tokio::spawn(probe_etcd(Arc::clone(&server.state)));
+        tokio::spawn(sweep_list_bodies(Arc::clone(&server.state)));
         tokio::spawn(watch_stream::sweep(
             Arc::clone(&server.state.watch_streams),
             server.state.shutdown.clone(),
@@ -298,6 +299,23 @@ async fn probe_etcd(state: Arc<State>) {
         tokio::select! {
             _ = state.shutdown.cancelled() => return,
             _ = tokio::time::sleep(ETCD_PROBE_INTERVAL) => {}
+        }
+    }
+}
+
+/// How often kept List bodies of objects that have changed since are
+/// dropped (a List drops them too).
+const LIST_BODY_SWEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+async fn sweep_list_bodies(state: Arc<State>) {
+    loop {
+        tokio::select! {
+            _ = state.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(LIST_BODY_SWEEP_INTERVAL) => {}
+        }
+        for r in &state.resources {
+            r.list_bodies
+                .drop_older_than(r.cacher.watch_cache().current().contents());
         }
     }
 }
