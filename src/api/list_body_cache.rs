@@ -22,7 +22,7 @@
 //! the List's resourceVersion).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -95,8 +95,9 @@ enum Kept {
     /// Listed once: the next List records its frames.
     Seen,
     /// A List is recording its frames (one at a time: a relist storm
-    /// records once, not once per client).
-    Recording,
+    /// records once, not once per client); the recording's id, so only
+    /// that recording's end changes the entry.
+    Recording(u64),
     /// Too large for the budget: built every time (no further attempt at
     /// this snapshot).
     Unkept,
@@ -130,6 +131,8 @@ impl Drop for Entry {
 /// One resource's kept List bodies (see the module documentation).
 pub struct ListBodyCache {
     budget: Arc<ListBodyBudget>,
+    /// The last recording id given out.
+    recordings: AtomicU64,
     /// Oldest first.
     entries: Mutex<Vec<Entry>>,
     hits: IntCounter,
@@ -142,6 +145,7 @@ impl ListBodyCache {
         let m = &crate::metrics::metrics().list_body_cache;
         Arc::new(ListBodyCache {
             budget,
+            recordings: AtomicU64::new(0),
             entries: Mutex::new(Vec::new()),
             hits: m.with_label_values(&[resource, "hit"]),
             misses: m.with_label_values(&[resource, "miss"]),
@@ -181,10 +185,12 @@ impl ListBodyCache {
                 Lookup::Hit(Arc::clone(f))
             }
             Kept::Seen => {
-                e.kept = Kept::Recording;
+                let id = self.recordings.fetch_add(1, Ordering::Relaxed) + 1;
+                e.kept = Kept::Recording(id);
                 self.misses.inc();
                 Lookup::Miss(Some(Recorder {
                     cache: Arc::clone(self),
+                    id,
                     contents,
                     prefix: prefix.to_string(),
                     frames: Vec::new(),
@@ -194,38 +200,35 @@ impl ListBodyCache {
                     finished: false,
                 }))
             }
-            Kept::Recording | Kept::Unkept => {
+            Kept::Recording(_) | Kept::Unkept => {
                 self.misses.inc();
                 Lookup::Miss(None)
             }
         }
     }
 
-    /// The recording of `prefix` at `snap` ended: with its frames (whose
-    /// `bytes` the recorder took from the budget), or without.
-    /// `retry`: an abandoned recording; the next List records again.
-    fn recorded(
-        &self,
-        contents: u64,
-        prefix: &str,
-        frames: Option<Vec<Bytes>>,
-        retry: bool,
-        bytes: usize,
-    ) {
+    /// Recording `r` ended: with its frames (whose `bytes` it took from
+    /// the budget), or without. `retry`: it was abandoned; the next List
+    /// records again. Only the entry's own recording changes it: one
+    /// evicted and made again meanwhile has another (and gets its bytes
+    /// back from this one, never held twice).
+    fn recorded(&self, r: &Recorder, frames: Option<Vec<Bytes>>, retry: bool, bytes: usize) {
         let mut entries = self.entries.lock();
-        match entries.iter_mut().find(|e| e.is(contents, prefix)) {
-            Some(e) => match frames {
-                Some(f) => {
-                    e.kept = Kept::Frames(f.into());
-                    e.bytes = bytes;
-                }
-                None => {
-                    e.kept = if retry { Kept::Seen } else { Kept::Unkept };
-                    self.budget.give(bytes);
-                }
-            },
+        let own = entries.iter_mut().find(|e| {
+            e.is(r.contents, &r.prefix) && matches!(e.kept, Kept::Recording(id) if id == r.id)
+        });
+        match (own, frames) {
+            (Some(e), Some(f)) => {
+                e.kept = Kept::Frames(f.into());
+                let before = std::mem::replace(&mut e.bytes, bytes);
+                self.budget.give(before);
+            }
+            (Some(e), None) => {
+                e.kept = if retry { Kept::Seen } else { Kept::Unkept };
+                self.budget.give(bytes);
+            }
             // Evicted meanwhile (changed, or pushed out by other prefixes).
-            None => self.budget.give(bytes),
+            (None, _) => self.budget.give(bytes),
         }
     }
 
@@ -264,6 +267,7 @@ pub enum Lookup {
 /// went away) gives them back.
 pub struct Recorder {
     cache: Arc<ListBodyCache>,
+    id: u64,
     contents: u64,
     prefix: String,
     frames: Vec<Bytes>,
@@ -283,9 +287,11 @@ impl Recorder {
             return;
         }
         if !self.cache.budget.take(frame.len()) {
+            // Give back at once what this recording held: it keeps nothing.
             self.over = true;
             self.frames = Vec::new();
             self.pending = BytesMut::new();
+            self.cache.budget.give(std::mem::take(&mut self.bytes));
             return;
         }
         self.bytes += frame.len();
@@ -304,9 +310,18 @@ impl Recorder {
     }
 
     fn end_frame(&mut self) {
-        if !self.pending.is_empty() {
-            self.frames.push(std::mem::take(&mut self.pending).freeze());
+        if self.pending.is_empty() {
+            return;
         }
+        let pending = std::mem::take(&mut self.pending);
+        // A frozen buffer keeps its whole capacity: a short last frame (the
+        // `]}` of an empty List) would hold 1 MiB the budget does not count.
+        let frame = if pending.len() < pending.capacity() / 2 {
+            Bytes::copy_from_slice(&pending)
+        } else {
+            pending.freeze()
+        };
+        self.frames.push(frame);
     }
 
     /// The body is complete: keep it (if it fit).
@@ -315,8 +330,8 @@ impl Recorder {
         self.end_frame();
         let frames = (!self.over).then(|| std::mem::take(&mut self.frames));
         let bytes = std::mem::take(&mut self.bytes);
-        self.cache
-            .recorded(self.contents, &self.prefix, frames, false, bytes);
+        let cache = Arc::clone(&self.cache);
+        cache.recorded(&self, frames, false, bytes);
     }
 }
 
@@ -325,8 +340,8 @@ impl Drop for Recorder {
         if !self.finished {
             let bytes = std::mem::take(&mut self.bytes);
             let retry = !self.over;
-            self.cache
-                .recorded(self.contents, &self.prefix, None, retry, bytes);
+            let cache = Arc::clone(&self.cache);
+            cache.recorded(self, None, retry, bytes);
         }
     }
 }
@@ -508,6 +523,60 @@ mod tests {
             "a large frame is not copied"
         );
         assert_eq!(frames.concat(), want);
+    }
+
+    /// A recording whose entry was pushed out and made again meanwhile
+    /// neither changes the new entry nor leaves its bytes taken.
+    #[test]
+    fn only_the_entrys_own_recording_ends_it() {
+        let budget = ListBodyBudget::new(1 << 20);
+        let cache = ListBodyCache::new("t-own", Arc::clone(&budget));
+        let s = snap(1);
+        list(&cache, &s, "/r/", &[]);
+        let Lookup::Miss(Some(mut slow)) = cache.lookup(&s, "/r/") else {
+            panic!("the second List records");
+        };
+        slow.record(&Bytes::from_static(b"slow"));
+        for i in 0..ENTRIES {
+            list(&cache, &s, &format!("/ns{i}/"), &[]);
+        }
+        list(&cache, &s, "/r/", &[]);
+        let Lookup::Miss(Some(mut fast)) = cache.lookup(&s, "/r/") else {
+            panic!("made again: the second List records");
+        };
+        fast.record(&Bytes::from_static(b"fast!"));
+        slow.finish();
+        assert!(kept(&cache, &s, "/r/").is_none(), "still fast's to end");
+        assert_eq!(budget.used(), 5);
+        fast.finish();
+        assert_eq!(kept(&cache, &s, "/r/").as_deref(), Some(&b"fast!"[..]));
+        assert_eq!(budget.used(), 5);
+        drop(cache);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_recording_over_the_budget_gives_its_bytes_back_at_once() {
+        let budget = ListBodyBudget::new(8);
+        let cache = ListBodyCache::new("t-over", Arc::clone(&budget));
+        let s = snap(1);
+        list(&cache, &s, "/r/", &[]);
+        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/") else {
+            panic!("the second List records");
+        };
+        r.record(&Bytes::from_static(b"12345"));
+        assert_eq!(budget.used(), 5);
+        r.record(&Bytes::from_static(b"12345"));
+        assert_eq!(budget.used(), 0, "nothing held while the List goes on");
+        r.record(&Bytes::from_static(b"1"));
+        assert_eq!(budget.used(), 0);
+        r.finish();
+        assert!(kept(&cache, &s, "/r/").is_none());
+        assert_eq!(
+            list(&cache, &s, "/r/", &[b"1"]),
+            "built",
+            "no retry at this snapshot"
+        );
     }
 
     #[test]
