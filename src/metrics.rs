@@ -52,7 +52,7 @@ pub struct Metrics {
     pub grpc_requests: IntCounterVec,
     pub grpc_watchers: prometheus::IntGaugeVec,
     /// Full Lists by resource and whether their body was kept from an
-    /// earlier List of the same snapshot (`hit`) or built (`miss`).
+    /// earlier List of the same objects (`hit`) or built (`miss`).
     pub list_body_cache: IntCounterVec,
     /// Bytes of List bodies kept (bounded by `server.list_body_cache_bytes`).
     pub list_body_cache_bytes: IntGauge,
@@ -227,7 +227,7 @@ impl Metrics {
             list_body_cache: counter(
                 &r,
                 "watchcache_list_body_cache_total",
-                "Full JSON Lists by resource and result: hit (written from the body of an earlier List of the same snapshot) or miss (built).",
+                "Full Lists (JSON or protobuf) by resource and result: hit (written from the body kept from an earlier List of the same objects) or miss (built).",
                 &["resource", "result"],
             ),
             list_body_cache_bytes: {

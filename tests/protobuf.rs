@@ -447,8 +447,9 @@ async fn accept_protobuf_serves_get_list_and_watch_in_protobuf() {
 /// A protobuf List is written from each object's cached message: it is the
 /// JSON List of the same revision encoded whole (items without TypeMeta),
 /// across frames and with an item too large to share a frame; a second List
-/// (from the cached messages) is the same bytes, and an object changed in
-/// etcd is listed as it now is, not as it was first encoded.
+/// (from the cached messages) is the same bytes, so are later ones (from the
+/// kept body), and an object changed in etcd is listed as it now is, not as
+/// it was first encoded or kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn protobuf_list_is_the_json_list_encoded_and_follows_changes() {
     use watchcache::object::protobuf as pb;
@@ -508,6 +509,12 @@ async fn protobuf_list_is_the_json_list_encoded_and_follows_changes() {
     );
     let second = fetch("application/vnd.kubernetes.protobuf", rev).await;
     assert!(second == first, "the cached encoding gives the same List");
+    // The second List of these objects recorded its body: later ones are
+    // written from it, with their own head, and are the same bytes.
+    for _ in 0..2 {
+        let kept = fetch("application/vnd.kubernetes.protobuf", rev).await;
+        assert!(kept == expected, "a List from the kept body differs");
+    }
 
     let rev2 = common::etcd_put(
         &mut etcd,
@@ -515,14 +522,17 @@ async fn protobuf_list_is_the_json_list_encoded_and_follows_changes() {
         pod("p001", 10, "redis"),
     )
     .await;
-    let changed =
-        pb::decode(&fetch("application/vnd.kubernetes.protobuf", rev2).await).expect("decodes");
-    let items = changed["items"].as_array().expect("items");
-    assert_eq!(items.len(), 300);
-    assert_eq!(items[0]["spec"]["containers"][0]["image"], "busybox");
-    assert_eq!(items[1]["spec"]["containers"][0]["image"], "redis");
-    assert_eq!(rv_of(&items[1]), rev2);
-    assert_eq!(items[2]["spec"]["containers"][0]["image"], "nginx");
+    for _ in 0..4 {
+        let changed =
+            pb::decode(&fetch("application/vnd.kubernetes.protobuf", rev2).await).expect("decodes");
+        assert_eq!(rv_of(&changed), rev2);
+        let items = changed["items"].as_array().expect("items");
+        assert_eq!(items.len(), 300);
+        assert_eq!(items[0]["spec"]["containers"][0]["image"], "busybox");
+        assert_eq!(items[1]["spec"]["containers"][0]["image"], "redis");
+        assert_eq!(rv_of(&items[1]), rev2);
+        assert_eq!(items[2]["spec"]["containers"][0]["image"], "nginx");
+    }
 }
 
 /// A JSON object that does not fit the Pod schema (a field this build's

@@ -19,7 +19,8 @@
 //! cache off) and [`ENTRIES`] per resource (the latest prefixes listed:
 //! the whole resource, a few namespaces). Only what is the same for every
 //! client is kept: the items and the closing bytes, not the head (it holds
-//! the List's resourceVersion).
+//! the List's resourceVersion, and for protobuf the lengths around the
+//! items). JSON and protobuf bodies are kept apart ([`ListMedia`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -90,6 +91,14 @@ impl ListBodyBudget {
     }
 }
 
+/// The encoding of a kept body: a JSON List and a protobuf List of the
+/// same objects are different bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListMedia {
+    Json,
+    Protobuf,
+}
+
 /// What is known of the List of one prefix at one snapshot.
 enum Kept {
     /// Listed once: the next List records its frames.
@@ -110,6 +119,7 @@ enum Kept {
 struct Entry {
     contents: u64,
     prefix: String,
+    media: ListMedia,
     kept: Kept,
     /// Budget bytes held for `kept`'s frames.
     bytes: usize,
@@ -117,8 +127,8 @@ struct Entry {
 }
 
 impl Entry {
-    fn is(&self, contents: u64, prefix: &str) -> bool {
-        self.contents == contents && self.prefix == prefix
+    fn is(&self, contents: u64, prefix: &str, media: ListMedia) -> bool {
+        self.contents == contents && self.media == media && self.prefix == prefix
     }
 }
 
@@ -156,7 +166,12 @@ impl ListBodyCache {
     /// otherwise whether the List about to be built should record its
     /// frames: the second List of a snapshot does, so a resource that
     /// changes between Lists never pays for keeping what no one reads again.
-    pub fn lookup(self: &Arc<Self>, snap: &Arc<Snapshot>, prefix: &str) -> Lookup {
+    pub fn lookup(
+        self: &Arc<Self>,
+        snap: &Arc<Snapshot>,
+        prefix: &str,
+        media: ListMedia,
+    ) -> Lookup {
         if self.budget.limit == 0 {
             return Lookup::Off;
         }
@@ -165,13 +180,14 @@ impl ListBodyCache {
         // Older contents: changed since, never asked for again (a List at
         // an older resourceVersion finds its own entry, or builds).
         entries.retain(|e| e.contents >= contents);
-        let Some(e) = entries.iter_mut().find(|e| e.is(contents, prefix)) else {
+        let Some(e) = entries.iter_mut().find(|e| e.is(contents, prefix, media)) else {
             if entries.len() >= ENTRIES {
                 entries.remove(0);
             }
             entries.push(Entry {
                 contents,
                 prefix: prefix.to_string(),
+                media,
                 kept: Kept::Seen,
                 bytes: 0,
                 budget: Arc::clone(&self.budget),
@@ -193,6 +209,7 @@ impl ListBodyCache {
                     id,
                     contents,
                     prefix: prefix.to_string(),
+                    media,
                     frames: Vec::new(),
                     pending: BytesMut::new(),
                     bytes: 0,
@@ -215,7 +232,8 @@ impl ListBodyCache {
     fn recorded(&self, r: &Recorder, frames: Option<Vec<Bytes>>, retry: bool, bytes: usize) {
         let mut entries = self.entries.lock();
         let own = entries.iter_mut().find(|e| {
-            e.is(r.contents, &r.prefix) && matches!(e.kept, Kept::Recording(id) if id == r.id)
+            e.is(r.contents, &r.prefix, r.media)
+                && matches!(e.kept, Kept::Recording(id) if id == r.id)
         });
         match (own, frames) {
             (Some(e), Some(f)) => {
@@ -270,6 +288,7 @@ pub struct Recorder {
     id: u64,
     contents: u64,
     prefix: String,
+    media: ListMedia,
     frames: Vec<Bytes>,
     /// The frame being regrouped (see [`KEPT_FRAME_BYTES`]).
     pending: BytesMut,
@@ -373,7 +392,7 @@ mod tests {
         prefix: &str,
         frames: &[&'static [u8]],
     ) -> &'static str {
-        match cache.lookup(s, prefix) {
+        match cache.lookup(s, prefix, ListMedia::Json) {
             Lookup::Off => "off",
             Lookup::Hit(_) => "hit",
             Lookup::Miss(None) => "built",
@@ -388,7 +407,7 @@ mod tests {
     }
 
     fn kept(cache: &Arc<ListBodyCache>, s: &Arc<Snapshot>, prefix: &str) -> Option<Vec<u8>> {
-        match cache.lookup(s, prefix) {
+        match cache.lookup(s, prefix, ListMedia::Json) {
             Lookup::Hit(f) => Some(f.iter().flat_map(|b| b.to_vec()).collect()),
             _ => None,
         }
@@ -440,7 +459,7 @@ mod tests {
         let cache = ListBodyCache::new("t-abandoned", Arc::clone(&budget));
         let s = snap(1);
         list(&cache, &s, "/r/pods/", &[]);
-        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/pods/") else {
+        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/pods/", ListMedia::Json) else {
             panic!("the second List records");
         };
         r.record(&Bytes::from_static(b"{\"a\":1}"));
@@ -499,8 +518,11 @@ mod tests {
     fn small_frames_are_regrouped_and_large_ones_shared() {
         let cache = ListBodyCache::new("t-regroup", ListBodyBudget::new(64 << 20));
         let s = snap(1);
-        assert!(matches!(cache.lookup(&s, "/r/"), Lookup::Miss(None)));
-        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/") else {
+        assert!(matches!(
+            cache.lookup(&s, "/r/", ListMedia::Json),
+            Lookup::Miss(None)
+        ));
+        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
             panic!("the second List records");
         };
         let small = Bytes::from(vec![b'a'; KEPT_FRAME_BYTES / 4 + 1]);
@@ -511,7 +533,7 @@ mod tests {
             want.extend_from_slice(f);
         }
         r.finish();
-        let Lookup::Hit(frames) = cache.lookup(&s, "/r/") else {
+        let Lookup::Hit(frames) = cache.lookup(&s, "/r/", ListMedia::Json) else {
             panic!("kept");
         };
         let lens: Vec<usize> = frames.iter().map(|f| f.len()).collect();
@@ -533,7 +555,7 @@ mod tests {
         let cache = ListBodyCache::new("t-own", Arc::clone(&budget));
         let s = snap(1);
         list(&cache, &s, "/r/", &[]);
-        let Lookup::Miss(Some(mut slow)) = cache.lookup(&s, "/r/") else {
+        let Lookup::Miss(Some(mut slow)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
             panic!("the second List records");
         };
         slow.record(&Bytes::from_static(b"slow"));
@@ -541,7 +563,7 @@ mod tests {
             list(&cache, &s, &format!("/ns{i}/"), &[]);
         }
         list(&cache, &s, "/r/", &[]);
-        let Lookup::Miss(Some(mut fast)) = cache.lookup(&s, "/r/") else {
+        let Lookup::Miss(Some(mut fast)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
             panic!("made again: the second List records");
         };
         fast.record(&Bytes::from_static(b"fast!"));
@@ -561,7 +583,7 @@ mod tests {
         let cache = ListBodyCache::new("t-over", Arc::clone(&budget));
         let s = snap(1);
         list(&cache, &s, "/r/", &[]);
-        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/") else {
+        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
             panic!("the second List records");
         };
         r.record(&Bytes::from_static(b"12345"));

@@ -22,6 +22,7 @@ use crate::object::Object;
 use crate::object::protobuf::{self, ListEncoder, ProtobufError};
 use crate::prefetch::prefetch;
 
+use super::list_body_cache::{ListMedia, Lookup, Recorder};
 use super::params::wants_protobuf;
 use super::reads::Frames;
 #[cfg(test)]
@@ -76,6 +77,23 @@ pub(crate) async fn list(
             return Ok(ProtobufList::Unencodable { key, error, items });
         }
     };
+    // Everything under a prefix: kept once built, as a JSON List's is
+    // (`ListBodyCache`). The kept frames are the items and the tail; the
+    // head (the ListMeta, with this List's resourceVersion, and the
+    // lengths) is this List's own.
+    let recorder = match &items {
+        ListItems::Range { snap, prefix, from } if from.is_empty() => {
+            match res.list_bodies.lookup(snap, prefix, ListMedia::Protobuf) {
+                Lookup::Hit(frames) => {
+                    let head = kept_head(&encoder, &frames);
+                    return Ok(ProtobufList::Body(Body::kept(head, frames)));
+                }
+                Lookup::Miss(r) => r,
+                Lookup::Off => None,
+            }
+        }
+        _ => None,
+    };
     let (items, encoder, gathered) = tokio::task::spawn_blocking(move || {
         let gathered = gather(&items, &api_version, &kind, &encoder);
         (items, encoder, gathered)
@@ -84,7 +102,7 @@ pub(crate) async fn list(
     .map_err(|e| ApiStatus::internal(format!("protobuf list encoding failed: {e}")))?;
     match gathered {
         Ok(gathered) => {
-            let frames = ListFrames::new(encoder, gathered);
+            let frames = ListFrames::new(encoder, gathered, recorder);
             Ok(ProtobufList::Body(Body::produced(frames)))
         }
         Err((key, error)) => Ok(ProtobufList::Unencodable { key, error, items }),
@@ -145,32 +163,44 @@ pub(crate) fn fell_back(res: &Resource, key: &str, error: &ProtobufError) {
     }
 }
 
-/// The frames of a protobuf List body ([`Frames`]): head, items (each
-/// after its key and length), tail. The items are [`gather`]ed objects,
-/// whose messages are all there.
+/// The frames of a protobuf List body ([`Frames`]): head (a frame of its
+/// own), items (each after its key and length), tail. The items are
+/// [`gather`]ed objects, whose messages are all there. With a recorder, the
+/// frames after the head are kept for the next List of the same objects.
 struct ListFrames {
     encoder: ListEncoder,
-    head: Option<Vec<u8>>,
+    head: Option<Bytes>,
     objects: Vec<Arc<Object>>,
     next: usize,
     done: bool,
     frames: Frames,
+    recorder: Option<Recorder>,
 }
 
 impl ListFrames {
-    fn new(encoder: ListEncoder, gathered: Gathered) -> ListFrames {
+    fn new(encoder: ListEncoder, gathered: Gathered, recorder: Option<Recorder>) -> ListFrames {
         let Gathered { objects, items_len } = gathered;
         let mut head = Vec::new();
         encoder.head(items_len, &mut head);
         ListFrames {
             encoder,
-            head: Some(head),
+            head: Some(Bytes::from(head)),
             objects,
             next: 0,
             done: false,
             frames: Frames::default(),
+            recorder,
         }
     }
+}
+
+/// The head of a List written from `kept` frames (items, then the tail):
+/// this List's ListMeta and the lengths the kept items add up to.
+fn kept_head(encoder: &ListEncoder, kept: &[Bytes]) -> Bytes {
+    let kept_len: usize = kept.iter().map(Bytes::len).sum();
+    let mut head = Vec::new();
+    encoder.head(kept_len.saturating_sub(encoder.tail().len()), &mut head);
+    Bytes::from(head)
 }
 
 /// A gathered object's message (there is one: see [`gather`]).
@@ -183,15 +213,21 @@ impl Iterator for ListFrames {
     type Item = Bytes;
 
     fn next(&mut self) -> Option<Bytes> {
+        if let Some(h) = self.head.take() {
+            return Some(h);
+        }
         loop {
             if let Some(f) = self.frames.pop() {
+                if let Some(r) = &mut self.recorder {
+                    r.record(&f);
+                }
                 return Some(f);
             }
             if self.done {
+                if let Some(r) = self.recorder.take() {
+                    r.finish();
+                }
                 return None;
-            }
-            if let Some(h) = self.head.take() {
-                self.frames.buf().put_slice(&h);
             }
             while !self.frames.full() {
                 let Some(o) = self.objects.get(self.next) else {
@@ -219,6 +255,8 @@ impl Iterator for ListFrames {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::list_body_cache::{ListBodyBudget, ListBodyCache};
+    use crate::cacher::Snapshot;
     use serde_json::json;
 
     fn pod(name: &str, pad: usize) -> Value {
@@ -260,7 +298,18 @@ mod tests {
             );
             let encoder = ListEncoder::new("v1", "Pod", meta.clone()).expect("encoder");
             let gathered = gather(&items, "v1", "Pod", &encoder).expect("every pod encodes");
-            let frames: Vec<Bytes> = ListFrames::new(encoder, gathered).collect();
+            // Recorded, as the second List of a snapshot is.
+            let cache = ListBodyCache::new("protobuf-test", ListBodyBudget::new(64 << 20));
+            let snap = Arc::new(Snapshot::empty(1, 0));
+            assert!(matches!(
+                cache.lookup(&snap, "/r/", ListMedia::Protobuf),
+                Lookup::Miss(None)
+            ));
+            let Lookup::Miss(Some(recorder)) = cache.lookup(&snap, "/r/", ListMedia::Protobuf)
+            else {
+                panic!("the second List records");
+            };
+            let frames: Vec<Bytes> = ListFrames::new(encoder, gathered, Some(recorder)).collect();
             let body: Vec<u8> = frames.iter().flat_map(|f| f.iter().copied()).collect();
             // Items in a list carry no TypeMeta of their own.
             let bare: Vec<Value> = pods
@@ -292,6 +341,29 @@ mod tests {
             }
             let decoded = protobuf::decode(&body).expect("decodes");
             assert_eq!(decoded["items"].as_array().map_or(0, Vec::len), pads.len());
+
+            // A later List of the same objects, with a ListMeta of its own:
+            // its head, then the kept frames, is that List encoded whole.
+            let Lookup::Hit(kept) = cache.lookup(&snap, "/r/", ListMedia::Protobuf) else {
+                panic!("pads {pads:?}: the body is kept");
+            };
+            let meta2 = json!({"resourceVersion": "99999"});
+            let encoder2 = ListEncoder::new("v1", "Pod", meta2.clone()).expect("encoder");
+            let mut again = kept_head(&encoder2, &kept).to_vec();
+            again.extend(kept.iter().flat_map(|f| f.iter().copied()));
+            let whole2 = protobuf::encode(&json!({
+                "apiVersion": "v1", "kind": "PodList", "metadata": meta2, "items": bare,
+            }))
+            .expect("list");
+            assert!(
+                again == whole2,
+                "pads {pads:?}: list from kept frames differs"
+            );
+            // Kept apart from a JSON List of the same objects.
+            assert!(matches!(
+                cache.lookup(&snap, "/r/", ListMedia::Json),
+                Lookup::Miss(None)
+            ));
         }
     }
 

@@ -19,7 +19,7 @@ use crate::object::{FieldSelector, LabelSelector, metadata_str};
 use super::connection::ConnectionHandle;
 use super::errors::cacher_status;
 use super::k8s::{Target, json_value};
-use super::list_body_cache::{Lookup, Recorder};
+use super::list_body_cache::{ListMedia, Lookup, Recorder};
 use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
 use super::protobuf::{self, ProtobufList};
 use super::table::{self, IncludeObject};
@@ -165,7 +165,7 @@ pub(crate) async fn list(
     // snapshot, kept once built.
     let recorder = match &items {
         ListItems::Range { snap, prefix, from } if from.is_empty() => {
-            match res.list_bodies.lookup(snap, prefix) {
+            match res.list_bodies.lookup(snap, prefix, ListMedia::Json) {
                 Lookup::Hit(frames) => {
                     return Ok(response(200, "application/json", Body::kept(head, frames)));
                 }
@@ -437,7 +437,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::{LIST_FRAME_BYTES, ListFrames, default_watch_timeout};
-    use crate::api::list_body_cache::{ListBodyBudget, ListBodyCache, Lookup};
+    use crate::api::list_body_cache::{ListBodyBudget, ListBodyCache, ListMedia, Lookup};
     use crate::cacher::{ListItems, Snapshot};
     use crate::object::Object;
 
@@ -456,10 +456,11 @@ mod tests {
         let cache = ListBodyCache::new("reads-test", ListBodyBudget::new(64 << 20));
         let snap = Arc::new(Snapshot::empty(1, 0));
         assert!(matches!(
-            cache.lookup(&snap, "/r/pods/ns/"),
+            cache.lookup(&snap, "/r/pods/ns/", ListMedia::Json),
             Lookup::Miss(None)
         ));
-        let Lookup::Miss(Some(recorder)) = cache.lookup(&snap, "/r/pods/ns/") else {
+        let Lookup::Miss(Some(recorder)) = cache.lookup(&snap, "/r/pods/ns/", ListMedia::Json)
+        else {
             panic!("the second List of a snapshot records");
         };
         let head = Bytes::from_static(br#"{"kind":"PodList","items":["#);
@@ -473,7 +474,7 @@ mod tests {
         }
         .collect();
         assert_eq!(frames[0], head, "the head is a frame of its own");
-        let Lookup::Hit(kept) = cache.lookup(&snap, "/r/pods/ns/") else {
+        let Lookup::Hit(kept) = cache.lookup(&snap, "/r/pods/ns/", ListMedia::Json) else {
             panic!("a finished body is kept");
         };
         assert_eq!(frames[1..].concat(), kept.concat());
