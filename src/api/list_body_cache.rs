@@ -23,7 +23,10 @@
 //! items). JSON and protobuf bodies are kept apart ([`ListMedia`]).
 
 use std::sync::Arc;
+use std::time::Duration;
+
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use tokio::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -33,6 +36,10 @@ use crate::cacher::Snapshot;
 
 /// Entries kept per resource.
 pub const ENTRIES: usize = 4;
+
+/// A recording not finished after this long (its client reads slowly, or
+/// not at all) no longer stops the next List from recording.
+const RECORDING_LIMIT: Duration = Duration::from_secs(10);
 
 /// Kept bodies are regrouped into frames of about this size as they are
 /// recorded (one copy, once per snapshot): a List written from them costs a
@@ -105,8 +112,8 @@ enum Kept {
     Seen,
     /// A List is recording its frames (one at a time: a relist storm
     /// records once, not once per client); the recording's id, so only
-    /// that recording's end changes the entry.
-    Recording(u64),
+    /// that recording's end changes the entry, and when it started.
+    Recording(u64, Instant),
     /// Too large for the budget: built every time (no further attempt at
     /// this snapshot).
     Unkept,
@@ -195,14 +202,23 @@ impl ListBodyCache {
             self.misses.inc();
             return Lookup::Miss(None);
         };
+        // A recording held up by its client's reading (it records as the
+        // body is written) is given up after RECORDING_LIMIT: the next List
+        // records instead, and the slow one's end no longer counts.
+        let stalled =
+            matches!(e.kept, Kept::Recording(_, since) if since.elapsed() >= RECORDING_LIMIT);
         match &e.kept {
             Kept::Frames(f) => {
                 self.hits.inc();
                 Lookup::Hit(Arc::clone(f))
             }
-            Kept::Seen => {
+            Kept::Recording(..) if !stalled => {
+                self.misses.inc();
+                Lookup::Miss(None)
+            }
+            Kept::Seen | Kept::Recording(..) => {
                 let id = self.recordings.fetch_add(1, Ordering::Relaxed) + 1;
-                e.kept = Kept::Recording(id);
+                e.kept = Kept::Recording(id, Instant::now());
                 self.misses.inc();
                 Lookup::Miss(Some(Recorder {
                     cache: Arc::clone(self),
@@ -217,7 +233,7 @@ impl ListBodyCache {
                     finished: false,
                 }))
             }
-            Kept::Recording(_) | Kept::Unkept => {
+            Kept::Unkept => {
                 self.misses.inc();
                 Lookup::Miss(None)
             }
@@ -233,7 +249,7 @@ impl ListBodyCache {
         let mut entries = self.entries.lock();
         let own = entries.iter_mut().find(|e| {
             e.is(r.contents, &r.prefix, r.media)
-                && matches!(e.kept, Kept::Recording(id) if id == r.id)
+                && matches!(e.kept, Kept::Recording(id, _) if id == r.id)
         });
         match (own, frames) {
             (Some(e), Some(f)) => {
@@ -575,6 +591,27 @@ mod tests {
         assert_eq!(budget.used(), 5);
         drop(cache);
         assert_eq!(budget.used(), 0);
+    }
+
+    /// A client that stops reading its List does not stop the next List
+    /// from recording for long, and its end no longer counts.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_recording_is_taken_over() {
+        let budget = ListBodyBudget::new(1 << 20);
+        let cache = ListBodyCache::new("t-stalled", Arc::clone(&budget));
+        let s = snap(1);
+        list(&cache, &s, "/r/", &[]);
+        let Lookup::Miss(Some(mut stalled)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
+            panic!("the second List records");
+        };
+        stalled.record(&Bytes::from_static(b"old"));
+        tokio::time::advance(RECORDING_LIMIT / 2).await;
+        assert_eq!(list(&cache, &s, "/r/", &[b"x"]), "built");
+        tokio::time::advance(RECORDING_LIMIT / 2).await;
+        assert_eq!(list(&cache, &s, "/r/", &[b"new"]), "recorded");
+        stalled.finish();
+        assert_eq!(kept(&cache, &s, "/r/").as_deref(), Some(&b"new"[..]));
+        assert_eq!(budget.used(), 3);
     }
 
     #[test]
