@@ -65,6 +65,13 @@ fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterV
     c
 }
 
+fn gauge(r: &Registry, name: &str, help: &str) -> IntGauge {
+    let g = IntGauge::new(name, help).expect("valid metric definition");
+    r.register(Box::new(g.clone()))
+        .expect("metric registered once");
+    g
+}
+
 fn histogram(
     r: &Registry,
     name: &str,
@@ -139,16 +146,11 @@ impl Metrics {
                 &["verb"],
                 LATENCY_BUCKETS,
             ),
-            api_open_watches: {
-                let g = prometheus::IntGauge::new(
-                    "watchcache_api_open_watches",
-                    "Open watch streams of the REST API (limited by server.max_watches).",
-                )
-                .expect("valid metric definition");
-                r.register(Box::new(g.clone()))
-                    .expect("metric registered once");
-                g
-            },
+            api_open_watches: gauge(
+                &r,
+                "watchcache_api_open_watches",
+                "Open watch streams of the REST API (limited by server.max_watches).",
+            ),
             authentication_attempts: counter(
                 &r,
                 "watchcache_authentication_attempts_total",
@@ -179,16 +181,11 @@ impl Metrics {
                 "Failed TLS handshakes with etcd, by endpoint.",
                 &["endpoint"],
             ),
-            api_open_connections: {
-                let g = IntGauge::new(
-                    "watchcache_api_open_connections",
-                    "Open client connections of the REST API (limited by server.max_connections).",
-                )
-                .expect("valid metric definition");
-                r.register(Box::new(g.clone()))
-                    .expect("metric registered once");
-                g
-            },
+            api_open_connections: gauge(
+                &r,
+                "watchcache_api_open_connections",
+                "Open client connections of the REST API (limited by server.max_connections).",
+            ),
             api_connections_refused: {
                 let c = IntCounter::new(
                     "watchcache_api_connections_refused_total",
@@ -230,16 +227,11 @@ impl Metrics {
                 "Full Lists (JSON or protobuf) by resource and result: hit (written from the body kept from an earlier List of the same objects) or miss (built).",
                 &["resource", "result"],
             ),
-            list_body_cache_bytes: {
-                let g = IntGauge::new(
-                    "watchcache_list_body_cache_bytes",
-                    "Bytes of List bodies kept for Lists of the same snapshot (bounded by server.list_body_cache_bytes).",
-                )
-                .expect("valid metric definition");
-                r.register(Box::new(g.clone()))
-                    .expect("metric registered once");
-                g
-            },
+            list_body_cache_bytes: gauge(
+                &r,
+                "watchcache_list_body_cache_bytes",
+                "Bytes of List bodies kept, or being recorded, for Lists of the same objects (bounded by server.list_body_cache_bytes).",
+            ),
             registry: r,
         }
     }

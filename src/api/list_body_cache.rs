@@ -32,7 +32,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use prometheus::IntCounter;
 
-use crate::cacher::Snapshot;
+use crate::cacher::{ListItems, Snapshot};
 
 /// Entries kept per resource.
 pub const ENTRIES: usize = 4;
@@ -240,6 +240,18 @@ impl ListBodyCache {
         }
     }
 
+    /// [`ListBodyCache::lookup`] for a List's items: only everything under
+    /// a prefix (no selector, no limit, no continue) is kept; other Lists
+    /// are `Off`.
+    pub fn lookup_items(self: &Arc<Self>, items: &ListItems, media: ListMedia) -> Lookup {
+        match items {
+            ListItems::Range { snap, prefix, from } if from.is_empty() => {
+                self.lookup(snap, prefix, media)
+            }
+            _ => Lookup::Off,
+        }
+    }
+
     /// Recording `r` ended: with its frames (whose `bytes` it took from
     /// the budget), or without. `retry`: it was abandoned; the next List
     /// records again. Only the entry's own recording changes it: one
@@ -286,7 +298,7 @@ impl ListBodyCache {
 
 /// What [`ListBodyCache::lookup`] found.
 pub enum Lookup {
-    /// The cache is off.
+    /// Not kept: the cache is off, or the List is not one it keeps.
     Off,
     /// The frames of an earlier List of the same snapshot and prefix.
     Hit(Arc<[Bytes]>),
@@ -377,6 +389,27 @@ impl Drop for Recorder {
             let retry = !self.over;
             let cache = Arc::clone(&self.cache);
             cache.recorded(self, None, retry, bytes);
+        }
+    }
+}
+
+/// The recorder of the second List of `prefix` at `snap` (the first
+/// builds without one), for the tests of the List bodies that use it.
+#[cfg(test)]
+impl ListBodyCache {
+    pub(crate) fn second_list(
+        self: &Arc<Self>,
+        snap: &Arc<Snapshot>,
+        prefix: &str,
+        media: ListMedia,
+    ) -> Recorder {
+        assert!(
+            matches!(self.lookup(snap, prefix, media), Lookup::Miss(None)),
+            "the first List builds"
+        );
+        match self.lookup(snap, prefix, media) {
+            Lookup::Miss(Some(r)) => r,
+            _ => panic!("the second List records"),
         }
     }
 }
@@ -474,10 +507,7 @@ mod tests {
         let budget = ListBodyBudget::new(1 << 20);
         let cache = ListBodyCache::new("t-abandoned", Arc::clone(&budget));
         let s = snap(1);
-        list(&cache, &s, "/r/pods/", &[]);
-        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/pods/", ListMedia::Json) else {
-            panic!("the second List records");
-        };
+        let mut r = cache.second_list(&s, "/r/pods/", ListMedia::Json);
         r.record(&Bytes::from_static(b"{\"a\":1}"));
         assert_eq!(budget.used(), 7, "a recording holds budget as it goes");
         // A relist storm: the others build while one records.
@@ -534,13 +564,7 @@ mod tests {
     fn small_frames_are_regrouped_and_large_ones_shared() {
         let cache = ListBodyCache::new("t-regroup", ListBodyBudget::new(64 << 20));
         let s = snap(1);
-        assert!(matches!(
-            cache.lookup(&s, "/r/", ListMedia::Json),
-            Lookup::Miss(None)
-        ));
-        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
-            panic!("the second List records");
-        };
+        let mut r = cache.second_list(&s, "/r/", ListMedia::Json);
         let small = Bytes::from(vec![b'a'; KEPT_FRAME_BYTES / 4 + 1]);
         let large = Bytes::from(vec![b'b'; KEPT_FRAME_BYTES]);
         let mut want = Vec::new();
@@ -570,18 +594,12 @@ mod tests {
         let budget = ListBodyBudget::new(1 << 20);
         let cache = ListBodyCache::new("t-own", Arc::clone(&budget));
         let s = snap(1);
-        list(&cache, &s, "/r/", &[]);
-        let Lookup::Miss(Some(mut slow)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
-            panic!("the second List records");
-        };
+        let mut slow = cache.second_list(&s, "/r/", ListMedia::Json);
         slow.record(&Bytes::from_static(b"slow"));
         for i in 0..ENTRIES {
             list(&cache, &s, &format!("/ns{i}/"), &[]);
         }
-        list(&cache, &s, "/r/", &[]);
-        let Lookup::Miss(Some(mut fast)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
-            panic!("made again: the second List records");
-        };
+        let mut fast = cache.second_list(&s, "/r/", ListMedia::Json);
         fast.record(&Bytes::from_static(b"fast!"));
         slow.finish();
         assert!(kept(&cache, &s, "/r/").is_none(), "still fast's to end");
@@ -600,10 +618,7 @@ mod tests {
         let budget = ListBodyBudget::new(1 << 20);
         let cache = ListBodyCache::new("t-stalled", Arc::clone(&budget));
         let s = snap(1);
-        list(&cache, &s, "/r/", &[]);
-        let Lookup::Miss(Some(mut stalled)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
-            panic!("the second List records");
-        };
+        let mut stalled = cache.second_list(&s, "/r/", ListMedia::Json);
         stalled.record(&Bytes::from_static(b"old"));
         tokio::time::advance(RECORDING_LIMIT / 2).await;
         assert_eq!(list(&cache, &s, "/r/", &[b"x"]), "built");
@@ -619,10 +634,7 @@ mod tests {
         let budget = ListBodyBudget::new(8);
         let cache = ListBodyCache::new("t-over", Arc::clone(&budget));
         let s = snap(1);
-        list(&cache, &s, "/r/", &[]);
-        let Lookup::Miss(Some(mut r)) = cache.lookup(&s, "/r/", ListMedia::Json) else {
-            panic!("the second List records");
-        };
+        let mut r = cache.second_list(&s, "/r/", ListMedia::Json);
         r.record(&Bytes::from_static(b"12345"));
         assert_eq!(budget.used(), 5);
         r.record(&Bytes::from_static(b"12345"));

@@ -71,7 +71,7 @@ pub enum ApiError {
 pub struct Resource {
     pub config: ResourceConfig,
     pub cacher: Arc<Cacher>,
-    /// Bodies of full Lists, kept for Lists of the same snapshot.
+    /// Bodies of full Lists, kept for Lists of the same objects.
     pub list_bodies: Arc<ListBodyCache>,
 }
 

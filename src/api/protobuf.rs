@@ -81,18 +81,13 @@ pub(crate) async fn list(
     // (`ListBodyCache`). The kept frames are the items and the tail; the
     // head (the ListMeta, with this List's resourceVersion, and the
     // lengths) is this List's own.
-    let recorder = match &items {
-        ListItems::Range { snap, prefix, from } if from.is_empty() => {
-            match res.list_bodies.lookup(snap, prefix, ListMedia::Protobuf) {
-                Lookup::Hit(frames) => {
-                    let head = kept_head(&encoder, &frames);
-                    return Ok(ProtobufList::Body(Body::kept(head, frames)));
-                }
-                Lookup::Miss(r) => r,
-                Lookup::Off => None,
-            }
+    let recorder = match res.list_bodies.lookup_items(&items, ListMedia::Protobuf) {
+        Lookup::Hit(frames) => {
+            let head = kept_head(&encoder, &frames);
+            return Ok(ProtobufList::Body(Body::kept(head, frames)));
         }
-        _ => None,
+        Lookup::Miss(r) => r,
+        Lookup::Off => None,
     };
     let (items, encoder, gathered) = tokio::task::spawn_blocking(move || {
         let gathered = gather(&items, &api_version, &kind, &encoder);
@@ -301,14 +296,7 @@ mod tests {
             // Recorded, as the second List of a snapshot is.
             let cache = ListBodyCache::new("protobuf-test", ListBodyBudget::new(64 << 20));
             let snap = Arc::new(Snapshot::empty(1, 0));
-            assert!(matches!(
-                cache.lookup(&snap, "/r/", ListMedia::Protobuf),
-                Lookup::Miss(None)
-            ));
-            let Lookup::Miss(Some(recorder)) = cache.lookup(&snap, "/r/", ListMedia::Protobuf)
-            else {
-                panic!("the second List records");
-            };
+            let recorder = cache.second_list(&snap, "/r/", ListMedia::Protobuf);
             let frames: Vec<Bytes> = ListFrames::new(encoder, gathered, Some(recorder)).collect();
             let body: Vec<u8> = frames.iter().flat_map(|f| f.iter().copied()).collect();
             // Items in a list carry no TypeMeta of their own.
