@@ -96,10 +96,10 @@ fn names(r: &ListResult) -> Vec<String> {
     r.items.iter().map(|o| o.name.to_string()).collect()
 }
 
-fn get_req(ns: &str, name: &str, rv: Option<i64>) -> GetRequest {
+fn get_req<'a>(ns: &'a str, name: &'a str, rv: Option<i64>) -> GetRequest<'a> {
     GetRequest {
-        namespace: Some(ns.into()),
-        name: name.into(),
+        namespace: Some(ns),
+        name,
         resource_version: rv,
     }
 }

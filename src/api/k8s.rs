@@ -24,14 +24,14 @@ use super::{ApiStatus, Body, Resource, State, json_response, status_response};
 pub async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
-    info: RequestInfo,
+    info: &RequestInfo,
     query: Query,
 ) -> Response<Body> {
     let result = if info.is_resource_request {
         // Boxed: see `api::handle` (the request future's size).
         Box::pin(resource_request(state, req, info, query)).await
     } else {
-        discovery(&state, &info, req.method())
+        discovery(&state, info, req.method())
     };
     match result {
         Ok(resp) => resp,
@@ -119,38 +119,38 @@ fn discovery(
 /// What a resource path addresses.
 pub(crate) struct Target<'a> {
     pub resource: &'a Resource,
-    pub namespace: Option<String>,
-    pub name: Option<String>,
+    pub namespace: Option<&'a str>,
+    pub name: Option<&'a str>,
 }
 
 impl Target<'_> {
     pub fn what(&self) -> What {
-        What::of(&self.resource.config, self.name.clone())
+        What::of(&self.resource.config, self.name.map(str::to_string))
     }
 }
 
 async fn resource_request(
     state: Arc<State>,
     req: Request<Incoming>,
-    info: RequestInfo,
+    info: &RequestInfo,
     query: Query,
 ) -> Result<Response<Body>, ApiStatus> {
     let path = info.path.as_str();
     // No subresources (or proxying) are served.
-    if info.parts.len() > 2 || info.verb == "proxy" {
+    if info.parts_len() > 2 || info.verb() == "proxy" {
         return Err(not_found_path(path));
     }
     let resource = state
-        .resource(&info.api_group, &info.api_version, &info.resource)
+        .resource(info.api_group(), info.api_version(), info.resource())
         .ok_or_else(|| not_found_path(path))?;
     let namespaced = resource.config.namespaced;
-    let mut namespace = info.namespace.clone();
+    let mut namespace = info.namespace();
     // `/namespaces/{name}` addresses the (cluster-scoped) namespace object
     // itself; RequestInfo names it as its own namespace, as Kubernetes does.
-    if !namespaced && info.resource == "namespaces" && namespace == info.name {
+    if !namespaced && info.resource() == "namespaces" && info.namespace() == info.name() {
         namespace = None;
     }
-    let name = info.name.clone();
+    let name = info.name();
     // Scope: a namespaced path for a cluster-scoped resource, or an item path
     // without namespace for a namespaced one, addresses nothing.
     if namespace.is_some() && !namespaced {
@@ -178,7 +178,7 @@ async fn resource_request(
     // Each verb's future is boxed: the request future hyper moves into a task
     // then stays small instead of carrying every verb's state machine inline
     // (a memmove of several KB per request otherwise).
-    match (info.verb.as_str(), &method) {
+    match (info.verb(), &method) {
         ("list", &Method::GET) => Box::pin(list(&target, &query, &req)).await,
         // `?watch=` or the legacy `/watch/` path form, on a collection.
         ("watch", &Method::GET) if target.name.is_none() => {

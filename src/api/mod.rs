@@ -16,6 +16,7 @@ use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{CONNECTION, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use hyper::{Request, Response, StatusCode};
+use smallvec::SmallVec;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -80,6 +81,9 @@ pub struct State {
     pub config: Config,
     pub storage: Storage,
     pub resources: Vec<Resource>,
+    /// Indexes into `resources` by plural, for [`State::resource`]: every
+    /// request looks its resource up.
+    by_plural: foldhash::HashMap<String, SmallVec<[usize; 2]>>,
     /// One permit per open watch stream, `server.max_watches` in all; each
     /// stream holds its owned permit until it ends.
     pub watch_slots: Arc<Semaphore>,
@@ -105,9 +109,11 @@ impl State {
 
     /// The resource served at `group`/`version`/`plural`.
     pub fn resource(&self, group: &str, version: &str, plural: &str) -> Option<&Resource> {
-        self.resources.iter().find(|r| {
-            r.config.group == group && r.config.version == version && r.config.plural == plural
-        })
+        self.by_plural
+            .get(plural)?
+            .iter()
+            .filter_map(|i| self.resources.get(*i))
+            .find(|r| r.config.group == group && r.config.version == version)
     }
 }
 
@@ -138,12 +144,20 @@ impl Server {
                     opts.clone(),
                 ),
             })
-            .collect();
+            .collect::<Vec<Resource>>();
+        let mut by_plural = foldhash::HashMap::<String, SmallVec<[usize; 2]>>::default();
+        for (i, r) in resources.iter().enumerate() {
+            by_plural
+                .entry(r.config.plural.clone())
+                .or_default()
+                .push(i);
+        }
         let server = Server {
             state: Arc::new(State {
                 config,
                 storage,
                 resources,
+                by_plural,
                 watch_slots: Arc::new(Semaphore::new(max_watches)),
                 shutdown: CancellationToken::new(),
                 etcd_reachable: AtomicBool::new(false),
@@ -332,10 +346,11 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
         Ok(info) => info.metric_verb(),
         Err(e) => e.metric_verb(),
     };
-    let path = req.uri().path().to_string();
-    let span = tracing::debug_span!("request", %method, %path, verb);
-    let resp = match info {
-        Ok(info) => match secure::admit(&state, &mut req, &info) {
+    // The span records the path when it is created (when debug logging is
+    // on): no copy of it is kept for the log line.
+    let span = tracing::debug_span!("request", %method, path = req.uri().path(), verb);
+    let resp = match &info {
+        Ok(info) => match secure::admit(&state, &mut req, info) {
             Ok(admitted) => {
                 // Each level below is boxed: an async fn holds its callee's
                 // future and the arguments it moved there, so unboxed the
@@ -347,7 +362,7 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
             }
             Err(denied) => status_response(&unread_body(&req, denied)),
         },
-        Err(e) => status_response(&unread_body(&req, errors::request_info_status(&e))),
+        Err(e) => status_response(&unread_body(&req, errors::request_info_status(e))),
     };
     let elapsed = start.elapsed();
     let code = resp.status().as_u16();
@@ -361,7 +376,6 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
     let _enter = span.enter();
     debug!(
         %method,
-        %path,
         verb,
         code,
         duration_ms = elapsed.as_secs_f64() * 1000.0,
@@ -385,7 +399,7 @@ fn unread_body(req: &Request<Incoming>, status: ApiStatus) -> ApiStatus {
 async fn route(
     state: Arc<State>,
     req: Request<Incoming>,
-    info: RequestInfo,
+    info: &RequestInfo,
     query: Query,
 ) -> Response<Body> {
     match info.path.as_str() {

@@ -1,82 +1,70 @@
 //! Query-string parsing for the REST API: percent-decoding and the typed
 //! Kubernetes list/watch/write parameters. Every malformed value is a 400.
 
+use std::borrow::Cow;
 use std::time::Duration;
+
+use smallvec::SmallVec;
 
 use super::status::ApiStatus;
 use crate::cacher::ResourceVersionMatch;
 
-/// Decodes `application/x-www-form-urlencoded` text (`+` is a space).
-/// Invalid escapes are kept literally; invalid UTF-8 is replaced.
-pub fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push(h * 16 + l);
-                    i += 3;
-                }
-                _ => {
-                    out.push(b'%');
-                    i += 1;
-                }
-            },
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn hex(b: u8) -> Option<u8> {
-    match b {
-        b'0'..=b'9' => Some(b - b'0'),
-        b'a'..=b'f' => Some(b - b'a' + 10),
-        b'A'..=b'F' => Some(b - b'A' + 10),
-        _ => None,
-    }
-}
-
-/// The decoded `key=value` pairs of a query string, in order.
+/// The decoded `key=value` pairs of a query string, in order
+/// (`application/x-www-form-urlencoded`: `+` is a space, invalid escapes are
+/// kept literally, invalid UTF-8 is replaced; decoded by `form_urlencoded`).
+///
+/// Parsed for every request: the query is copied once, and a pair that
+/// needs no decoding (most do not) is a range of that copy.
 #[derive(Debug, Default, Clone)]
 pub struct Query {
-    pairs: Vec<(String, String)>,
+    raw: String,
+    pairs: SmallVec<[(Text, Text); 4]>,
+}
+
+/// One key or value of a [`Query`].
+#[derive(Debug, Clone)]
+enum Text {
+    /// `raw[start..end]`, as sent.
+    Raw(usize, usize),
+    Decoded(String),
 }
 
 impl Query {
     pub fn parse(query: Option<&str>) -> Query {
-        let mut pairs = Vec::new();
-        if let Some(q) = query {
-            for part in q.split('&') {
-                if part.is_empty() {
-                    continue;
-                }
-                let (k, v) = part.split_once('=').unwrap_or((part, ""));
-                pairs.push((percent_decode(k), percent_decode(v)));
+        let raw = query.unwrap_or_default().to_string();
+        let base = raw.as_ptr() as usize;
+        let text = |c: Cow<'_, str>| match c {
+            Cow::Borrowed(b) => {
+                let start = (b.as_ptr() as usize).wrapping_sub(base);
+                Text::Raw(start, start + b.len())
             }
+            Cow::Owned(o) => Text::Decoded(o),
+        };
+        let pairs = form_urlencoded::parse(raw.as_bytes())
+            .map(|(k, v)| (text(k), text(v)))
+            .collect();
+        Query { raw, pairs }
+    }
+
+    fn text<'a>(&'a self, t: &'a Text) -> &'a str {
+        match t {
+            Text::Raw(start, end) => self.raw.get(*start..*end).unwrap_or(""),
+            Text::Decoded(s) => s,
         }
-        Query { pairs }
+    }
+
+    /// The pairs, in order.
+    fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pairs.iter().map(|(k, v)| (self.text(k), self.text(v)))
     }
 
     /// The first value of `key`, as Kubernetes takes it.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.pairs
-            .iter()
-            .find(|(k, _)| k == key)
-            .map(|(_, v)| v.as_str())
+        self.pairs().find(|(k, _)| *k == key).map(|(_, v)| v)
     }
 
     pub fn has(&self, key: &str) -> bool {
-        self.pairs.iter().any(|(k, _)| k == key)
+        self.pairs().any(|(k, _)| k == key)
     }
 
     /// A boolean parameter: absent or empty -> false; otherwise one of the
@@ -146,11 +134,11 @@ impl Query {
     /// `dryRun`: absent -> false; `All` -> true; anything else -> 400.
     pub fn dry_run(&self) -> Result<bool, ApiStatus> {
         let mut dry = false;
-        for (k, v) in &self.pairs {
+        for (k, v) in self.pairs() {
             if k != "dryRun" {
                 continue;
             }
-            match v.as_str() {
+            match v {
                 "All" => dry = true,
                 "" => {}
                 other => {
@@ -227,13 +215,17 @@ pub fn wants_protobuf(accept: Option<&str>) -> bool {
     };
     for media in accept.split(',') {
         let mut parts = media.split(';').map(str::trim);
-        let ty = parts.next().unwrap_or("").to_ascii_lowercase();
+        let ty = parts.next().unwrap_or("");
         // Tables and other `as=` conversions are JSON-only here.
         let converted = parts.any(|p| p.starts_with("as="));
-        match ty.as_str() {
-            PROTOBUF if !converted => return true,
-            "application/json" | "application/*" | "*/*" => return false,
-            _ => {}
+        if ty.eq_ignore_ascii_case(PROTOBUF) && !converted {
+            return true;
+        }
+        if ["application/json", "application/*", "*/*"]
+            .iter()
+            .any(|t| ty.eq_ignore_ascii_case(t))
+        {
+            return false;
         }
     }
     false
@@ -256,12 +248,28 @@ mod tests {
 
     #[test]
     fn decode() {
-        assert_eq!(percent_decode("a%3Db+c"), "a=b c");
-        assert_eq!(percent_decode("%"), "%");
-        assert_eq!(percent_decode("%4"), "%4");
-        assert_eq!(percent_decode("%zz1"), "%zz1");
-        assert_eq!(percent_decode("x%2"), "x%2");
-        assert_eq!(percent_decode("%41"), "A");
+        let decoded = |v: &str| {
+            Query::parse(Some(&format!("k={v}")))
+                .get("k")
+                .map(str::to_string)
+        };
+        assert_eq!(decoded("a%3Db+c").as_deref(), Some("a=b c"));
+        assert_eq!(decoded("%").as_deref(), Some("%"));
+        assert_eq!(decoded("%4").as_deref(), Some("%4"));
+        assert_eq!(decoded("%zz1").as_deref(), Some("%zz1"));
+        assert_eq!(decoded("x%2").as_deref(), Some("x%2"));
+        assert_eq!(decoded("%41").as_deref(), Some("A"));
+        assert_eq!(decoded("%FF").as_deref(), Some("\u{FFFD}"));
+        // Keys decode too; a key without `=` has an empty value; empty
+        // parts are skipped; the first value counts.
+        let q = Query::parse(Some("a%62c=1&&flag&x=1&x=2&sp+ace=%20"));
+        assert_eq!(q.get("abc"), Some("1"));
+        assert_eq!(q.get("flag"), Some(""));
+        assert!(q.has("flag") && !q.has("nope"));
+        assert_eq!(q.get("x"), Some("1"));
+        assert_eq!(q.get("sp ace"), Some(" "));
+        assert_eq!(Query::parse(None).get("x"), None);
+        assert_eq!(Query::parse(Some("")).get(""), None);
     }
 
     #[test]

@@ -65,8 +65,8 @@ pub(crate) async fn get(
     let res = target.resource;
     let table = table_request(req, query)?;
     let get = GetRequest {
-        namespace: target.namespace.clone(),
-        name: target.name.clone().unwrap_or_default(),
+        namespace: target.namespace,
+        name: target.name.unwrap_or_default(),
         resource_version: query.resource_version()?,
     };
     let obj = res
@@ -105,7 +105,7 @@ pub(crate) async fn list(
     let table = table_request(req, query)?;
     let (label_selector, field_selector) = selectors(res, query)?;
     let list = ListRequest {
-        namespace: target.namespace.clone(),
+        namespace: target.namespace.map(str::to_string),
         label_selector,
         field_selector,
         resource_version: query.resource_version()?,
@@ -364,7 +364,7 @@ pub(crate) async fn watch(
         )),
     };
     let watch = WatchRequest {
-        namespace: target.namespace.clone(),
+        namespace: target.namespace.map(str::to_string),
         label_selector,
         field_selector,
         resource_version: query.resource_version()?,

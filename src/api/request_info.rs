@@ -16,7 +16,10 @@
 //!   every other path (`/healthz`, `/metrics`, `/version`, `/openapi/v3`) is a
 //!   non-resource request whose verb is the lowercased HTTP method.
 
+use std::borrow::Cow;
+
 use hyper::Method;
+use smallvec::SmallVec;
 
 use super::params::{Query, parse_bool};
 
@@ -36,6 +39,11 @@ const NAMESPACE_SUBRESOURCES: [&str; 2] = ["status", "finalize"];
 /// follow Kubernetes' `RequestInfo`; absent values are `None` (Kubernetes:
 /// the empty string), except `api_group`, which is `""` for the core group
 /// as in Kubernetes.
+///
+/// The parts of the path are kept as byte ranges of [`RequestInfo::path`],
+/// read through accessors: resolving a request costs one allocation (the
+/// path), not one per part (it runs for every request, G1 in
+/// `docs/BENCHMARKS.md`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestInfo {
     /// Whether the path names a resource (`/api/v1/pods`) rather than
@@ -43,28 +51,29 @@ pub struct RequestInfo {
     pub is_resource_request: bool,
     /// The URL path, as sent.
     pub path: String,
-    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
-    /// `deletecollection` (or `proxy`) for resource requests; the lowercased
-    /// HTTP method for the others. Empty for a resource request with a method
-    /// the API has no verb for (e.g. `OPTIONS`), as in Kubernetes.
-    pub verb: String,
-    /// `api` or `apis` (resource requests only).
-    pub api_prefix: String,
-    /// The API group; `""` for the core group.
-    pub api_group: String,
-    /// The API version (`v1`).
-    pub api_version: String,
-    /// The namespace in the path; `None` for cluster-wide requests.
-    pub namespace: Option<String>,
-    /// The resource (plural), e.g. `pods`.
-    pub resource: String,
-    /// The subresource (`status`, `scale`, ...) if the path has one.
-    pub subresource: Option<String>,
-    /// The object's name if the path names one.
-    pub name: Option<String>,
-    /// The path parts from the resource on: `{resource}[/{name}[/{subresource}/...]]`.
-    pub parts: Vec<String>,
+    verb: Cow<'static, str>,
+    api_prefix: &'static str,
+    api_group: Span,
+    api_version: Span,
+    namespace: Option<Span>,
+    resource: Span,
+    subresource: Option<Span>,
+    name: Option<Span>,
+    /// `{resource}[/{name}[/{subresource}/...]]`, and how many parts.
+    parts: Span,
+    parts_len: usize,
 }
+
+/// A byte range of [`RequestInfo::path`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct Span {
+    start: usize,
+    end: usize,
+}
+
+/// The path's segments (between slashes, outer slashes trimmed) kept before
+/// they are read; a path with more is rarer than the allocation is costly.
+const INLINE_SEGMENTS: usize = 10;
 
 /// A request whose `RequestInfo` cannot be resolved; such a request is
 /// answered without routing (see `super::errors` for its `Status`).
@@ -106,36 +115,36 @@ impl RequestInfo {
         let mut info = RequestInfo {
             is_resource_request: false,
             path: path.to_string(),
-            verb: method.as_str().to_ascii_lowercase(),
-            api_prefix: String::new(),
-            api_group: String::new(),
-            api_version: String::new(),
+            verb: method_verb(method),
+            api_prefix: "",
+            api_group: Span::default(),
+            api_version: Span::default(),
             namespace: None,
-            resource: String::new(),
+            resource: Span::default(),
             subresource: None,
             name: None,
-            parts: Vec::new(),
+            parts: Span::default(),
+            parts_len: 0,
         };
-        let trimmed = path.trim_matches('/');
-        let all: Vec<&str> = if trimmed.is_empty() {
-            Vec::new()
-        } else {
-            trimmed.split('/').collect()
-        };
-        let mut cur: &[&str] = &all;
+        let all = segments(path);
+        let seg = |s: Span| &path[s.start..s.end];
+        let mut cur: &[Span] = &all;
         let Some((&prefix, rest)) = cur.split_first() else {
             return Ok(info);
         };
-        if all.len() < 3 || !API_PREFIXES.contains(&prefix) {
+        let Some(&api_prefix) = API_PREFIXES.iter().find(|p| **p == seg(prefix)) else {
+            return Ok(info);
+        };
+        if all.len() < 3 {
             return Ok(info);
         }
         cur = rest;
-        let mut api_group = "";
-        if prefix != GROUPLESS_API_PREFIX {
+        let mut api_group = Span::default();
+        if api_prefix != GROUPLESS_API_PREFIX {
             // The prefix is consumed: "do we have four parts?"
             match cur {
                 [group, rest @ ..] if rest.len() >= 2 => {
-                    api_group = group;
+                    api_group = *group;
                     cur = rest;
                 }
                 _ => return Ok(info),
@@ -145,9 +154,9 @@ impl RequestInfo {
             return Ok(info);
         };
         info.is_resource_request = true;
-        info.api_prefix = prefix.to_string();
-        info.api_group = api_group.to_string();
-        info.api_version = api_version.to_string();
+        info.api_prefix = api_prefix;
+        info.api_group = api_group;
+        info.api_version = *api_version;
         cur = rest;
 
         let Some(&first) = cur.first() else {
@@ -157,46 +166,49 @@ impl RequestInfo {
             });
         };
         let mut verb_from_method = true;
-        if SPECIAL_VERBS.contains(&first) {
+        if let Some(&special) = SPECIAL_VERBS.iter().find(|v| **v == seg(first)) {
             if cur.len() < 2 {
                 return Err(RequestInfoError::NoResource {
                     path: path.to_string(),
                 });
             }
-            info.verb = first.to_string();
+            info.verb = Cow::Borrowed(special);
             cur = &cur[1..];
             verb_from_method = false;
         } else {
-            info.verb = match *method {
+            info.verb = Cow::Borrowed(match *method {
                 Method::POST => "create",
                 Method::GET | Method::HEAD => "get",
                 Method::PUT => "update",
                 Method::PATCH => "patch",
                 Method::DELETE => "delete",
                 _ => "",
-            }
-            .to_string();
+            });
         }
 
         // /namespaces/{namespace}/{resource}/...: parts become relative to
         // the resource, unless the third part is a namespace subresource.
-        if cur.first() == Some(&"namespaces") && cur.len() > 1 {
-            info.namespace = Some(cur[1].to_string());
-            if cur.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&cur[2]) {
+        if cur.first().map(|s| seg(*s)) == Some("namespaces") && cur.len() > 1 {
+            info.namespace = Some(cur[1]);
+            if cur.len() > 2 && !NAMESPACE_SUBRESOURCES.contains(&seg(cur[2])) {
                 cur = &cur[2..];
             }
         }
-        info.parts = cur.iter().map(|s| s.to_string()).collect();
+        if let (Some(first), Some(last)) = (cur.first(), cur.last()) {
+            info.parts = Span {
+                start: first.start,
+                end: last.end,
+            };
+        }
+        info.parts_len = cur.len();
         if let Some(r) = cur.first() {
-            info.resource = r.to_string();
+            info.resource = *r;
         }
-        if let Some(n) = cur.get(1) {
-            info.name = Some(n.to_string());
-        }
+        info.name = cur.get(1).copied();
         if let Some(s) = cur.get(2)
-            && !SPECIAL_VERBS_NO_SUBRESOURCES.contains(&info.verb.as_str())
+            && !SPECIAL_VERBS_NO_SUBRESOURCES.contains(&info.verb())
         {
-            info.subresource = Some(s.to_string());
+            info.subresource = Some(*s);
         }
 
         // No name and a GET: a list, or a watch when ?watch= says so.
@@ -207,12 +219,71 @@ impl RequestInfo {
                     value: v.to_string(),
                 })?,
             };
-            info.verb = if watch { "watch" } else { "list" }.to_string();
+            info.verb = Cow::Borrowed(if watch { "watch" } else { "list" });
         }
         if info.name.is_none() && info.verb == "delete" {
-            info.verb = "deletecollection".to_string();
+            info.verb = Cow::Borrowed("deletecollection");
         }
         Ok(info)
+    }
+
+    fn at(&self, s: Span) -> &str {
+        self.path.get(s.start..s.end).unwrap_or("")
+    }
+
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`,
+    /// `deletecollection` (or `proxy`) for resource requests; the lowercased
+    /// HTTP method for the others. Empty for a resource request with a method
+    /// the API has no verb for (e.g. `OPTIONS`), as in Kubernetes.
+    pub fn verb(&self) -> &str {
+        &self.verb
+    }
+
+    /// `api` or `apis` (resource requests only).
+    pub fn api_prefix(&self) -> &'static str {
+        self.api_prefix
+    }
+
+    /// The API group; `""` for the core group.
+    pub fn api_group(&self) -> &str {
+        self.at(self.api_group)
+    }
+
+    /// The API version (`v1`).
+    pub fn api_version(&self) -> &str {
+        self.at(self.api_version)
+    }
+
+    /// The namespace in the path; `None` for cluster-wide requests.
+    pub fn namespace(&self) -> Option<&str> {
+        self.namespace.map(|s| self.at(s))
+    }
+
+    /// The resource (plural), e.g. `pods`.
+    pub fn resource(&self) -> &str {
+        self.at(self.resource)
+    }
+
+    /// The subresource (`status`, `scale`, ...) if the path has one.
+    pub fn subresource(&self) -> Option<&str> {
+        self.subresource.map(|s| self.at(s))
+    }
+
+    /// The object's name if the path names one.
+    pub fn name(&self) -> Option<&str> {
+        self.name.map(|s| self.at(s))
+    }
+
+    /// The path parts from the resource on:
+    /// `{resource}[/{name}[/{subresource}/...]]`.
+    pub fn parts(&self) -> impl Iterator<Item = &str> {
+        let parts = self.at(self.parts);
+        parts.split('/').take(self.parts_len)
+    }
+
+    /// How many [`RequestInfo::parts`] there are.
+    pub fn parts_len(&self) -> usize {
+        self.parts_len
     }
 
     /// The verb as a label value for the HTTP metrics: one of a fixed set,
@@ -235,9 +306,53 @@ impl RequestInfo {
         ];
         KNOWN
             .into_iter()
-            .find(|v| *v == self.verb)
+            .find(|v| *v == self.verb())
             .unwrap_or("other")
     }
+}
+
+/// The verb of a non-resource request: the lowercased method, without an
+/// allocation for the methods HTTP defines.
+fn method_verb(method: &Method) -> Cow<'static, str> {
+    const KNOWN: [(Method, &str); 9] = [
+        (Method::GET, "get"),
+        (Method::HEAD, "head"),
+        (Method::POST, "post"),
+        (Method::PUT, "put"),
+        (Method::PATCH, "patch"),
+        (Method::DELETE, "delete"),
+        (Method::OPTIONS, "options"),
+        (Method::CONNECT, "connect"),
+        (Method::TRACE, "trace"),
+    ];
+    KNOWN
+        .iter()
+        .find(|(m, _)| m == method)
+        .map(|(_, v)| Cow::Borrowed(*v))
+        .unwrap_or_else(|| Cow::Owned(method.as_str().to_ascii_lowercase()))
+}
+
+/// The byte ranges of `path`'s segments: what `path.trim_matches('/')`
+/// splits into at `/` (none for an empty or all-slash path).
+fn segments(path: &str) -> SmallVec<[Span; INLINE_SEGMENTS]> {
+    let mut out = SmallVec::new();
+    let start = path.len() - path.trim_start_matches('/').len();
+    let end = path.trim_end_matches('/').len().max(start);
+    if start == end {
+        return out;
+    }
+    let mut from = start;
+    for (i, b) in path.as_bytes()[start..end].iter().enumerate() {
+        if *b == b'/' {
+            out.push(Span {
+                start: from,
+                end: start + i,
+            });
+            from = start + i + 1;
+        }
+    }
+    out.push(Span { start: from, end });
+    out
 }
 
 #[cfg(test)]
@@ -331,32 +446,36 @@ mod tests {
             );
             let got = (
                 i.is_resource_request,
-                i.verb.as_str(),
-                i.api_group.as_str(),
-                i.api_version.as_str(),
-                i.namespace.clone(),
-                i.resource.as_str(),
-                i.name.clone(),
-                i.subresource.clone(),
+                i.verb(),
+                i.api_group(),
+                i.api_version(),
+                i.namespace().map(str::to_string),
+                i.resource(),
+                i.name().map(str::to_string),
+                i.subresource().map(str::to_string),
             );
             assert_eq!(got, want, "{method} {uri}");
             assert_eq!(i.path, uri.split('?').next().unwrap_or(uri));
-            assert_eq!(i.parts.first().map(String::as_str), Some(resource), "{uri}");
+            assert_eq!(i.parts().next(), Some(resource), "{uri}");
             let prefix = if group.is_empty() { "api" } else { "apis" };
-            assert_eq!(i.api_prefix, prefix, "{uri}");
+            assert_eq!(i.api_prefix(), prefix, "{uri}");
         }
     }
 
     #[test]
     fn parts_are_relative_to_the_resource() {
         let i = info(Method::GET, "/api/v1/namespaces/ns1/pods/web/log/extra").unwrap();
-        assert_eq!(i.parts, vec!["pods", "web", "log", "extra"]);
-        assert_eq!(i.subresource.as_deref(), Some("log"));
+        assert_eq!(
+            i.parts().collect::<Vec<_>>(),
+            ["pods", "web", "log", "extra"]
+        );
+        assert_eq!(i.parts_len(), 4);
+        assert_eq!(i.subresource(), Some("log"));
         // proxy takes no subresource
         let i = info(Method::GET, "/api/v1/proxy/namespaces/ns1/pods/web/x").unwrap();
-        assert_eq!(i.verb, "proxy");
-        assert_eq!(i.name.as_deref(), Some("web"));
-        assert_eq!(i.subresource, None);
+        assert_eq!(i.verb(), "proxy");
+        assert_eq!(i.name(), Some("web"));
+        assert_eq!(i.subresource(), None);
     }
 
     #[test]
@@ -382,9 +501,9 @@ mod tests {
         ] {
             let i = info(method.clone(), uri).unwrap();
             assert!(!i.is_resource_request, "{uri}");
-            assert_eq!(i.verb, verb, "{method} {uri}");
+            assert_eq!(i.verb(), verb, "{method} {uri}");
             assert_eq!(i.path, uri.split('?').next().unwrap_or(uri));
-            assert!(i.resource.is_empty() && i.api_group.is_empty() && i.parts.is_empty());
+            assert!(i.resource().is_empty() && i.api_group().is_empty() && i.parts_len() == 0);
         }
     }
 
@@ -423,5 +542,36 @@ mod tests {
         assert_eq!(m("BREW", "/healthz"), "other");
         assert_eq!(m("BREW", "/api/v1/pods"), "other");
         assert_eq!(m("OPTIONS", "/api/v1/pods"), "other");
+    }
+
+    #[test]
+    fn segments_are_the_trimmed_path_split_at_slashes() {
+        for p in [
+            "",
+            "/",
+            "//",
+            "/api",
+            "api/v1/",
+            "//api//v1///pods//",
+            "/a/b/c/d/e/f/g/h/i/j/k/l/m",
+        ] {
+            let t = p.trim_matches('/');
+            let want: Vec<&str> = if t.is_empty() {
+                Vec::new()
+            } else {
+                t.split('/').collect()
+            };
+            let got: Vec<&str> = segments(p).iter().map(|s| &p[s.start..s.end]).collect();
+            assert_eq!(got, want, "{p:?}");
+        }
+    }
+
+    #[test]
+    fn other_methods_are_lowercased_verbs() {
+        let method = Method::from_bytes(b"BREW").unwrap();
+        let i = RequestInfo::new(&method, "/coffee", &Query::default()).unwrap();
+        assert_eq!(i.verb(), "brew");
+        let i = RequestInfo::new(&Method::TRACE, "/coffee", &Query::default()).unwrap();
+        assert_eq!(i.verb(), "trace");
     }
 }

@@ -271,9 +271,9 @@ async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<B
     // through, which these are not.
     let user = req
         .extensions()
-        .get::<UserInfo>()
+        .get::<Arc<UserInfo>>()
         .cloned()
-        .unwrap_or_else(UserInfo::anonymous);
+        .unwrap_or_else(|| Arc::new(UserInfo::anonymous()));
     let (parts, body) = read_body(state, req).await?;
     if path == SSRR_PATH {
         let content_type = parts
@@ -292,19 +292,19 @@ async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<B
             .unwrap_or("application/json");
         let spec = parse_spec(content_type, &body)?;
         let spec_json = serde_json::to_value(&spec).unwrap_or(Value::Null);
-        let attrs = match (spec.resource_attributes, spec.non_resource_attributes) {
+        let attrs = match (&spec.resource_attributes, &spec.non_resource_attributes) {
             (Some(r), None) => Attributes {
-                verb: r.verb,
+                verb: &r.verb,
                 is_resource_request: true,
-                path: String::new(),
-                namespace: r.namespace,
-                api_group: r.group,
-                api_version: r.version,
-                resource: r.resource,
-                subresource: r.subresource,
-                name: r.name,
+                path: "",
+                namespace: &r.namespace,
+                api_group: &r.group,
+                api_version: &r.version,
+                resource: &r.resource,
+                subresource: &r.subresource,
+                name: &r.name,
             },
-            (None, Some(n)) => Attributes::non_resource(n.verb, n.path),
+            (None, Some(n)) => Attributes::non_resource(&n.verb, &n.path),
             _ => {
                 return Err(ApiStatus::invalid(
                     "SelfSubjectAccessReview: exactly one of spec.resourceAttributes and spec.nonResourceAttributes is required",

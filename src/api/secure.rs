@@ -145,9 +145,9 @@ pub struct Connection {
 }
 
 /// A request that passed authentication and authorization.
-pub(crate) struct Admitted {
-    pub user: Option<UserInfo>,
-    pub attrs: Attributes,
+pub(crate) struct Admitted<'a> {
+    pub user: Option<Arc<UserInfo>>,
+    pub attrs: Attributes<'a>,
 }
 
 /// Paths probes reach without credentials even when anonymous access is off
@@ -161,11 +161,11 @@ fn is_health_path(path: &str) -> bool {
 /// Authenticates and authorizes `req`; the user is put into the request's
 /// extensions for the handlers (self reviews). `Err` is the 401 or 403
 /// `Status`, already counted and audited.
-pub(crate) fn admit(
+pub(crate) fn admit<'a>(
     state: &State,
     req: &mut Request<Incoming>,
-    info: &RequestInfo,
-) -> Result<Admitted, ApiStatus> {
+    info: &'a RequestInfo,
+) -> Result<Admitted<'a>, ApiStatus> {
     let attrs = attributes(info);
     let m = counters();
     let identity = req
@@ -187,7 +187,7 @@ pub(crate) fn admit(
             user
         }
         Err(AuthnError::NoCredentials)
-            if is_health_path(&attrs.path)
+            if is_health_path(attrs.path)
                 && (req.method() == Method::GET || req.method() == Method::HEAD) =>
         {
             m.authn_anonymous.inc();
@@ -206,12 +206,12 @@ pub(crate) fn admit(
         audit(Some(&user), &attrs, 403);
         let mut status = ApiStatus::forbidden(attrs.forbidden_message(&user, &decision.reason));
         if attrs.is_resource_request && !attrs.name.is_empty() {
-            status = status.with_details(attrs.name.clone(), attrs.resource.clone());
+            status = status.with_details(attrs.name.to_string(), attrs.resource.to_string());
         }
         return Err(status);
     }
     m.allowed.inc();
-    req.extensions_mut().insert(user.clone());
+    req.extensions_mut().insert(Arc::clone(&user));
     Ok(Admitted {
         user: Some(user),
         attrs,
@@ -219,9 +219,9 @@ pub(crate) fn admit(
 }
 
 /// After the handler: the audit line of a mutating request.
-pub(crate) fn finish(admitted: &Admitted, code: u16) {
+pub(crate) fn finish(admitted: &Admitted<'_>, code: u16) {
     if admitted.attrs.is_mutating() {
-        audit(admitted.user.as_ref(), &admitted.attrs, code);
+        audit(admitted.user.as_deref(), &admitted.attrs, code);
     }
 }
 
@@ -250,17 +250,17 @@ fn audit(user: Option<&UserInfo>, attrs: &Attributes, code: u16) {
 
 /// The authorizer's view of a request: kube's `authorizer.Attributes` are
 /// built from its `RequestInfo` the same way.
-pub(crate) fn attributes(info: &RequestInfo) -> Attributes {
+pub(crate) fn attributes(info: &RequestInfo) -> Attributes<'_> {
     Attributes {
-        verb: info.verb.clone(),
+        verb: info.verb(),
         is_resource_request: info.is_resource_request,
-        path: info.path.clone(),
-        namespace: info.namespace.clone().unwrap_or_default(),
-        api_group: info.api_group.clone(),
-        api_version: info.api_version.clone(),
-        resource: info.resource.clone(),
-        subresource: info.subresource.clone().unwrap_or_default(),
-        name: info.name.clone().unwrap_or_default(),
+        path: &info.path,
+        namespace: info.namespace().unwrap_or_default(),
+        api_group: info.api_group(),
+        api_version: info.api_version(),
+        resource: info.resource(),
+        subresource: info.subresource().unwrap_or_default(),
+        name: info.name().unwrap_or_default(),
     }
 }
 
@@ -268,7 +268,7 @@ pub(crate) fn attributes(info: &RequestInfo) -> Attributes {
 mod tests {
     use super::*;
 
-    fn attrs(method: &str, uri: &str) -> Attributes {
+    fn attrs(method: &str, uri: &str) -> Attributes<'static> {
         let (path, query) = uri.split_once('?').unwrap_or((uri, ""));
         let method = Method::from_bytes(method.as_bytes()).unwrap();
         let info = RequestInfo::new(
@@ -277,30 +277,21 @@ mod tests {
             &super::super::params::Query::parse(Some(query)),
         )
         .unwrap();
-        attributes(&info)
+        // Leaked so the attributes can borrow it past this helper (tests only).
+        attributes(Box::leak(Box::new(info)))
     }
 
     #[test]
     fn request_attributes_like_kube() {
         let a = attrs("GET", "/api/v1/namespaces/ns1/pods");
         assert_eq!(
-            (
-                a.verb.as_str(),
-                a.namespace.as_str(),
-                a.resource.as_str(),
-                a.is_resource_request
-            ),
+            (a.verb, a.namespace, a.resource, a.is_resource_request),
             ("list", "ns1", "pods", true)
         );
         assert_eq!(attrs("GET", "/api/v1/pods?watch=true").verb, "watch");
         let a = attrs("GET", "/apis/apps/v1/namespaces/ns1/deployments/web/status");
         assert_eq!(
-            (
-                a.api_group.as_str(),
-                a.name.as_str(),
-                a.subresource.as_str(),
-                a.verb.as_str()
-            ),
+            (a.api_group, a.name, a.subresource, a.verb),
             ("apps", "web", "status", "get")
         );
         assert_eq!(
@@ -314,17 +305,14 @@ mod tests {
         assert_eq!(attrs("PATCH", "/api/v1/nodes/n").verb, "patch");
         let a = attrs("GET", "/api/v1/namespaces/foo");
         assert_eq!(
-            (a.resource.as_str(), a.name.as_str(), a.namespace.as_str()),
+            (a.resource, a.name, a.namespace),
             ("namespaces", "foo", "foo")
         );
         let a = attrs(
             "POST",
             "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
         );
-        assert_eq!(
-            (a.verb.as_str(), a.resource.as_str()),
-            ("create", "selfsubjectaccessreviews")
-        );
+        assert_eq!((a.verb, a.resource), ("create", "selfsubjectaccessreviews"));
         for (m, p) in [
             ("GET", "/metrics"),
             ("GET", "/api/v1"),
@@ -333,7 +321,7 @@ mod tests {
         ] {
             let a = attrs(m, p);
             assert!(!a.is_resource_request, "{p}");
-            assert_eq!((a.verb.as_str(), a.path.as_str()), ("get", p));
+            assert_eq!((a.verb, a.path), ("get", p));
         }
     }
 

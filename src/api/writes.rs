@@ -173,9 +173,9 @@ fn validate_name(name: &str) -> Result<(), ApiStatus> {
 fn reconcile_namespace(obj: &mut Value, target: &Target<'_>) -> Result<(), ApiStatus> {
     let body_ns = meta_string(obj, "namespace")?;
     let meta = meta_mut(obj)?;
-    match (&target.namespace, body_ns.as_deref()) {
+    match (target.namespace, body_ns.as_deref()) {
         (Some(ns), None) | (Some(ns), Some("")) => {
-            meta.insert("namespace".into(), Value::String(ns.clone()));
+            meta.insert("namespace".into(), Value::String(ns.to_string()));
         }
         (Some(ns), Some(b)) if b == ns => {}
         (Some(ns), Some(b)) => {
@@ -249,10 +249,9 @@ fn stored_response(code: u16, res: &Resource, stored: &StoredObject) -> Response
 /// The cached object as a `StoredObject` suggestion for a GuaranteedUpdate
 /// (its value without the injected resourceVersion).
 async fn suggestion(target: &Target<'_>, key: &str) -> Option<StoredObject> {
-    let name = target.name.clone()?;
     let req = GetRequest {
-        namespace: target.namespace.clone(),
-        name,
+        namespace: target.namespace,
+        name: target.name?,
         resource_version: Some(0),
     };
     let obj = target.resource.cacher.get(&req).await.ok()?;
@@ -341,7 +340,7 @@ pub(crate) async fn create(
         };
         validate_name(&name)?;
         meta_mut(&mut obj)?.insert("name".into(), Value::String(name.clone()));
-        let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+        let key = res.cacher.codec().key(target.namespace, &name);
         let what = What {
             name: Some(name.clone()),
             ..target.what()
@@ -372,7 +371,7 @@ fn unreachable_name() -> Result<String, ApiStatus> {
 fn prepare_update_body(body: &[u8], target: &Target<'_>) -> Result<Value, ApiStatus> {
     let mut obj = parse_json(body)?;
     check_type_meta(&mut obj, target.resource)?;
-    let path_name = target.name.clone().unwrap_or_default();
+    let path_name = target.name.unwrap_or_default();
     match meta_string(&obj, "name")?.as_deref() {
         Some(n) if n == path_name => {}
         Some("") | None => {
@@ -454,8 +453,8 @@ pub(crate) async fn update(
     let rv = parse_resource_version(meta_string(&obj, "resourceVersion")?.as_deref())?
         .filter(|rv| *rv > 0);
     let body_uid = meta_string(&obj, "uid")?.filter(|u| !u.is_empty());
-    let name = target.name.clone().unwrap_or_default();
-    let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+    let name = target.name.unwrap_or_default();
+    let key = res.cacher.codec().key(target.namespace, name);
     let opts = write_options(res, dry_run);
     let what = target.what();
     let preconditions = Preconditions {
@@ -556,8 +555,8 @@ pub(crate) async fn patch(
     }
     let dry_run = query.dry_run()?;
     let res = target.resource;
-    let name = target.name.clone().unwrap_or_default();
-    let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+    let name = target.name.unwrap_or_default();
+    let key = res.cacher.codec().key(target.namespace, name);
     let opts = write_options(res, dry_run);
     let stored = guaranteed_update(state, target, &key, &Preconditions::none(), &opts, |cur| {
         let current = parse_stored(cur)?;
@@ -659,8 +658,8 @@ pub(crate) async fn delete(
         }
     }
     let res = target.resource;
-    let name = target.name.clone().unwrap_or_default();
-    let key = res.cacher.codec().key(target.namespace.as_deref(), &name);
+    let name = target.name.unwrap_or_default();
+    let key = res.cacher.codec().key(target.namespace, name);
     let stored = state
         .storage
         .delete(&key, &preconditions, &write_options(res, dry_run))

@@ -128,14 +128,19 @@ impl Authenticator {
     /// Runs the chain for one request: the connection's certificate user,
     /// then the `Authorization: Bearer` token, then anonymous. Any
     /// authenticator that succeeds wins; errors only count when none does.
+    ///
+    /// The user is shared: it goes into the request's extensions and the
+    /// audit line, and the anonymous one is the same for every request.
     pub fn authenticate(
         &self,
         connection: &ConnectionIdentity,
         authorization: Option<&[u8]>,
-    ) -> Result<UserInfo, AuthnError> {
+    ) -> Result<Arc<UserInfo>, AuthnError> {
+        static ANONYMOUS: std::sync::LazyLock<Arc<UserInfo>> =
+            std::sync::LazyLock::new(|| Arc::new(UserInfo::anonymous()));
         let mut error = None;
         match connection {
-            Some(Ok(user)) => return Ok(user.clone().authenticated()),
+            Some(Ok(user)) => return Ok(Arc::new(user.clone().authenticated())),
             Some(Err(e)) => error = Some(e.clone()),
             None => {}
         }
@@ -143,13 +148,13 @@ impl Authenticator {
             && let Some(token) = authorization.and_then(bearer_token)
         {
             match tokens.lookup(token) {
-                Some(user) => return Ok(user.clone().authenticated()),
+                Some(user) => return Ok(Arc::new(user.clone().authenticated())),
                 None => error = Some(AuthnError::InvalidToken),
             }
         }
         match error {
             Some(e) => Err(e),
-            None if self.anonymous => Ok(UserInfo::anonymous()),
+            None if self.anonymous => Ok(Arc::clone(&ANONYMOUS)),
             None => Err(AuthnError::NoCredentials),
         }
     }
@@ -170,28 +175,31 @@ fn bearer_token(header: &[u8]) -> Option<&str> {
 
 /// The authorizer's input (kube's `authorizer.Attributes` without the
 /// user): what a request does. Built once per request from its path.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Attributes {
+///
+/// It borrows the request's strings: it is built for every request, and
+/// copying each part would cost an allocation apiece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Attributes<'a> {
     /// Kubernetes verb (`get`, `list`, `watch`, `create`, ...) for resource
     /// requests; the lowercased HTTP method for non-resource requests.
-    pub verb: String,
+    pub verb: &'a str,
     pub is_resource_request: bool,
     /// The request path (non-resource requests are authorized on it).
-    pub path: String,
-    pub namespace: String,
-    pub api_group: String,
-    pub api_version: String,
-    pub resource: String,
-    pub subresource: String,
-    pub name: String,
+    pub path: &'a str,
+    pub namespace: &'a str,
+    pub api_group: &'a str,
+    pub api_version: &'a str,
+    pub resource: &'a str,
+    pub subresource: &'a str,
+    pub name: &'a str,
 }
 
-impl Attributes {
+impl<'a> Attributes<'a> {
     /// A non-resource request on `path`.
-    pub fn non_resource(verb: impl Into<String>, path: impl Into<String>) -> Attributes {
+    pub fn non_resource(verb: &'a str, path: &'a str) -> Attributes<'a> {
         Attributes {
-            verb: verb.into(),
-            path: path.into(),
+            verb,
+            path,
             ..Attributes::default()
         }
     }
@@ -199,7 +207,7 @@ impl Attributes {
     /// Whether the verb changes stored state (these requests are audited).
     pub fn is_mutating(&self) -> bool {
         matches!(
-            self.verb.as_str(),
+            self.verb,
             "create" | "update" | "patch" | "delete" | "deletecollection"
         )
     }
@@ -212,7 +220,7 @@ impl Attributes {
         if !self.is_resource_request {
             return format!("User {name:?} cannot {} path {:?}", self.verb, self.path);
         }
-        let mut resource = self.resource.clone();
+        let mut resource = self.resource.to_string();
         if !self.subresource.is_empty() {
             resource = format!("{resource}/{}", self.subresource);
         }
@@ -241,7 +249,7 @@ impl Attributes {
             return format!("forbidden: {detail}");
         }
         let qualified = if self.api_group.is_empty() {
-            self.resource.clone()
+            self.resource.to_string()
         } else {
             format!("{}.{}", self.resource, self.api_group)
         };
@@ -388,23 +396,23 @@ mod tests {
             ..UserInfo::default()
         };
         let mut a = Attributes {
-            verb: "list".into(),
+            verb: "list",
             is_resource_request: true,
-            path: "/api/v1/namespaces/kube-system/pods".into(),
-            namespace: "kube-system".into(),
-            resource: "pods".into(),
-            api_version: "v1".into(),
+            path: "/api/v1/namespaces/kube-system/pods",
+            namespace: "kube-system",
+            resource: "pods",
+            api_version: "v1",
             ..Attributes::default()
         };
         assert_eq!(
             a.forbidden_message(&alice, ""),
             r#"pods is forbidden: User "alice" cannot list resource "pods" in API group "" in the namespace "kube-system""#
         );
-        a.namespace.clear();
-        a.api_group = "apps".into();
-        a.resource = "deployments".into();
-        a.name = "web".into();
-        a.verb = "get".into();
+        a.namespace = "";
+        a.api_group = "apps";
+        a.resource = "deployments";
+        a.name = "web";
+        a.verb = "get";
         assert_eq!(
             a.forbidden_message(&alice, ""),
             r#"deployments.apps "web" is forbidden: User "alice" cannot get resource "deployments" in API group "apps" at the cluster scope"#

@@ -441,7 +441,7 @@ impl Policy {
     pub fn authorize(&self, user: &UserInfo, attrs: &Attributes) -> Decision {
         let cluster = self.cluster_role_bindings.iter();
         let namespaced = (!attrs.namespace.is_empty())
-            .then(|| self.role_bindings.get(&attrs.namespace))
+            .then(|| self.role_bindings.get(attrs.namespace))
             .flatten()
             .into_iter()
             .flatten();
@@ -517,16 +517,16 @@ fn has_or_star(list: &[String], want: &str) -> bool {
 pub fn rule_allows(rule: &PolicyRule, a: &Attributes) -> bool {
     if a.is_resource_request {
         let combined = if a.subresource.is_empty() {
-            a.resource.clone()
+            std::borrow::Cow::Borrowed(a.resource)
         } else {
-            format!("{}/{}", a.resource, a.subresource)
+            std::borrow::Cow::Owned(format!("{}/{}", a.resource, a.subresource))
         };
-        has_or_star(&rule.verbs, &a.verb)
-            && has_or_star(&rule.api_groups, &a.api_group)
-            && resource_matches(rule, &combined, &a.subresource)
-            && (rule.resource_names.is_empty() || rule.resource_names.contains(&a.name))
+        has_or_star(&rule.verbs, a.verb)
+            && has_or_star(&rule.api_groups, a.api_group)
+            && resource_matches(rule, &combined, a.subresource)
+            && (rule.resource_names.is_empty() || rule.resource_names.iter().any(|n| n == a.name))
     } else {
-        has_or_star(&rule.verbs, &a.verb) && non_resource_url_matches(rule, &a.path)
+        has_or_star(&rule.verbs, a.verb) && non_resource_url_matches(rule, a.path)
     }
 }
 
@@ -562,18 +562,24 @@ mod tests {
         }
     }
 
-    fn res(verb: &str, group: &str, resource: &str, ns: &str, name: &str) -> Attributes {
+    fn res<'a>(
+        verb: &'a str,
+        group: &'a str,
+        resource: &'a str,
+        ns: &'a str,
+        name: &'a str,
+    ) -> Attributes<'a> {
         let (resource, sub) = resource.split_once('/').unwrap_or((resource, ""));
         Attributes {
-            verb: verb.into(),
+            verb,
             is_resource_request: true,
-            path: String::new(),
-            namespace: ns.into(),
-            api_group: group.into(),
-            api_version: "v1".into(),
-            resource: resource.into(),
-            subresource: sub.into(),
-            name: name.into(),
+            path: "",
+            namespace: ns,
+            api_group: group,
+            api_version: "v1",
+            resource,
+            subresource: sub,
+            name,
         }
     }
 

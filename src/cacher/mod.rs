@@ -105,10 +105,11 @@ pub enum ResourceVersionMatch {
 }
 
 /// A Get. `resource_version`: `None` = unset, `Some(0)` = "0", `Some(n)`.
-#[derive(Debug, Clone, Default)]
-pub struct GetRequest {
-    pub namespace: Option<String>,
-    pub name: String,
+/// It borrows the request's names: a Get from memory allocates only its key.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GetRequest<'a> {
+    pub namespace: Option<&'a str>,
+    pub name: &'a str,
     pub resource_version: Option<i64>,
 }
 
@@ -301,10 +302,10 @@ impl Cacher {
     }
 
     /// Get (DESIGN.md section 2): unset -> most recent, 0 -> any, N -> not older than N.
-    pub async fn get(&self, req: &GetRequest) -> Result<Arc<Object>, CacherError> {
+    pub async fn get(&self, req: &GetRequest<'_>) -> Result<Arc<Object>, CacherError> {
         self.check_open()?;
         let plan = plan_get(req.resource_version)?;
-        let key = self.codec.key(req.namespace.as_deref(), &req.name);
+        let key = self.codec.key(req.namespace, req.name);
         if !self.cache.is_ready() {
             // Not ready: Get may fall back to etcd (DESIGN.md section 4).
             let rev = match plan {
