@@ -12,7 +12,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper::header::HeaderValue;
-use hyper::{Request, Response};
+use hyper::{Request, Response, Uri};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls_pki_types::ServerName;
 
@@ -185,16 +185,31 @@ impl Conn {
         }
     }
 
+    /// The request target of `GET path_and_query` on this connection: the
+    /// path for HTTP/1.1 (with a `Host` header), the absolute URI for
+    /// HTTP/2. Parsed once, a target is cheap to clone for every request
+    /// ([`Conn::get_uri`]), so a load loop measures the server, not URI
+    /// parsing.
+    pub fn uri(&self, path_and_query: &str) -> Result<Uri> {
+        Ok(match &self.send {
+            Sender::H1(_) => path_and_query.parse()?,
+            Sender::H2(_) => {
+                format!("{}://{}{path_and_query}", self.scheme, self.authority).parse()?
+            }
+        })
+    }
+
     /// Sends `GET path_and_query` and returns the response head (body unread).
     pub async fn get(&mut self, path_and_query: &str) -> Result<Response<Incoming>> {
+        let uri = self.uri(path_and_query)?;
+        self.get_uri(uri).await
+    }
+
+    /// Sends `GET uri` (from [`Conn::uri`]) and returns the response head.
+    pub async fn get_uri(&mut self, uri: Uri) -> Result<Response<Incoming>> {
         let mut req = match &self.send {
-            Sender::H1(_) => {
-                Request::get(path_and_query).header(hyper::header::HOST, self.authority.as_str())
-            }
-            Sender::H2(_) => Request::get(format!(
-                "{}://{}{path_and_query}",
-                self.scheme, self.authority
-            )),
+            Sender::H1(_) => Request::get(uri).header(hyper::header::HOST, self.authority.as_str()),
+            Sender::H2(_) => Request::get(uri),
         }
         .header(hyper::header::ACCEPT, self.accept);
         if let Some(a) = &self.authorization {
@@ -215,12 +230,18 @@ impl Conn {
 
     /// `GET` and read the whole body; errors on a non-2xx status.
     pub async fn get_body(&mut self, path_and_query: &str) -> Result<Bytes> {
-        let resp = self.get(path_and_query).await?;
+        let uri = self.uri(path_and_query)?;
+        self.get_body_uri(uri).await
+    }
+
+    /// [`Conn::get_body`] of a target from [`Conn::uri`].
+    pub async fn get_body_uri(&mut self, uri: Uri) -> Result<Bytes> {
+        let resp = self.get_uri(uri.clone()).await?;
         let status = resp.status();
         let body = resp.into_body().collect().await?.to_bytes();
         if !status.is_success() {
             bail!(
-                "GET {path_and_query}: {status}: {}",
+                "GET {uri}: {status}: {}",
                 String::from_utf8_lossy(&body[..body.len().min(300)])
             );
         }

@@ -867,6 +867,29 @@ pub async fn get(
         connections = if pool.len() == 0 { k } else { pool.len() };
         pool_keep = Some(pool);
     }
+    // Every request target is built once, for either target: the loop
+    // measures the server, not the client formatting and parsing names.
+    let keys: Arc<Vec<Vec<u8>>> = Arc::new(
+        (0..n)
+            .map(|i| format!("{}{}", ctx.prefix(), object_name(i)).into_bytes())
+            .collect(),
+    );
+    let uris: Arc<Vec<hyper::Uri>> = Arc::new(match &pool_keep {
+        Some(pool) => {
+            let conn = pool.conn(0).await?;
+            (0..n)
+                .map(|i| {
+                    let q = if rv0 {
+                        format!("{base}{}?resourceVersion=0", object_name(i))
+                    } else {
+                        format!("{base}{}", object_name(i))
+                    };
+                    conn.uri(&q)
+                })
+                .collect::<Result<_>>()?
+        }
+        None => Vec::new(),
+    });
     let usage = Usage::start(ctx, Target::Proxy);
     let start = Instant::now();
     let deadline = start + dur;
@@ -875,8 +898,8 @@ pub async fn get(
         let errors = errors.clone();
         let first_error = first_error.clone();
         let hist = hist.clone();
-        let prefix = ctx.prefix();
-        let base = base.clone();
+        let keys = Arc::clone(&keys);
+        let uris = Arc::clone(&uris);
         let mut seed =
             0x9E37_79B9_7F4A_7C15u64 ^ (w as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         let mut next = move || {
@@ -890,7 +913,7 @@ pub async fn get(
             handles.push(tokio::spawn(async move {
                 let mut local = new_histogram();
                 while Instant::now() < deadline {
-                    let key = format!("{prefix}{}", object_name(next()));
+                    let key = keys[next()].clone();
                     let t = Instant::now();
                     match kv.get(key, None).await {
                         Ok(r) if r.kvs().len() == 1 => {
@@ -917,13 +940,9 @@ pub async fn get(
             handles.push(tokio::spawn(async move {
                 let mut local = new_histogram();
                 while Instant::now() < deadline {
-                    let q = if rv0 {
-                        format!("{base}{}?resourceVersion=0", object_name(next()))
-                    } else {
-                        format!("{base}{}", object_name(next()))
-                    };
+                    let uri = uris[next()].clone();
                     let t = Instant::now();
-                    match conn.get_body(&q).await {
+                    match conn.get_body_uri(uri).await {
                         Ok(_) => {
                             local.saturating_record(t.elapsed().as_micros() as u64);
                             ops.fetch_add(1, Ordering::Relaxed);

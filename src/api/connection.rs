@@ -34,7 +34,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::stream_executor::{StreamExecutor, Streams};
-use super::{Body, State, secure};
+use super::{Body, State};
+use crate::auth::ConnectionIdentity;
 
 /// How long a connection being shut down (idle, or the server stopping) may
 /// take to finish before it is closed.
@@ -62,8 +63,10 @@ impl ConnectionLimits {
     }
 }
 
-/// A connection's shared state, in every request's extensions: its request
-/// activity, and the switch that closes it.
+/// A connection's shared state, handed to each of its requests: what its
+/// client certificate proved, its request activity, and the switch that
+/// closes it. Passed as an argument, not in the request's extensions: an
+/// extension costs a map and a box per request.
 #[derive(Clone, Default)]
 pub(crate) struct ConnectionHandle {
     inner: Arc<HandleInner>,
@@ -71,6 +74,8 @@ pub(crate) struct ConnectionHandle {
 
 #[derive(Default)]
 struct HandleInner {
+    /// What the client certificate proved (TLS only), computed once.
+    identity: ConnectionIdentity,
     /// Requests whose response has not been fully sent.
     in_flight: AtomicUsize,
     /// Requests received so far.
@@ -82,6 +87,20 @@ struct HandleInner {
 }
 
 impl ConnectionHandle {
+    fn new(identity: ConnectionIdentity) -> ConnectionHandle {
+        ConnectionHandle {
+            inner: Arc::new(HandleInner {
+                identity,
+                ..HandleInner::default()
+            }),
+        }
+    }
+
+    /// What the connection's client certificate proved.
+    pub(crate) fn identity(&self) -> &ConnectionIdentity {
+        &self.inner.identity
+    }
+
     /// Closes the connection at once: a watch stream ended but its client
     /// does not read, so its response cannot be finished.
     pub(crate) fn close_stalled(&self) {
@@ -194,9 +213,8 @@ pub(crate) async fn serve(
     let first_request_deadline = Instant::now() + limits.first_request_timeout;
     let Some(acceptor) = tls else {
         let io = TokioIo::new(ServerStream::new(stream, limits.coalesce_writes));
-        let conn = secure::Connection::default();
         let at = first_request_deadline;
-        serve_io(io, conn, peer, state, limits, at, close_rx).await;
+        serve_io(io, None, peer, state, limits, at, close_rx).await;
         return;
     };
     let Some(tls) = tls_handshake(&acceptor, stream, &limits, peer).await else {
@@ -208,13 +226,10 @@ pub(crate) async fn serve(
         .security
         .authenticator
         .authenticate_connection(tls.get_ref().1.peer_certificates());
-    let conn = secure::Connection {
-        identity: Arc::new(identity),
-    };
     let io = TokioIo::new(tls);
     serve_io(
         io,
-        conn,
+        identity,
         peer,
         state,
         limits,
@@ -228,7 +243,7 @@ pub(crate) async fn serve(
 #[allow(clippy::too_many_arguments)]
 async fn serve_io<I>(
     io: I,
-    conn_info: secure::Connection,
+    identity: ConnectionIdentity,
     peer: SocketAddr,
     state: Arc<State>,
     limits: ConnectionLimits,
@@ -237,13 +252,11 @@ async fn serve_io<I>(
 ) where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
-    let handle = ConnectionHandle::default();
+    let handle = ConnectionHandle::new(identity);
     let svc = {
         let handle = handle.clone();
-        service_fn(move |mut req: Request<Incoming>| {
+        service_fn(move |req: Request<Incoming>| {
             let in_flight = handle.request_started();
-            req.extensions_mut().insert(handle.clone());
-            req.extensions_mut().insert(conn_info.clone());
             // hyper sizes each stream's task by this future, and a watch's
             // task lives as long as the watch: the handler's future (4.6 KB)
             // is boxed, so the task shrinks to the watch body once the
@@ -252,10 +265,10 @@ async fn serve_io<I>(
             // before it runs any of them, and 10,000 watches opened at once
             // would otherwise hold 10,000 handler futures at the same time
             // (a heap high-water mark that stays in the RSS).
-            let args = Box::new((Arc::clone(&state), req));
+            let args = Box::new((Arc::clone(&state), handle.clone(), req));
             async move {
-                let (state, req) = *args;
-                let resp = Box::pin(super::handle(state, req)).await;
+                let (state, conn, req) = *args;
+                let resp = Box::pin(super::handle(state, conn, req)).await;
                 Ok::<_, Infallible>(resp.map(|inner| InFlightBody {
                     inner,
                     _in_flight: in_flight,

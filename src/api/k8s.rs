@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use hyper::{Method, Request, Response};
 use serde_json::Value;
 
+use super::connection::ConnectionHandle;
 use super::errors::What;
 use super::params::Query;
 use super::reads::{get, list, watch};
@@ -21,15 +22,16 @@ use super::{ApiStatus, Body, Resource, State, json_response, status_response};
 
 /// Entry point for every path that is not an ops endpoint: resource
 /// requests by their [`RequestInfo`], discovery by path.
-pub async fn handle(
+pub(crate) async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
     info: &RequestInfo,
     query: Query,
+    conn: &ConnectionHandle,
 ) -> Response<Body> {
     let result = if info.is_resource_request {
         // Boxed: see `api::handle` (the request future's size).
-        Box::pin(resource_request(state, req, info, query)).await
+        Box::pin(resource_request(state, req, info, query, conn)).await
     } else {
         discovery(&state, info, req.method())
     };
@@ -134,6 +136,7 @@ async fn resource_request(
     req: Request<Incoming>,
     info: &RequestInfo,
     query: Query,
+    conn: &ConnectionHandle,
 ) -> Result<Response<Body>, ApiStatus> {
     let path = info.path.as_str();
     // No subresources (or proxying) are served.
@@ -182,7 +185,7 @@ async fn resource_request(
         ("list", &Method::GET) => Box::pin(list(&target, &query, &req)).await,
         // `?watch=` or the legacy `/watch/` path form, on a collection.
         ("watch", &Method::GET) if target.name.is_none() => {
-            Box::pin(watch(&state, &target, &query, &req)).await
+            Box::pin(watch(&state, &target, &query, &req, conn)).await
         }
         ("get", &Method::GET) => Box::pin(get(&target, &query, &req)).await,
         ("create", &Method::POST) if target.name.is_none() => {

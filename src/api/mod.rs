@@ -23,9 +23,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, warn};
 
+use crate::auth::UserInfo;
 use crate::cacher::{Cacher, CacherOptions};
 use crate::config::{Config, ResourceConfig};
 use crate::storage::Storage;
+use connection::ConnectionHandle;
 use list_body_cache::{ListBodyBudget, ListBodyCache};
 use params::Query;
 
@@ -337,7 +339,11 @@ async fn sweep_list_bodies(state: Arc<State>) {
 /// Resolves the request's [`RequestInfo`] once, authenticates and
 /// authorizes it ([`secure`]), routes by it, logs the request and records
 /// the HTTP metrics under its verb.
-async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    state: Arc<State>,
+    conn: ConnectionHandle,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let start = Instant::now();
     let method = req.method().clone();
     let query = Query::parse(req.uri().query());
@@ -350,13 +356,16 @@ async fn handle(state: Arc<State>, mut req: Request<Incoming>) -> Response<Body>
     // on): no copy of it is kept for the log line.
     let span = tracing::debug_span!("request", %method, path = req.uri().path(), verb);
     let resp = match &info {
-        Ok(info) => match secure::admit(&state, &mut req, info) {
+        Ok(info) => match secure::admit(&state, &req, conn.identity(), info) {
             Ok(admitted) => {
                 // Each level below is boxed: an async fn holds its callee's
                 // future and the arguments it moved there, so unboxed the
                 // request future was 17 KB (measured with `size_of_val`),
                 // allocated and moved for every request; now 1.7 KB.
-                let resp = Box::pin(route(state, req, info, query).instrument(span.clone())).await;
+                let user = admitted.user.as_ref();
+                let resp =
+                    Box::pin(route(state, req, info, query, user, &conn).instrument(span.clone()))
+                        .await;
                 secure::finish(&admitted, resp.status().as_u16());
                 resp
             }
@@ -401,18 +410,20 @@ async fn route(
     req: Request<Incoming>,
     info: &RequestInfo,
     query: Query,
+    user: Option<&Arc<UserInfo>>,
+    conn: &ConnectionHandle,
 ) -> Response<Body> {
     match info.path.as_str() {
         "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, &req, &query),
         reviews::SSAR_PATH | reviews::SSR_PATH | reviews::SSRR_PATH => {
-            match Box::pin(reviews::handle(&state, req)).await {
+            match Box::pin(reviews::handle(&state, req, user)).await {
                 Some(Ok(resp)) => resp,
                 Some(Err(status)) => status_response(&status),
                 None => status_response(&ApiStatus::not_found("not found")),
             }
         }
         // Boxed, see `handle`.
-        _ => Box::pin(k8s::handle(state, req, info, query)).await,
+        _ => Box::pin(k8s::handle(state, req, info, query, conn)).await,
     }
 }
 

@@ -350,6 +350,7 @@ pub(crate) async fn watch(
     target: &Target<'_>,
     query: &Query,
     req: &Request<Incoming>,
+    conn: &ConnectionHandle,
 ) -> Result<Response<Body>, ApiStatus> {
     let res = target.resource;
     let table = table_request(req, query)?;
@@ -402,9 +403,7 @@ pub(crate) async fn watch(
     });
     // HTTP/2 streams end through flow control; only an HTTP/1.1 connection
     // is closed when its watch's end cannot be written.
-    let http1_connection = (req.version() < hyper::Version::HTTP_2)
-        .then(|| req.extensions().get::<ConnectionHandle>().cloned())
-        .flatten();
+    let http1_connection = (req.version() < hyper::Version::HTTP_2).then(|| conn.clone());
     let body = state.watch_streams.open(
         watcher,
         WatchStreamParams {

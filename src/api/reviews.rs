@@ -247,9 +247,11 @@ fn parse_spec(content_type: &str, body: &[u8]) -> Result<SsarSpec, ApiStatus> {
 }
 
 /// Serves the two review paths; None when `req` is for another path.
+/// `user` is who [`super::secure::admit`] authenticated.
 pub(crate) async fn handle(
     state: &Arc<State>,
     req: Request<Incoming>,
+    user: Option<&Arc<UserInfo>>,
 ) -> Option<Result<Response<Body>, ApiStatus>> {
     let path = req.uri().path();
     if path != SSAR_PATH && path != SSR_PATH && path != SSRR_PATH {
@@ -261,17 +263,19 @@ pub(crate) async fn handle(
             req.method()
         ))));
     }
-    Some(review(state, req).await)
+    Some(review(state, req, user).await)
 }
 
-async fn review(state: &Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, ApiStatus> {
+async fn review(
+    state: &Arc<State>,
+    req: Request<Incoming>,
+    user: Option<&Arc<UserInfo>>,
+) -> Result<Response<Body>, ApiStatus> {
     let path = req.uri().path().to_string();
     let ssar = path == SSAR_PATH;
-    // Set by the authentication filter; absent only on paths it waves
-    // through, which these are not.
-    let user = req
-        .extensions()
-        .get::<Arc<UserInfo>>()
+    // Set by authentication; absent only on paths it waves through, which
+    // these are not.
+    let user = user
         .cloned()
         .unwrap_or_else(|| Arc::new(UserInfo::anonymous()));
     let (parts, body) = read_body(state, req).await?;

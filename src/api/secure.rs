@@ -137,13 +137,6 @@ fn counters() -> &'static Counters {
     })
 }
 
-/// Per-connection facts, put into every request's extensions by the
-/// connection task: what the client certificate proved.
-#[derive(Clone, Default)]
-pub struct Connection {
-    pub identity: Arc<ConnectionIdentity>,
-}
-
 /// A request that passed authentication and authorization.
 pub(crate) struct Admitted<'a> {
     pub user: Option<Arc<UserInfo>>,
@@ -158,23 +151,20 @@ fn is_health_path(path: &str) -> bool {
         .any(|p| path == *p || path.strip_prefix(p).is_some_and(|r| r.starts_with('/')))
 }
 
-/// Authenticates and authorizes `req`; the user is put into the request's
-/// extensions for the handlers (self reviews). `Err` is the 401 or 403
-/// `Status`, already counted and audited.
+/// Authenticates and authorizes `req` on a connection whose client
+/// certificate proved `identity`; the user goes to the handlers that need
+/// it (self reviews) in [`Admitted`]. `Err` is the 401 or 403 `Status`,
+/// already counted and audited.
 pub(crate) fn admit<'a>(
     state: &State,
-    req: &mut Request<Incoming>,
+    req: &Request<Incoming>,
+    identity: &ConnectionIdentity,
     info: &'a RequestInfo,
 ) -> Result<Admitted<'a>, ApiStatus> {
     let attrs = attributes(info);
     let m = counters();
-    let identity = req
-        .extensions()
-        .get::<Connection>()
-        .map(|c| Arc::clone(&c.identity));
-    let none: ConnectionIdentity = None;
     let result = state.security.authenticator.authenticate(
-        identity.as_deref().unwrap_or(&none),
+        identity,
         req.headers().get(AUTHORIZATION).map(|v| v.as_bytes()),
     );
     let user = match result {
@@ -211,7 +201,6 @@ pub(crate) fn admit<'a>(
         return Err(status);
     }
     m.allowed.inc();
-    req.extensions_mut().insert(Arc::clone(&user));
     Ok(Admitted {
         user: Some(user),
         attrs,
