@@ -80,7 +80,7 @@ struct HandleInner {
     in_flight: AtomicUsize,
     /// Requests received so far.
     requests: AtomicU64,
-    /// Signalled when `in_flight` changes.
+    /// Signalled when `in_flight` becomes or stops being 0.
     changed: Notify,
     /// Cancelled to close the connection at once.
     close: CancellationToken,
@@ -109,8 +109,11 @@ impl ConnectionHandle {
 
     fn request_started(&self) -> InFlight {
         self.inner.requests.fetch_add(1, Ordering::Relaxed);
-        self.inner.in_flight.fetch_add(1, Ordering::AcqRel);
-        self.inner.changed.notify_waiters();
+        // Only the moves between idle and busy matter to `idle` (a
+        // notification takes a lock; most requests move neither way).
+        if self.inner.in_flight.fetch_add(1, Ordering::AcqRel) == 0 {
+            self.inner.changed.notify_waiters();
+        }
         InFlight(self.clone())
     }
 
@@ -141,8 +144,9 @@ struct InFlight(ConnectionHandle);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.inner.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.0.inner.changed.notify_waiters();
+        if self.0.inner.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.inner.changed.notify_waiters();
+        }
     }
 }
 
