@@ -29,6 +29,28 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+/// Whether the runtime's selector is edge-triggered (epoll, kqueue): only
+/// then does a short read show that the socket is drained (the targets
+/// tokio's `PollEvented::poll_read` lists, tokio issue 5866).
+const EDGE_TRIGGERED: bool = cfg!(all(
+    not(mio_unsupported_force_poll_poll),
+    any(
+        target_os = "android",
+        target_os = "illumos",
+        target_os = "linux",
+        target_os = "redox",
+        target_os = "dragonfly",
+        target_os = "freebsd",
+        target_os = "ios",
+        target_os = "macos",
+        target_os = "netbsd",
+        target_os = "openbsd",
+        target_os = "tvos",
+        target_os = "visionos",
+        target_os = "watchos",
+    )
+));
+
 /// Writes at least this long go to the socket directly (after the queue).
 pub const DIRECT_MIN: usize = 16 * 1024;
 /// Queued bytes above which writes wait for the writer.
@@ -279,22 +301,22 @@ impl AsyncRead for CoalescedStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        use std::io::Read as _;
         let stream = &self.shared.stream;
         loop {
             ready!(stream.poll_read_ready(cx))?;
             let dst = buf.initialize_unfilled();
             let want = dst.len();
             let mut short = None;
-            // A read shorter than the buffer drained the socket: its
-            // readiness is cleared with it, as tokio's own
-            // `TcpStream::poll_read` does, so the next read waits for the
-            // next event instead of costing a system call that returns
-            // EAGAIN (one per request batch, 2% of the daemon under G1).
-            // `try_io` clears only if no event came in since the read began.
+            // A read shorter than the buffer drained the socket: with an
+            // edge-triggered selector its readiness is cleared with it, as
+            // tokio's own `TcpStream::poll_read` does, so the next read
+            // waits for the next event instead of costing a system call that
+            // returns EAGAIN (one per request batch, 2% of the daemon under
+            // G1). `try_io` clears only if no event came in since the read
+            // began; the read itself is mio's (`try_read`).
             let r = stream.try_io(tokio::io::Interest::READABLE, || {
-                let n = (&*socket2::SockRef::from(stream)).read(dst)?;
-                if n > 0 && n < want {
+                let n = stream.try_read(dst)?;
+                if EDGE_TRIGGERED && n > 0 && n < want {
                     short = Some(n);
                     return Err(io::ErrorKind::WouldBlock.into());
                 }

@@ -850,9 +850,16 @@ pub async fn get(
     let connections;
     let rv0 = variant == "proxy";
     let base = format!("/api/v1/namespaces/{}/pods/", p.namespace);
+    // Every request target is built once, before the timed loop: it
+    // measures the server, not the client formatting and parsing names.
+    let mut keys: Vec<Vec<u8>> = Vec::new();
+    let mut uris: Vec<hyper::Uri> = Vec::new();
     if variant == "etcd" {
         clients_keep = etcd_clients(&ctx.etcd_endpoint, p.connections).await?;
         connections = clients_keep.len();
+        keys = (0..n)
+            .map(|i| format!("{}{}", ctx.prefix(), object_name(i)).into_bytes())
+            .collect();
     } else {
         let t = ctx.proxy()?;
         let mut c = t.connect().await?;
@@ -863,33 +870,23 @@ pub async fn get(
             Duration::from_secs(120),
         )
         .await?;
+        // Same target, same protocol: `c`'s request form is the pool's.
+        uris = (0..n)
+            .map(|i| {
+                let q = if rv0 {
+                    format!("{base}{}?resourceVersion=0", object_name(i))
+                } else {
+                    format!("{base}{}", object_name(i))
+                };
+                c.uri(&q)
+            })
+            .collect::<Result<_>>()?;
         let pool = t.pool(p.connections).await?;
         connections = if pool.len() == 0 { k } else { pool.len() };
         pool_keep = Some(pool);
     }
-    // Every request target is built once, for either target: the loop
-    // measures the server, not the client formatting and parsing names.
-    let keys: Arc<Vec<Vec<u8>>> = Arc::new(
-        (0..n)
-            .map(|i| format!("{}{}", ctx.prefix(), object_name(i)).into_bytes())
-            .collect(),
-    );
-    let uris: Arc<Vec<hyper::Uri>> = Arc::new(match &pool_keep {
-        Some(pool) => {
-            let conn = pool.conn(0).await?;
-            (0..n)
-                .map(|i| {
-                    let q = if rv0 {
-                        format!("{base}{}?resourceVersion=0", object_name(i))
-                    } else {
-                        format!("{base}{}", object_name(i))
-                    };
-                    conn.uri(&q)
-                })
-                .collect::<Result<_>>()?
-        }
-        None => Vec::new(),
-    });
+    let keys = Arc::new(keys);
+    let uris = Arc::new(uris);
     let usage = Usage::start(ctx, Target::Proxy);
     let start = Instant::now();
     let deadline = start + dur;

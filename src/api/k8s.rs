@@ -67,7 +67,7 @@ fn discovery(
     info: &RequestInfo,
     method: &Method,
 ) -> Result<Response<Body>, ApiStatus> {
-    let path = info.path.as_str();
+    let path = info.path();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let resources = &state.config.resources;
     match segs.as_slice() {
@@ -138,7 +138,7 @@ async fn resource_request(
     query: Query,
     conn: &ConnectionHandle,
 ) -> Result<Response<Body>, ApiStatus> {
-    let path = info.path.as_str();
+    let path = info.path();
     // No subresources (or proxying) are served.
     if info.parts_len() > 2 || info.verb() == "proxy" {
         return Err(not_found_path(path));

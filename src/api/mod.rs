@@ -354,7 +354,7 @@ async fn handle(
     };
     // The span records the path when it is created (when debug logging is
     // on): no copy of it is kept for the log line.
-    let span = tracing::debug_span!("request", %method, path = req.uri().path(), verb);
+    let span = tracing::debug_span!("request", %method, path = %req.uri().path(), verb);
     let resp = match &info {
         Ok(info) => match secure::admit(&state, &req, conn.identity(), info) {
             Ok(admitted) => {
@@ -385,6 +385,7 @@ async fn handle(
     let _enter = span.enter();
     debug!(
         %method,
+        path = info.as_ref().map(|i| i.path()).unwrap_or_default(),
         verb,
         code,
         duration_ms = elapsed.as_secs_f64() * 1000.0,
@@ -413,7 +414,7 @@ async fn route(
     user: Option<&Arc<UserInfo>>,
     conn: &ConnectionHandle,
 ) -> Response<Body> {
-    match info.path.as_str() {
+    match info.path() {
         "/healthz" | "/livez" | "/readyz" | "/metrics" => ops::handle(&state, &req, &query),
         reviews::SSAR_PATH | reviews::SSR_PATH | reviews::SSRR_PATH => {
             match Box::pin(reviews::handle(&state, req, user)).await {

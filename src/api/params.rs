@@ -33,10 +33,16 @@ impl Query {
     pub fn parse(query: Option<&str>) -> Query {
         let raw = query.unwrap_or_default().to_string();
         let base = raw.as_ptr() as usize;
+        // A borrowed piece is a slice of `raw` (checked: anything else, such
+        // as the static "" of a pair without `=`, is kept as decoded text).
         let text = |c: Cow<'_, str>| match c {
+            Cow::Borrowed("") => Text::Raw(0, 0),
             Cow::Borrowed(b) => {
-                let start = (b.as_ptr() as usize).wrapping_sub(base);
-                Text::Raw(start, start + b.len())
+                let start = (b.as_ptr() as usize).checked_sub(base);
+                match start.map(|s| (s, s + b.len())) {
+                    Some((s, e)) if raw.get(s..e) == Some(b) => Text::Raw(s, e),
+                    _ => Text::Decoded(b.to_string()),
+                }
             }
             Cow::Owned(o) => Text::Decoded(o),
         };

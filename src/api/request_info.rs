@@ -49,8 +49,8 @@ pub struct RequestInfo {
     /// Whether the path names a resource (`/api/v1/pods`) rather than
     /// discovery, ops or anything else.
     pub is_resource_request: bool,
-    /// The URL path, as sent.
-    pub path: String,
+    /// The URL path, as sent (private: the ranges below index it).
+    path: String,
     verb: Cow<'static, str>,
     api_prefix: &'static str,
     api_group: Span,
@@ -225,6 +225,11 @@ impl RequestInfo {
             info.verb = Cow::Borrowed("deletecollection");
         }
         Ok(info)
+    }
+
+    /// The URL path, as sent.
+    pub fn path(&self) -> &str {
+        &self.path
     }
 
     fn at(&self, s: Span) -> &str {
@@ -455,7 +460,7 @@ mod tests {
                 i.subresource().map(str::to_string),
             );
             assert_eq!(got, want, "{method} {uri}");
-            assert_eq!(i.path, uri.split('?').next().unwrap_or(uri));
+            assert_eq!(i.path(), uri.split('?').next().unwrap_or(uri));
             assert_eq!(i.parts().next(), Some(resource), "{uri}");
             let prefix = if group.is_empty() { "api" } else { "apis" };
             assert_eq!(i.api_prefix(), prefix, "{uri}");
@@ -502,7 +507,7 @@ mod tests {
             let i = info(method.clone(), uri).unwrap();
             assert!(!i.is_resource_request, "{uri}");
             assert_eq!(i.verb(), verb, "{method} {uri}");
-            assert_eq!(i.path, uri.split('?').next().unwrap_or(uri));
+            assert_eq!(i.path(), uri.split('?').next().unwrap_or(uri));
             assert!(i.resource().is_empty() && i.api_group().is_empty() && i.parts_len() == 0);
         }
     }

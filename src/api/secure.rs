@@ -243,7 +243,7 @@ pub(crate) fn attributes(info: &RequestInfo) -> Attributes<'_> {
     Attributes {
         verb: info.verb(),
         is_resource_request: info.is_resource_request,
-        path: &info.path,
+        path: info.path(),
         namespace: info.namespace().unwrap_or_default(),
         api_group: info.api_group(),
         api_version: info.api_version(),

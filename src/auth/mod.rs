@@ -129,8 +129,9 @@ impl Authenticator {
     /// then the `Authorization: Bearer` token, then anonymous. Any
     /// authenticator that succeeds wins; errors only count when none does.
     ///
-    /// The user is shared: it goes into the request's extensions and the
-    /// audit line, and the anonymous one is the same for every request.
+    /// The user is shared: the handlers that need it (self reviews) and
+    /// the audit line get the same one, and the anonymous one is the same
+    /// for every request.
     pub fn authenticate(
         &self,
         connection: &ConnectionIdentity,
