@@ -393,6 +393,45 @@ impl Drop for Recorder {
     }
 }
 
+/// A List body's frames: `head` (this List's own: it holds the List's
+/// resourceVersion), then `items` (the items and the closing bytes, the
+/// same for every List of these objects), recorded with `recorder` as they
+/// go out and kept once the last has.
+pub fn list_frames<I>(
+    head: Bytes,
+    items: I,
+    recorder: Option<Recorder>,
+) -> impl Iterator<Item = Bytes> + Send + 'static
+where
+    I: Iterator<Item = Bytes> + Send + 'static,
+{
+    std::iter::once(head).chain(Recorded { items, recorder })
+}
+
+/// See [`list_frames`].
+struct Recorded<I> {
+    items: I,
+    recorder: Option<Recorder>,
+}
+
+impl<I: Iterator<Item = Bytes>> Iterator for Recorded<I> {
+    type Item = Bytes;
+
+    fn next(&mut self) -> Option<Bytes> {
+        let frame = self.items.next();
+        match (&frame, &mut self.recorder) {
+            (Some(f), Some(r)) => r.record(f),
+            (None, r) => {
+                if let Some(r) = r.take() {
+                    r.finish();
+                }
+            }
+            (Some(_), None) => {}
+        }
+        frame
+    }
+}
+
 /// The recorder of the second List of `prefix` at `snap` (the first
 /// builds without one), for the tests of the List bodies that use it.
 #[cfg(test)]

@@ -22,7 +22,7 @@ use crate::object::Object;
 use crate::object::protobuf::{self, ListEncoder, ProtobufError};
 use crate::prefetch::prefetch;
 
-use super::list_body_cache::{ListMedia, Lookup, Recorder};
+use super::list_body_cache::{ListMedia, Lookup, Recorder, list_frames};
 use super::params::wants_protobuf;
 use super::reads::Frames;
 #[cfg(test)]
@@ -96,10 +96,9 @@ pub(crate) async fn list(
     .await
     .map_err(|e| ApiStatus::internal(format!("protobuf list encoding failed: {e}")))?;
     match gathered {
-        Ok(gathered) => {
-            let frames = ListFrames::new(encoder, gathered, recorder);
-            Ok(ProtobufList::Body(Body::produced(frames)))
-        }
+        Ok(gathered) => Ok(ProtobufList::Body(Body::produced(body_frames(
+            encoder, gathered, recorder,
+        )))),
         Err((key, error)) => Ok(ProtobufList::Unencodable { key, error, items }),
     }
 }
@@ -158,35 +157,35 @@ pub(crate) fn fell_back(res: &Resource, key: &str, error: &ProtobufError) {
     }
 }
 
-/// The frames of a protobuf List body ([`Frames`]): head (a frame of its
-/// own), items (each after its key and length), tail. The items are
-/// [`gather`]ed objects, whose messages are all there. With a recorder, the
-/// frames after the head are kept for the next List of the same objects.
+/// A protobuf List body: its head (the ListMeta and the lengths), then
+/// [`ListFrames`], recorded with `recorder` (see [`list_frames`]).
+fn body_frames(
+    encoder: ListEncoder,
+    gathered: Gathered,
+    recorder: Option<Recorder>,
+) -> impl Iterator<Item = Bytes> + Send + 'static {
+    let Gathered { objects, items_len } = gathered;
+    let mut head = Vec::new();
+    encoder.head(items_len, &mut head);
+    let items = ListFrames {
+        encoder,
+        objects,
+        next: 0,
+        done: false,
+        frames: Frames::default(),
+    };
+    list_frames(Bytes::from(head), items, recorder)
+}
+
+/// The frames of a protobuf List body after its head ([`Frames`]): the
+/// items (each after its key and length), then the tail. The items are
+/// [`gather`]ed objects, whose messages are all there.
 struct ListFrames {
     encoder: ListEncoder,
-    head: Option<Bytes>,
     objects: Vec<Arc<Object>>,
     next: usize,
     done: bool,
     frames: Frames,
-    recorder: Option<Recorder>,
-}
-
-impl ListFrames {
-    fn new(encoder: ListEncoder, gathered: Gathered, recorder: Option<Recorder>) -> ListFrames {
-        let Gathered { objects, items_len } = gathered;
-        let mut head = Vec::new();
-        encoder.head(items_len, &mut head);
-        ListFrames {
-            encoder,
-            head: Some(Bytes::from(head)),
-            objects,
-            next: 0,
-            done: false,
-            frames: Frames::default(),
-            recorder,
-        }
-    }
 }
 
 /// The head of a List written from `kept` frames (items, then the tail):
@@ -208,20 +207,11 @@ impl Iterator for ListFrames {
     type Item = Bytes;
 
     fn next(&mut self) -> Option<Bytes> {
-        if let Some(h) = self.head.take() {
-            return Some(h);
-        }
         loop {
             if let Some(f) = self.frames.pop() {
-                if let Some(r) = &mut self.recorder {
-                    r.record(&f);
-                }
                 return Some(f);
             }
             if self.done {
-                if let Some(r) = self.recorder.take() {
-                    r.finish();
-                }
                 return None;
             }
             while !self.frames.full() {
@@ -297,7 +287,7 @@ mod tests {
             let cache = ListBodyCache::new("protobuf-test", ListBodyBudget::new(64 << 20));
             let snap = Arc::new(Snapshot::empty(1, 0));
             let recorder = cache.second_list(&snap, "/r/", ListMedia::Protobuf);
-            let frames: Vec<Bytes> = ListFrames::new(encoder, gathered, Some(recorder)).collect();
+            let frames: Vec<Bytes> = body_frames(encoder, gathered, Some(recorder)).collect();
             let body: Vec<u8> = frames.iter().flat_map(|f| f.iter().copied()).collect();
             // Items in a list carry no TypeMeta of their own.
             let bare: Vec<Value> = pods

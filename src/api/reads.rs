@@ -19,7 +19,7 @@ use crate::object::{FieldSelector, LabelSelector, metadata_str};
 use super::connection::ConnectionHandle;
 use super::errors::cacher_status;
 use super::k8s::{Target, json_value};
-use super::list_body_cache::{ListMedia, Lookup, Recorder};
+use super::list_body_cache::{ListMedia, Lookup, list_frames};
 use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
 use super::protobuf::{self, ProtobufList};
 use super::table::{self, IncludeObject};
@@ -170,14 +170,7 @@ pub(crate) async fn list(
         Lookup::Miss(r) => r,
         Lookup::Off => None,
     };
-    let frames = ListFrames {
-        head: Some(head),
-        items: items.into_cursor(),
-        first: true,
-        done: false,
-        frames: Frames::default(),
-        recorder,
-    };
+    let frames = list_frames(head, ListFrames::new(items.into_cursor()), recorder);
     Ok(response(200, "application/json", Body::produced(frames)))
 }
 
@@ -228,37 +221,36 @@ impl Frames {
     }
 }
 
-/// The frames of a List body: the head (a frame of its own), the items'
-/// cached wire bytes ([`Frames`]), then `]}`. The items are walked a frame
-/// at a time, as hyper asks for the next frame. With a recorder, the frames
-/// after the head are kept for the next List of the same snapshot.
+/// The frames of a List body after its head: the items' cached wire bytes
+/// ([`Frames`]), then `]}`. The items are walked a frame at a time, as
+/// hyper asks for the next frame.
 struct ListFrames {
-    head: Option<Bytes>,
     items: ListCursor,
     first: bool,
     done: bool,
     frames: Frames,
-    recorder: Option<Recorder>,
+}
+
+impl ListFrames {
+    fn new(items: ListCursor) -> ListFrames {
+        ListFrames {
+            items,
+            first: true,
+            done: false,
+            frames: Frames::default(),
+        }
+    }
 }
 
 impl Iterator for ListFrames {
     type Item = Bytes;
 
     fn next(&mut self) -> Option<Bytes> {
-        if let Some(h) = self.head.take() {
-            return Some(h);
-        }
         loop {
             if let Some(f) = self.frames.pop() {
-                if let Some(r) = &mut self.recorder {
-                    r.record(&f);
-                }
                 return Some(f);
             }
             if self.done {
-                if let Some(r) = self.recorder.take() {
-                    r.finish();
-                }
                 return None;
             }
             let (first, frames) = (&mut self.first, &mut self.frames);
@@ -425,13 +417,14 @@ pub(crate) async fn watch(
 
 #[cfg(test)]
 mod tests {
-    use super::Frames;
     use std::sync::Arc;
 
     use bytes::Bytes;
 
     use super::{LIST_FRAME_BYTES, ListFrames, default_watch_timeout};
-    use crate::api::list_body_cache::{ListBodyBudget, ListBodyCache, ListMedia, Lookup};
+    use crate::api::list_body_cache::{
+        ListBodyBudget, ListBodyCache, ListMedia, Lookup, list_frames,
+    };
     use crate::cacher::{ListItems, Snapshot};
     use crate::object::Object;
 
@@ -451,14 +444,11 @@ mod tests {
         let snap = Arc::new(Snapshot::empty(1, 0));
         let recorder = cache.second_list(&snap, "/r/pods/ns/", ListMedia::Json);
         let head = Bytes::from_static(br#"{"kind":"PodList","items":["#);
-        let frames: Vec<Bytes> = ListFrames {
-            head: Some(head.clone()),
-            items: ListItems::Collected(items).into_cursor(),
-            first: true,
-            done: false,
-            frames: Frames::default(),
-            recorder: Some(recorder),
-        }
+        let frames: Vec<Bytes> = list_frames(
+            head.clone(),
+            ListFrames::new(ListItems::Collected(items).into_cursor()),
+            Some(recorder),
+        )
         .collect();
         assert_eq!(frames[0], head, "the head is a frame of its own");
         let Lookup::Hit(kept) = cache.lookup(&snap, "/r/pods/ns/", ListMedia::Json) else {

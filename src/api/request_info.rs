@@ -59,9 +59,8 @@ pub struct RequestInfo {
     resource: Span,
     subresource: Option<Span>,
     name: Option<Span>,
-    /// `{resource}[/{name}[/{subresource}/...]]`, and how many parts.
-    parts: Span,
-    parts_len: usize,
+    /// `{resource}[/{name}[/{subresource}/...]]`; `None` without parts.
+    parts: Option<Span>,
 }
 
 /// A byte range of [`RequestInfo::path`].
@@ -123,8 +122,7 @@ impl RequestInfo {
             resource: Span::default(),
             subresource: None,
             name: None,
-            parts: Span::default(),
-            parts_len: 0,
+            parts: None,
         };
         let all = segments(path);
         let seg = |s: Span| &path[s.start..s.end];
@@ -195,12 +193,11 @@ impl RequestInfo {
             }
         }
         if let (Some(first), Some(last)) = (cur.first(), cur.last()) {
-            info.parts = Span {
+            info.parts = Some(Span {
                 start: first.start,
                 end: last.end,
-            };
+            });
         }
-        info.parts_len = cur.len();
         if let Some(r) = cur.first() {
             info.resource = *r;
         }
@@ -282,13 +279,15 @@ impl RequestInfo {
     /// The path parts from the resource on:
     /// `{resource}[/{name}[/{subresource}/...]]`.
     pub fn parts(&self) -> impl Iterator<Item = &str> {
-        let parts = self.at(self.parts);
-        parts.split('/').take(self.parts_len)
+        self.parts
+            .map(|s| self.at(s))
+            .into_iter()
+            .flat_map(|p| p.split('/'))
     }
 
     /// How many [`RequestInfo::parts`] there are.
     pub fn parts_len(&self) -> usize {
-        self.parts_len
+        self.parts().count()
     }
 
     /// The verb as a label value for the HTTP metrics: one of a fixed set,

@@ -70,9 +70,10 @@ pub enum AuthnError {
 }
 
 /// What one TLS connection proved: the verified user of its client
-/// certificate, the verification error, or nothing (no certificate or no
+/// certificate (in `system:authenticated`, shared by every request on the
+/// connection), the verification error, or nothing (no certificate or no
 /// `--client-ca-file`). Computed once per connection.
-pub type ConnectionIdentity = Option<Result<UserInfo, AuthnError>>;
+pub type ConnectionIdentity = Option<Result<Arc<UserInfo>, AuthnError>>;
 
 /// The authenticator chain.
 #[derive(Debug, Default)]
@@ -90,7 +91,8 @@ impl Authenticator {
     ) -> Authenticator {
         Authenticator {
             x509,
-            tokens,
+            // The group is added once, here, not for every request.
+            tokens: tokens.map(|t| t.map_users(UserInfo::authenticated)),
             anonymous,
         }
     }
@@ -122,7 +124,16 @@ impl Authenticator {
         chain: Option<&[rustls_pki_types::CertificateDer<'static>]>,
     ) -> ConnectionIdentity {
         let chain = chain.filter(|c| !c.is_empty())?;
-        self.x509.as_ref()?.authenticate(chain)
+        Self::connection_identity(self.x509.as_ref()?.authenticate(chain))
+    }
+
+    /// The identity of a connection whose certificate gave `verified`
+    /// (see [`x509::CertAuthenticator::authenticate`]): the group is added
+    /// here, once, not for every request.
+    pub fn connection_identity(
+        verified: Option<Result<UserInfo, AuthnError>>,
+    ) -> ConnectionIdentity {
+        verified.map(|r| r.map(|user| Arc::new(user.authenticated())))
     }
 
     /// Runs the chain for one request: the connection's certificate user,
@@ -141,7 +152,7 @@ impl Authenticator {
             std::sync::LazyLock::new(|| Arc::new(UserInfo::anonymous()));
         let mut error = None;
         match connection {
-            Some(Ok(user)) => return Ok(Arc::new(user.clone().authenticated())),
+            Some(Ok(user)) => return Ok(Arc::clone(user)),
             Some(Err(e)) => error = Some(e.clone()),
             None => {}
         }
@@ -149,7 +160,7 @@ impl Authenticator {
             && let Some(token) = authorization.and_then(bearer_token)
         {
             match tokens.lookup(token) {
-                Some(user) => return Ok(Arc::new(user.clone().authenticated())),
+                Some(user) => return Ok(Arc::clone(user)),
                 None => error = Some(AuthnError::InvalidToken),
             }
         }
@@ -333,9 +344,8 @@ mod tests {
             groups: vec!["admins".into()],
         };
         // A verified certificate wins over a token.
-        let u = a
-            .authenticate(&Some(Ok(cert_user)), Some(b"Bearer t1"))
-            .unwrap();
+        let cert = Authenticator::connection_identity(Some(Ok(cert_user)));
+        let u = a.authenticate(&cert, Some(b"Bearer t1")).unwrap();
         assert_eq!(u.name, "bob");
         assert_eq!(u.groups, ["admins", AUTHENTICATED_GROUP]);
         // Token.

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use super::UserInfo;
 
@@ -24,7 +25,7 @@ pub enum TokenFileError {
 
 /// Token -> user.
 pub struct TokenFile {
-    tokens: HashMap<String, UserInfo>,
+    tokens: HashMap<String, Arc<UserInfo>>,
 }
 
 impl std::fmt::Debug for TokenFile {
@@ -100,7 +101,7 @@ impl TokenFile {
                 uid: record[2].to_string(),
                 groups,
             };
-            if tokens.insert(token.to_string(), user).is_some() {
+            if tokens.insert(token.to_string(), Arc::new(user)).is_some() {
                 tracing::warn!(
                     file,
                     line,
@@ -111,8 +112,18 @@ impl TokenFile {
         Ok(TokenFile { tokens })
     }
 
-    pub fn lookup(&self, token: &str) -> Option<&UserInfo> {
+    pub fn lookup(&self, token: &str) -> Option<&Arc<UserInfo>> {
         self.tokens.get(token)
+    }
+
+    /// Every user changed by `f` (the authenticator adds its group once).
+    pub(super) fn map_users(self, f: impl Fn(UserInfo) -> UserInfo) -> TokenFile {
+        let tokens = self
+            .tokens
+            .into_iter()
+            .map(|(t, u)| (t, Arc::new(f(Arc::unwrap_or_clone(u)))))
+            .collect();
+        TokenFile { tokens }
     }
 
     pub fn len(&self) -> usize {
