@@ -5,9 +5,12 @@
 //! [`gather`]. Names and labels are the contract the Grafana dashboard in
 //! `dashboards/` relies on.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
+use hyper::StatusCode;
 use prometheus::{
     Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
     Registry, TextEncoder,
@@ -453,6 +456,41 @@ impl prometheus::core::Collector for ShardedHistogramVec {
 pub fn metrics() -> &'static Metrics {
     static M: OnceLock<Metrics> = OnceLock::new();
     M.get_or_init(Metrics::new)
+}
+
+thread_local! {
+    /// This thread's children of the HTTP request metrics, by verb and
+    /// code: resolving one (`with_label_values`) hashes its labels and
+    /// takes the family's lock, twice per request otherwise.
+    static HTTP_CHILDREN: RefCell<Vec<(&'static str, u16, IntCounter, Histogram)>> =
+        const { RefCell::new(Vec::new()) };
+}
+
+/// Counts a served HTTP request (`watchcache_http_requests_total`) and
+/// records its duration (`watchcache_http_request_duration_seconds`).
+pub fn observe_http_request(verb: &'static str, code: StatusCode, elapsed: Duration) {
+    HTTP_CHILDREN.with(|children| {
+        let mut children = children.borrow_mut();
+        let i = match children
+            .iter()
+            .position(|(v, c, ..)| *c == code.as_u16() && *v == verb)
+        {
+            Some(i) => i,
+            None => {
+                let m = metrics();
+                children.push((
+                    verb,
+                    code.as_u16(),
+                    m.http_requests.with_label_values(&[verb, code.as_str()]),
+                    m.http_request_duration.with_label_values(&[verb]),
+                ));
+                children.len() - 1
+            }
+        };
+        let (_, _, requests, duration) = &children[i];
+        requests.inc();
+        duration.observe(elapsed.as_secs_f64());
+    });
 }
 
 /// Renders every metric in the Prometheus text format.

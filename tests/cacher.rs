@@ -192,6 +192,15 @@ async fn get_rv_zero_serves_any() {
         e.cacher.get(&get_req("ns1", "missing", Some(0))).await,
         Err(CacherError::NotFound)
     );
+    // Answered at once, without a future: the same object, the same 404.
+    let now = e.cacher.get_now(&get_req("ns1", "a", Some(0)));
+    assert_eq!(now.map(|r| r.map(|o| o.mod_revision)), Some(Ok(rev)));
+    assert_eq!(
+        e.cacher.get_now(&get_req("ns1", "missing", Some(0))),
+        Some(Err(CacherError::NotFound))
+    );
+    // A consistent read is never answered at once: it needs etcd's revision.
+    assert!(e.cacher.get_now(&get_req("ns1", "a", None)).is_none());
 }
 
 #[tokio::test]
@@ -221,8 +230,16 @@ async fn get_rv_n_not_older_than() {
         .await
         .expect("get");
     assert_eq!(o.mod_revision, r2);
-    // Far ahead of etcd: 504 after the bounded wait.
+    // Reached: answered at once. Far ahead: only the waiting `get` can
+    // answer (504 after the bounded wait, below).
     let far = r2 + 1_000_000;
+    let now = e.cacher.get_now(&get_req("ns1", "a", Some(r2)));
+    assert_eq!(now.map(|r| r.map(|o| o.mod_revision)), Some(Ok(r2)));
+    assert!(e.cacher.get_now(&get_req("ns1", "a", Some(far))).is_none());
+    assert!(matches!(
+        e.cacher.get_now(&get_req("ns1", "a", Some(-2))),
+        Some(Err(CacherError::BadRequest(_)))
+    ));
     match e.cacher.get(&get_req("ns1", "a", Some(far))).await {
         Err(CacherError::TooLargeResourceVersion { requested, current }) => {
             assert_eq!(requested, far);

@@ -12,7 +12,7 @@
 //! The cap on open connections (`server.max_connections`) is applied at
 //! accept, in [`super::Server::serve`], with the permit this task holds.
 
-use crate::coalesced_stream::ServerStream;
+use crate::coalesced_stream::{Flusher, ServerStream};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -216,9 +216,11 @@ pub(crate) async fn serve(
     let _open = Open::new();
     let first_request_deadline = Instant::now() + limits.first_request_timeout;
     let Some(acceptor) = tls else {
-        let io = TokioIo::new(ServerStream::new(stream, limits.coalesce_writes));
+        let stream = ServerStream::new(stream, limits.coalesce_writes);
+        let flusher = stream.flusher();
+        let io = TokioIo::new(stream);
         let at = first_request_deadline;
-        serve_io(io, None, peer, state, limits, at, close_rx).await;
+        serve_io(io, flusher, None, peer, state, limits, at, close_rx).await;
         return;
     };
     let Some(tls) = tls_handshake(&acceptor, stream, &limits, peer).await else {
@@ -230,9 +232,13 @@ pub(crate) async fn serve(
         .security
         .authenticator
         .authenticate_connection(tls.get_ref().1.peer_certificates());
+    // Taken after the handshake, whose writes are not polled by the
+    // connection's future.
+    let flusher = tls.get_ref().0.flusher();
     let io = TokioIo::new(tls);
     serve_io(
         io,
+        flusher,
         identity,
         peer,
         state,
@@ -247,6 +253,7 @@ pub(crate) async fn serve(
 #[allow(clippy::too_many_arguments)]
 async fn serve_io<I>(
     io: I,
+    flusher: Option<Flusher>,
     identity: ConnectionIdentity,
     peer: SocketAddr,
     state: Arc<State>,
@@ -283,7 +290,7 @@ async fn serve_io<I>(
     let executor = StreamExecutor::default();
     let builder = http_builder(&limits, executor.clone());
     let conn = Streams::new(builder.serve_connection(io, svc), &executor);
-    let mut conn = std::pin::pin!(conn);
+    let mut conn = std::pin::pin!(FlushAfterPoll { conn, flusher });
     let mut closing: Option<Instant> = None;
     loop {
         tokio::select! {
@@ -308,17 +315,43 @@ async fn serve_io<I>(
             _ = idle(&handle, limits.idle_timeout), if closing.is_none() => {
                 debug!(%peer, "idle connection; closing");
                 closed("idle_timeout");
-                conn.as_mut().conn().graceful_shutdown();
+                conn.as_mut().conn().conn().graceful_shutdown();
                 closing = Some(Instant::now() + CLOSE_GRACE);
             }
             _ = close_rx.changed(), if closing.is_none() => {
-                conn.as_mut().conn().graceful_shutdown();
+                conn.as_mut().conn().conn().graceful_shutdown();
                 closing = Some(Instant::now() + CLOSE_GRACE);
             }
             _ = tokio::time::sleep_until(closing.unwrap_or(first_request_deadline)), if closing.is_some() => {
                 return;
             }
         }
+    }
+}
+
+/// The connection's future, followed after each poll by a write of what
+/// that poll queued ([`Flusher`]): the round's frames, from every stream of
+/// the connection (they all run in this task), leave in one system call.
+struct FlushAfterPoll<F> {
+    conn: F,
+    flusher: Option<Flusher>,
+}
+
+impl<F: Future + Unpin> FlushAfterPoll<F> {
+    fn conn(self: Pin<&mut Self>) -> Pin<&mut F> {
+        Pin::new(&mut self.get_mut().conn)
+    }
+}
+
+impl<F: Future + Unpin> Future for FlushAfterPoll<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let r = self.as_mut().conn().poll(cx);
+        if let Some(f) = &self.flusher {
+            f.flush();
+        }
+        r
     }
 }
 

@@ -15,7 +15,7 @@ use serde_json::Value;
 use super::connection::ConnectionHandle;
 use super::errors::What;
 use super::params::Query;
-use super::reads::{get, list, watch};
+use super::reads::{self, get, list, watch};
 use super::request_info::RequestInfo;
 use super::writes::{create, delete, patch, read_body, update};
 use super::{ApiStatus, Body, Resource, State, json_response, status_response};
@@ -131,13 +131,26 @@ impl Target<'_> {
     }
 }
 
-async fn resource_request(
-    state: Arc<State>,
-    req: Request<Incoming>,
+/// A Get answered at once from the cache ([`reads::get_now`]), or `None`
+/// for the routed, async path, which also answers every request this one
+/// cannot (a path that addresses nothing included, with its Status).
+pub(crate) fn get_now(
+    state: &State,
+    req: &Request<Incoming>,
     info: &RequestInfo,
-    query: Query,
-    conn: &ConnectionHandle,
-) -> Result<Response<Body>, ApiStatus> {
+    query: &Query,
+) -> Option<Result<Response<Body>, ApiStatus>> {
+    if !info.is_resource_request || info.verb() != "get" || req.method() != Method::GET {
+        return None;
+    }
+    let target = target(state, info).ok()?;
+    target.name?;
+    reads::get_now(&target, query, req)
+}
+
+/// What a resource request's path addresses, or the Status of a path that
+/// addresses nothing.
+fn target<'a>(state: &'a State, info: &'a RequestInfo) -> Result<Target<'a>, ApiStatus> {
     let path = info.path();
     // No subresources (or proxying) are served.
     if info.parts_len() > 2 || info.verb() == "proxy" {
@@ -172,11 +185,23 @@ async fn resource_request(
     {
         return Err(not_found_path(path));
     }
-    let target = Target {
+    Ok(Target {
         resource,
         namespace,
         name,
-    };
+    })
+}
+
+async fn resource_request(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    info: &RequestInfo,
+    query: Query,
+    conn: &ConnectionHandle,
+) -> Result<Response<Body>, ApiStatus> {
+    let path = info.path();
+    let target = target(&state, info)?;
+    let namespaced = target.resource.config.namespaced;
     let method = req.method().clone();
     // Each verb's future is boxed: the request future hyper moves into a task
     // then stays small instead of carrying every verb's state machine inline

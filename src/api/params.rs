@@ -32,6 +32,26 @@ enum Text {
 impl Query {
     pub fn parse(query: Option<&str>) -> Query {
         let raw = query.unwrap_or_default().to_string();
+        // Nothing to decode (no escape, no `+`): each pair is a range of the
+        // copy, split where `form_urlencoded` splits it (on `&`, skipping
+        // empty parts, then at the first `=`) but without its decoder's
+        // passes over every byte: most queries (`resourceVersion=0`) are
+        // this, and their decode was 1.5% of a Get's CPU.
+        if !raw.bytes().any(|b| b == b'%' || b == b'+') {
+            let mut pairs = SmallVec::new();
+            let mut start = 0;
+            for part in raw.split('&') {
+                let end = start + part.len();
+                if !part.is_empty() {
+                    pairs.push(match part.find('=') {
+                        Some(i) => (Text::Raw(start, start + i), Text::Raw(start + i + 1, end)),
+                        None => (Text::Raw(start, end), Text::Raw(0, 0)),
+                    });
+                }
+                start = end + 1;
+            }
+            return Query { raw, pairs };
+        }
         let base = raw.as_ptr() as usize;
         // A borrowed piece is a slice of `raw` (checked: anything else, such
         // as the static "" of a pair without `=`, is kept as decoded text).
@@ -276,6 +296,46 @@ mod tests {
         assert_eq!(q.get("sp ace"), Some(" "));
         assert_eq!(Query::parse(None).get("x"), None);
         assert_eq!(Query::parse(Some("")).get(""), None);
+    }
+
+    /// A query with nothing to decode is split without the decoder: the
+    /// pairs must be the ones `form_urlencoded` gives, whatever the shape.
+    #[test]
+    fn undecoded_queries_split_as_form_urlencoded_does() {
+        let mut cases: Vec<String> = [
+            "",
+            "&",
+            "&&",
+            "=",
+            "==",
+            "a=1&&b&c=&=x&d==e&",
+            "&a=1&",
+            "resourceVersion=0",
+            "watch=1&resourceVersion=5&limit=10",
+            "k=\u{e9}t\u{e9}&\u{1F600}=1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        // Every string of up to 5 characters over `a`, `=`, `&`.
+        let mut frontier = vec![String::new()];
+        for _ in 0..5 {
+            frontier = frontier
+                .iter()
+                .flat_map(|p| ['a', '=', '&'].map(|c| format!("{p}{c}")))
+                .collect();
+            cases.extend(frontier.iter().cloned());
+        }
+        for case in &cases {
+            let ours: Vec<(String, String)> = Query::parse(Some(case))
+                .pairs()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let theirs: Vec<(String, String)> = form_urlencoded::parse(case.as_bytes())
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect();
+            assert_eq!(ours, theirs, "{case:?}");
+        }
     }
 
     #[test]

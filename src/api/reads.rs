@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::cacher::{GetRequest, ListCursor, ListRequest, WatchRequest};
-use crate::object::{FieldSelector, LabelSelector, metadata_str};
+use crate::object::{FieldSelector, LabelSelector, Object, metadata_str};
 
 use super::connection::ConnectionHandle;
 use super::errors::cacher_status;
@@ -62,36 +62,75 @@ pub(crate) async fn get(
     query: &Query,
     req: &Request<Incoming>,
 ) -> Result<Response<Body>, ApiStatus> {
-    let res = target.resource;
+    let (get, table) = get_request(target, query, req)?;
+    let obj = target
+        .resource
+        .cacher
+        .get(&get)
+        .await
+        .map_err(|e| cacher_status(e, &target.what()))?;
+    Ok(get_response(target.resource, table, &obj, req))
+}
+
+/// [`get`] when the cache answers it without waiting
+/// ([`crate::cacher::Cacher::get_now`]); `None`: only [`get`] can.
+pub(crate) fn get_now(
+    target: &Target<'_>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Option<Result<Response<Body>, ApiStatus>> {
+    let (get, table) = match get_request(target, query, req) {
+        Ok(r) => r,
+        Err(status) => return Some(Err(status)),
+    };
+    let answer = target.resource.cacher.get_now(&get)?;
+    Some(
+        answer
+            .map(|obj| get_response(target.resource, table, &obj, req))
+            .map_err(|e| cacher_status(e, &target.what())),
+    )
+}
+
+/// A Get's cacher request and its Table conversion, from the request.
+fn get_request<'a>(
+    target: &Target<'a>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Result<(GetRequest<'a>, Option<IncludeObject>), ApiStatus> {
     let table = table_request(req, query)?;
     let get = GetRequest {
         namespace: target.namespace,
         name: target.name.unwrap_or_default(),
         resource_version: query.resource_version()?,
     };
-    let obj = res
-        .cacher
-        .get(&get)
-        .await
-        .map_err(|e| cacher_status(e, &target.what()))?;
+    Ok((get, table))
+}
+
+/// The response to a Get of `obj`: JSON as stored, protobuf, or a Table.
+fn get_response(
+    res: &Resource,
+    table: Option<IncludeObject>,
+    obj: &Object,
+    req: &Request<Incoming>,
+) -> Response<Body> {
     match table {
-        None if protobuf::negotiated(req, res) => match protobuf::object(res, &obj) {
-            Ok(body) => Ok(response(200, PROTOBUF, full(body))),
+        None if protobuf::negotiated(req, res) => match protobuf::object(res, obj) {
+            Ok(body) => response(200, PROTOBUF, full(body)),
             Err(e) => {
                 protobuf::fell_back(res, &obj.key, &e);
-                Ok(json_response(200, obj.wire.clone()))
+                json_response(200, obj.wire.clone())
             }
         },
-        None => Ok(json_response(200, obj.wire.clone())),
+        None => json_response(200, obj.wire.clone()),
         Some(include) => {
             let paths = res.cacher.codec().index_paths();
             let t = table::table(
-                vec![table::object_row(&obj, paths, include)],
+                vec![table::object_row(obj, paths, include)],
                 paths,
                 json!({"resourceVersion": obj.mod_revision.to_string()}),
                 true,
             );
-            Ok(json_value(200, &t))
+            json_value(200, &t)
         }
     }
 }

@@ -129,6 +129,12 @@ impl WatchCache {
     pub fn current(&self) -> Arc<Snapshot> {
         self.current.load_full()
     }
+    /// `f` of the current snapshot, without taking a reference to it: a
+    /// reader that needs one object does not touch the snapshot's shared
+    /// reference count (a cache line every core's reads would contend on).
+    pub fn with_current<R>(&self, f: impl FnOnce(&Snapshot) -> R) -> R {
+        f(&self.current.load())
+    }
     pub fn history_len(&self) -> usize {
         self.history.read().len()
     }
