@@ -25,7 +25,6 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
@@ -75,17 +74,14 @@ pub struct CoalescedStream {
 
 struct Shared {
     /// Read and written through `&self` (`try_*` and `poll_*_ready`): the
-    /// connection's task reads and writes large buffers, the writer task
-    /// writes batches, never both at once.
+    /// connection's task reads, and writes large buffers (and batches, with
+    /// a [`Flusher`]); the writer task writes batches; never two at once.
     stream: TcpStream,
     state: Mutex<State>,
     /// Wakes the writer: bytes queued, or a shutdown asked for.
     work: Notify,
     /// The stream was dropped: the writer flushes for [`DROP_GRACE`] at most.
     dropped: CancellationToken,
-    /// A [`Flusher`] was taken: queueing bytes does not wake the writer,
-    /// the connection's task writes them after its poll.
-    inline_flush: AtomicBool,
 }
 
 #[derive(Default)]
@@ -100,6 +96,9 @@ struct State {
     waiter: Option<Waker>,
     /// Batches handed to the socket so far (for tests of the coalescing).
     batches: u64,
+    /// A [`Flusher`] is held: queueing bytes does not wake the writer, the
+    /// connection's task writes them after its poll.
+    inline_flush: bool,
 }
 
 impl State {
@@ -122,7 +121,6 @@ impl CoalescedStream {
             state: Mutex::new(State::default()),
             work: Notify::new(),
             dropped: CancellationToken::new(),
-            inline_flush: AtomicBool::new(false),
         });
         tokio::spawn(writer(Arc::clone(&shared)));
         CoalescedStream { shared }
@@ -154,7 +152,7 @@ impl CoalescedStream {
             self.shared.work.notify_one();
             return Poll::Pending;
         }
-        let was_empty = st.queued.is_empty();
+        let wake_writer = st.queued.is_empty() && !st.inline_flush;
         let mut taken = 0;
         for b in bufs {
             let n = b.len().min(room - taken);
@@ -165,15 +163,16 @@ impl CoalescedStream {
             }
         }
         drop(st);
-        if was_empty && !self.shared.inline_flush.load(Ordering::Relaxed) {
+        if wake_writer {
             self.shared.work.notify_one();
         }
         Poll::Ready(Ok(taken))
     }
 
-    /// From now on the caller writes the queue: see [`Flusher`].
+    /// While the returned [`Flusher`] lives, its holder writes the queue:
+    /// it must call [`Flusher::flush`] after every poll that may write.
     pub fn flusher(&self) -> Flusher {
-        self.shared.inline_flush.store(true, Ordering::Relaxed);
+        self.shared.state.lock().inline_flush = true;
         Flusher(Arc::clone(&self.shared))
     }
 }
@@ -197,10 +196,8 @@ impl Flusher {
             return;
         }
         if st.in_flight {
-            // The writer holds earlier bytes; these go after them. It looks
-            // at the queue again when its batch is out.
-            drop(st);
-            shared.work.notify_one();
+            // The writer holds earlier bytes; these go after them: it looks
+            // at the queue again when its batch is out, without a wake-up.
             return;
         }
         // Held across the system call, as in `poll_write_large`: the
@@ -228,10 +225,27 @@ impl Flusher {
             }
             Err(e) => {
                 st.error = Some((e.kind(), e.to_string()));
+                st.queued = Vec::new();
                 if let Some(w) = st.waiter.take() {
                     w.wake();
                 }
+                drop(st);
+                // The writer ends on the error (and lets go of the stream).
+                shared.work.notify_one();
             }
+        }
+    }
+}
+
+/// The writer takes the queue back: bytes queued from now on wake it.
+impl Drop for Flusher {
+    fn drop(&mut self) {
+        let mut st = self.0.state.lock();
+        st.inline_flush = false;
+        let pending = !st.queued.is_empty();
+        drop(st);
+        if pending {
+            self.0.work.notify_one();
         }
     }
 }
@@ -429,8 +443,9 @@ impl AsyncWrite for CoalescedStream {
         true
     }
 
-    /// Ready once the bytes are queued: the writer sends them when this
-    /// task yields. Waiting here would cost one system call per frame again.
+    /// Ready once the bytes are queued: they are sent after this task's
+    /// poll (by its [`Flusher`], or the writer task when this task yields).
+    /// Waiting here would cost one system call per frame again.
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.shared.state.lock().error() {
             Some(e) => Poll::Ready(Err(e)),
@@ -595,7 +610,7 @@ mod tests {
             tokio::task::yield_now().await;
         }
         let flusher = server.flusher();
-        let data = pattern(40 * 1200);
+        let data = pattern(10 * 1200);
         for frame in data.chunks(1200) {
             server.write_all(frame).await.unwrap();
             server.flush().await.unwrap();

@@ -143,6 +143,10 @@ pub(crate) fn get_now(
     if !info.is_resource_request || info.verb() != "get" || req.method() != Method::GET {
         return None;
     }
+    // Without a resourceVersion the read is consistent: it always waits.
+    if matches!(query.resource_version(), Ok(None)) {
+        return None;
+    }
     let target = target(state, info).ok()?;
     target.name?;
     reads::get_now(&target, query, req)

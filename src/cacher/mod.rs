@@ -314,28 +314,36 @@ impl Cacher {
             Ok(plan) => plan,
             Err(e) => return Some(Err(e)),
         };
+        if !matches!(plan, ReadPlan::Any | ReadPlan::NotOlderThan(_)) {
+            return None;
+        }
+        self.answer_now(&plan, &self.codec.key(req.namespace, req.name))
+    }
+
+    /// The current snapshot's answer to `plan` for `key`, if it may give
+    /// one without waiting.
+    fn answer_now(&self, plan: &ReadPlan, key: &str) -> Option<Result<Arc<Object>, CacherError>> {
         if !self.cache.is_ready() {
             return None;
         }
-        let key = self.codec.key(req.namespace, req.name);
         self.cache.with_current(|snap| {
             let now = match plan {
                 ReadPlan::Any => true,
-                ReadPlan::NotOlderThan(n) => snap.rv >= n,
+                ReadPlan::NotOlderThan(n) => snap.rv >= *n,
                 _ => false,
             };
-            now.then(|| snap.get(&key).cloned().ok_or(CacherError::NotFound))
+            now.then(|| snap.get(key).cloned().ok_or(CacherError::NotFound))
         })
     }
 
     /// Get (DESIGN.md section 2): unset -> most recent, 0 -> any, N -> not older than N.
     pub async fn get(&self, req: &GetRequest<'_>) -> Result<Arc<Object>, CacherError> {
-        if let Some(answer) = self.get_now(req) {
-            return answer;
-        }
         self.check_open()?;
         let plan = plan_get(req.resource_version)?;
         let key = self.codec.key(req.namespace, req.name);
+        if let Some(answer) = self.answer_now(&plan, &key) {
+            return answer;
+        }
         if !self.cache.is_ready() {
             // Not ready: Get may fall back to etcd (DESIGN.md section 4).
             let rev = match plan {
