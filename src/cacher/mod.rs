@@ -304,8 +304,9 @@ impl Cacher {
     /// [`Cacher::get`] when the current snapshot answers it without waiting
     /// (`resourceVersion=0`, or an RV the cache has reached); `None` when it
     /// must wait, read consistently or go to etcd: then only the async
-    /// `get` can answer. Why: most Gets need no future, and a Get's futures
-    /// (and the boxes that keep them small) were a sixth of its CPU.
+    /// `get` can answer. Why: most Gets need no future, and the handling
+    /// around a Get's lookup (its futures and the boxes that keep them
+    /// small, most of all) was a sixth of its CPU.
     pub fn get_now(&self, req: &GetRequest<'_>) -> Option<Result<Arc<Object>, CacherError>> {
         if let Err(e) = self.check_open() {
             return Some(Err(e));
