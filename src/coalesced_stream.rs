@@ -106,6 +106,18 @@ impl State {
         self.queued.is_empty() && !self.in_flight
     }
 
+    /// Records the first write error (every later operation returns it),
+    /// drops what was queued (it can no longer be sent) and wakes the
+    /// connection's task, which may be waiting for room or a shutdown.
+    fn fail(&mut self, e: &io::Error) {
+        self.error = Some((e.kind(), e.to_string()));
+        self.queued = Vec::new();
+        self.in_flight = false;
+        if let Some(w) = self.waiter.take() {
+            w.wake();
+        }
+    }
+
     fn error(&self) -> Option<io::Error> {
         self.error
             .as_ref()
@@ -224,11 +236,7 @@ impl Flusher {
                 shared.work.notify_one();
             }
             Err(e) => {
-                st.error = Some((e.kind(), e.to_string()));
-                st.queued = Vec::new();
-                if let Some(w) = st.waiter.take() {
-                    w.wake();
-                }
+                st.fail(&e);
                 drop(st);
                 // The writer ends on the error (and lets go of the stream).
                 shared.work.notify_one();
@@ -353,12 +361,7 @@ async fn writer(shared: Arc<Shared>) {
                 .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
         };
         if let Err(e) = written {
-            let mut st = shared.state.lock();
-            st.error = Some((e.kind(), e.to_string()));
-            st.in_flight = false;
-            if let Some(w) = st.waiter.take() {
-                w.wake();
-            }
+            shared.state.lock().fail(&e);
             return;
         }
         batch.clear();

@@ -148,7 +148,6 @@ pub(crate) fn get_now(
         return None;
     }
     let target = target(state, info).ok()?;
-    target.name?;
     reads::get_now(&target, query, req)
 }
 

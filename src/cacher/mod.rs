@@ -315,25 +315,18 @@ impl Cacher {
             Ok(plan) => plan,
             Err(e) => return Some(Err(e)),
         };
-        if !matches!(plan, ReadPlan::Any | ReadPlan::NotOlderThan(_)) {
-            return None;
-        }
-        self.answer_now(&plan, &self.codec.key(req.namespace, req.name))
+        let min_rv = plan.current_at_least()?;
+        self.answer_now(min_rv, &self.codec.key(req.namespace, req.name))
     }
 
-    /// The current snapshot's answer to `plan` for `key`, if it may give
-    /// one without waiting.
-    fn answer_now(&self, plan: &ReadPlan, key: &str) -> Option<Result<Arc<Object>, CacherError>> {
+    /// The current snapshot's answer for `key`, if the cache is ready and
+    /// has reached `min_rv`.
+    fn answer_now(&self, min_rv: i64, key: &str) -> Option<Result<Arc<Object>, CacherError>> {
         if !self.cache.is_ready() {
             return None;
         }
         self.cache.with_current(|snap| {
-            let now = match plan {
-                ReadPlan::Any => true,
-                ReadPlan::NotOlderThan(n) => snap.rv >= *n,
-                _ => false,
-            };
-            now.then(|| snap.get(key).cloned().ok_or(CacherError::NotFound))
+            (snap.rv >= min_rv).then(|| snap.get(key).cloned().ok_or(CacherError::NotFound))
         })
     }
 
@@ -342,7 +335,10 @@ impl Cacher {
         self.check_open()?;
         let plan = plan_get(req.resource_version)?;
         let key = self.codec.key(req.namespace, req.name);
-        if let Some(answer) = self.answer_now(&plan, &key) {
+        if let Some(answer) = plan
+            .current_at_least()
+            .and_then(|min_rv| self.answer_now(min_rv, &key))
+        {
             return answer;
         }
         if !self.cache.is_ready() {

@@ -24,6 +24,19 @@ pub(crate) enum ReadPlan {
     },
 }
 
+impl ReadPlan {
+    /// The least RV at which the current snapshot answers this plan without
+    /// waiting (`Any`: whatever it has), or `None`: the plan must read
+    /// consistently or at an exact RV.
+    pub(crate) fn current_at_least(&self) -> Option<i64> {
+        match self {
+            ReadPlan::Any => Some(0),
+            ReadPlan::NotOlderThan(n) => Some(*n),
+            _ => None,
+        }
+    }
+}
+
 impl From<continue_token::ContinueToken> for ReadPlan {
     fn from(t: continue_token::ContinueToken) -> ReadPlan {
         ReadPlan::Continue {
