@@ -180,6 +180,13 @@ struct Cli {
     /// Repetitions (list: 10, startup: 3 by default).
     #[arg(long)]
     iterations: Option<usize>,
+    /// get: split --duration into this many rounds and run the targets in
+    /// turn, round after round (etcd, proxy, etcd, proxy...), summing each
+    /// target's gets, time and CPU. A comparison of phases run one after the
+    /// other moves with the machine's speed in each phase (docs/BENCHMARKS.md,
+    /// session 12); in turns, every target sees the same minutes.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    rounds: u32,
     /// Page size of the paged list.
     #[arg(long, default_value_t = 500)]
     page_size: usize,
@@ -256,6 +263,9 @@ fn main() -> Result<()> {
         bail!(
             "--target grpc, --target grpc-proxy and --compare-grpc need the plain daemon the bench starts (no --compare, --secure, --compare-secure or --proxy)"
         );
+    }
+    if cli.rounds > 1 && (cli.scenario != Scenario::Get || cli.compare_secure) {
+        bail!("--rounds applies to get, without --compare-secure");
     }
     if cli.protobuf && cli.scenario != Scenario::List {
         bail!("--protobuf applies to list");
@@ -465,50 +475,69 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         _ => 0,
     };
 
+    // Each result key's parts, in the order the keys first ran: one part,
+    // or one per round (get --rounds).
+    let rounds = cli.rounds as usize;
+    let full_duration = ctx.p.duration_s;
+    ctx.p.duration_s = full_duration / rounds as f64;
+    let mut parts: Vec<(String, bool, Vec<scenarios::Part>)> = Vec::new();
+    for _round in 0..rounds {
+        for &(t, secure) in &runs {
+            if own_daemon && t == Target::Proxy && ctx.tls.is_some() != secure {
+                // The next run needs the other kind of daemon: a fresh one.
+                ctx.daemon.take();
+                start_daemon(&mut ctx, &daemon_cfg, secure, cli.bearer_token.as_deref()).await?;
+            }
+            let variants: Vec<&str> = match (cli.scenario, t) {
+                (Scenario::List | Scenario::Get, Target::Proxy) => {
+                    vec!["proxy", "proxy_consistent"]
+                }
+                _ => vec![t.name()],
+            };
+            for v in variants {
+                // Secure results are `<variant>_secure` beside the plain ones.
+                let key = if secure && cli.compare_secure {
+                    format!("{v}_secure")
+                } else {
+                    v.to_string()
+                };
+                let r = match cli.scenario {
+                    Scenario::Fanout => scenarios::fanout(&ctx, t).await,
+                    Scenario::List => scenarios::list(&ctx, v, loaded_rev).await,
+                    Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
+                    Scenario::Startup => scenarios::startup(&ctx, t).await,
+                    Scenario::Idle => scenarios::idle(&ctx, t).await,
+                    Scenario::Chaos | Scenario::Codec => {
+                        bail!("{:?} runs on its own path", cli.scenario)
+                    }
+                };
+                let part = r.with_context(|| format!("{:?} against {key}", cli.scenario))?;
+                match parts.iter_mut().find(|(k, _, _)| *k == key) {
+                    Some((_, _, ps)) => ps.push(part),
+                    None => parts.push((key, secure, vec![part])),
+                }
+            }
+        }
+    }
+    ctx.p.duration_s = full_duration;
+
     let mut results = serde_json::Map::new();
     let mut hists: Vec<(String, Vec<[f64; 2]>)> = Vec::new();
-    for &(t, secure) in &runs {
-        if own_daemon && t == Target::Proxy && ctx.tls.is_some() != secure {
-            // The next run needs the other kind of daemon: a fresh one.
-            ctx.daemon.take();
-            start_daemon(&mut ctx, &daemon_cfg, secure, cli.bearer_token.as_deref()).await?;
+    for (key, secure, ps) in parts {
+        let mut value = scenarios::merge_get_rounds(ps)?;
+        if let Some(o) = value.as_object_mut() {
+            o.insert("secure".into(), json!(secure));
         }
-        let variants: Vec<&str> = match (cli.scenario, t) {
-            (Scenario::List | Scenario::Get, Target::Proxy) => vec!["proxy", "proxy_consistent"],
-            _ => vec![t.name()],
-        };
-        for v in variants {
-            // Secure results are `<variant>_secure` beside the plain ones.
-            let key = if secure && cli.compare_secure {
-                format!("{v}_secure")
-            } else {
-                v.to_string()
-            };
-            let r = match cli.scenario {
-                Scenario::Fanout => scenarios::fanout(&ctx, t).await,
-                Scenario::List => scenarios::list(&ctx, v, loaded_rev).await,
-                Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
-                Scenario::Startup => scenarios::startup(&ctx, t).await,
-                Scenario::Idle => scenarios::idle(&ctx, t).await,
-                Scenario::Chaos | Scenario::Codec => {
-                    bail!("{:?} runs on its own path", cli.scenario)
-                }
-            };
-            let (mut value, _h) = r.with_context(|| format!("{:?} against {key}", cli.scenario))?;
-            if let Some(o) = value.as_object_mut() {
-                o.insert("secure".into(), json!(secure));
+        if let Some(d) = value.get("latency_distribution").and_then(|d| d.as_array()) {
+            let pts: Vec<[f64; 2]> = d
+                .iter()
+                .filter_map(|p| Some([p.get(0)?.as_f64()?, p.get(1)?.as_f64()?]))
+                .collect();
+            if !pts.is_empty() {
+                hists.push((key.clone(), pts));
             }
-            if let Some(d) = value.get("latency_distribution").and_then(|d| d.as_array()) {
-                let pts: Vec<[f64; 2]> = d
-                    .iter()
-                    .filter_map(|p| Some([p.get(0)?.as_f64()?, p.get(1)?.as_f64()?]))
-                    .collect();
-                if !pts.is_empty() {
-                    hists.push((key.clone(), pts));
-                }
-            }
-            results.insert(key, value);
         }
+        results.insert(key, value);
     }
     // Shut the daemon and grpc-proxy down before reporting.
     ctx.daemon.take();
@@ -572,6 +601,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
             "objects": ctx.p.objects,
             "concurrency": ctx.p.concurrency,
             "iterations": ctx.p.iterations,
+            "rounds": cli.rounds,
             "page_size": ctx.p.page_size,
             "namespace": ctx.p.namespace,
             "list_page_size": ctx.p.list_page_size,

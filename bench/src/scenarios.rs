@@ -1001,6 +1001,74 @@ pub async fn get(
     Ok((result, Some(h)))
 }
 
+/// One run of a scenario against one target: its figures and latencies.
+pub type Part = (Value, Option<Histogram<u64>>);
+
+/// A target's result from its parts: the only part as it is, or the sum of
+/// its get rounds (`--rounds`): gets, errors, time and each process's CPU
+/// added up (peak RSS the highest), the rate and the server's CPU per Get
+/// computed again from the sums, latencies from the merged histograms.
+pub fn merge_get_rounds(parts: Vec<Part>) -> Result<Value> {
+    let rounds = parts.len();
+    let mut it = parts.into_iter();
+    let Some((mut out, hist)) = it.next() else {
+        bail!("a target without results");
+    };
+    if rounds == 1 {
+        return Ok(out);
+    }
+    let mut hist = hist.ok_or_else(|| anyhow!("a get round without latencies"))?;
+    let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
+    for (v, h) in it {
+        if let Some(h) = h {
+            hist.add(&h)
+                .map_err(|e| anyhow!("merging latencies: {e}"))?;
+        }
+        for k in ["gets", "errors"] {
+            let sum = out.get(k).and_then(Value::as_u64).unwrap_or(0)
+                + v.get(k).and_then(Value::as_u64).unwrap_or(0);
+            out[k] = json!(sum);
+        }
+        out["duration_s"] = json!(round3(num(&out, "duration_s") + num(&v, "duration_s")));
+        if out["first_error"].is_null() {
+            out["first_error"] = v["first_error"].clone();
+        }
+        let (Some(po), Some(pv)) = (out["processes"].as_object_mut(), v["processes"].as_object())
+        else {
+            bail!("a get round without process figures");
+        };
+        for (name, now) in pv {
+            let mut merged = now.clone();
+            if let Some(before) = po.get(name) {
+                if let (Some(a), Some(b)) = (before["cpu_s"].as_f64(), now["cpu_s"].as_f64()) {
+                    merged["cpu_s"] = json!(round3(a + b));
+                }
+                if let (Some(a), Some(b)) =
+                    (before["peak_rss_kb"].as_u64(), now["peak_rss_kb"].as_u64())
+                {
+                    merged["peak_rss_kb"] = json!(a.max(b));
+                }
+            }
+            po.insert(name.clone(), merged);
+        }
+    }
+    let gets = out["gets"].as_u64().unwrap_or(0);
+    out["gets_per_s"] = json!(round3(gets as f64 / num(&out, "duration_s").max(1e-9)));
+    let server = if out["target"] == "etcd" {
+        "etcd"
+    } else {
+        "proxy"
+    };
+    out["server_cpu_us_per_get"] = match out["processes"][server]["cpu_s"].as_f64() {
+        Some(c) if gets > 0 => json!(round3(c * 1e6 / gets as f64)),
+        _ => Value::Null,
+    };
+    out["latency_ms"] = json!(summarize(&hist));
+    out["latency_distribution"] = json!(distribution(&hist));
+    out["rounds"] = json!(rounds);
+    Ok(out)
+}
+
 // ---------------------------------------------------------------- S1 startup
 
 /// Starts a fresh daemon against the bench etcd; returns (time to ready, RSS
@@ -1174,4 +1242,72 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
         "etcd_watchers": etcd_watchers,
     });
     Ok((result, None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round(target: &str, gets: u64, secs: f64, cpu: f64, peak: u64, lat_us: u64) -> Part {
+        let mut h = new_histogram();
+        for _ in 0..gets {
+            h.saturating_record(lat_us);
+        }
+        let v = json!({
+            "target": target,
+            "gets": gets,
+            "errors": 0,
+            "first_error": null,
+            "duration_s": secs,
+            "gets_per_s": gets as f64 / secs,
+            "processes": {
+                "etcd": {"cpu_s": cpu, "peak_rss_kb": peak},
+                "proxy": {"cpu_s": cpu / 2.0, "peak_rss_kb": peak},
+                "idle_fronts": {},
+            },
+        });
+        (v, Some(h))
+    }
+
+    #[test]
+    fn one_part_is_kept_as_it_is() {
+        let (v, _) = round("etcd", 10, 1.0, 0.5, 100, 1000);
+        let merged = merge_get_rounds(vec![(v.clone(), None)]).unwrap();
+        assert_eq!(merged, v);
+        assert!(merge_get_rounds(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn rounds_add_up_and_rates_come_from_the_sums() {
+        let mut second = round("etcd", 300, 2.0, 1.5, 300, 3000);
+        second.0["first_error"] = json!("boom");
+        let v = merge_get_rounds(vec![round("etcd", 100, 1.0, 0.5, 200, 1000), second]).unwrap();
+        assert_eq!(v["gets"], 400);
+        assert_eq!(v["duration_s"], 3.0);
+        assert_eq!(v["gets_per_s"], round3(400.0 / 3.0));
+        assert_eq!(v["processes"]["etcd"]["cpu_s"], 2.0);
+        assert_eq!(v["processes"]["proxy"]["cpu_s"], 1.0);
+        assert_eq!(v["processes"]["etcd"]["peak_rss_kb"], 300);
+        // etcd serves these Gets: 2 s of its CPU over 400 Gets.
+        assert_eq!(v["server_cpu_us_per_get"], 5000.0);
+        assert_eq!(v["first_error"], "boom");
+        assert_eq!(v["rounds"], 2);
+        assert_eq!(v["latency_ms"]["count"], 400);
+        // A quarter of the Gets took 1 ms, the rest 3 ms.
+        let p50 = v["latency_ms"]["p50_ms"].as_f64().unwrap();
+        assert!((2.9..3.1).contains(&p50), "{p50}");
+        let min = v["latency_ms"]["min_ms"].as_f64().unwrap();
+        assert!((0.9..1.1).contains(&min), "{min}");
+    }
+
+    #[test]
+    fn the_proxy_rows_cpu_per_get_is_the_proxys() {
+        let parts = vec![
+            round("proxy", 100, 1.0, 0.4, 10, 500),
+            round("proxy", 100, 1.0, 0.4, 10, 500),
+        ];
+        let v = merge_get_rounds(parts).unwrap();
+        // proxy CPU 0.2 s per round: 0.4 s over 200 Gets.
+        assert_eq!(v["server_cpu_us_per_get"], 2000.0);
+    }
 }

@@ -323,6 +323,47 @@ fn list_get_startup_idle_report_every_figure() {
         "get ratios",
     );
 
+    // In turns: each target's rounds add up to one result.
+    let mut args = vec!["get", "-d", "1", "-k", "8", "--rounds", "2"];
+    args.extend(common);
+    let r = bench(&args, &dir.path().join("g1-rounds.json"));
+    assert_eq!(r["params"]["rounds"], 2, "{:#}", r["params"]);
+    for t in ["proxy", "proxy_consistent", "etcd"] {
+        let v = &r["results"][t];
+        has_fields(
+            v,
+            &[
+                "gets_per_s",
+                "server_cpu_us_per_get",
+                "processes.bench.cpu_s",
+            ],
+            false,
+            t,
+        );
+        assert_eq!(v["rounds"], 2, "{t}: {v:#}");
+        assert_eq!(v["errors"], 0, "{t}: {v:#}");
+        let gets = v["gets"].as_u64().unwrap();
+        assert!(gets > 0, "{t}");
+        // One latency per Get, over both rounds.
+        assert_eq!(v["latency_ms"]["count"].as_u64(), Some(gets), "{t}: {v:#}");
+        // Two rounds of about half a second each.
+        let secs = v["duration_s"].as_f64().unwrap();
+        assert!((0.9..3.0).contains(&secs), "{t}: {secs} s");
+        let rate = v["gets_per_s"].as_f64().unwrap();
+        assert!(
+            (rate - gets as f64 / secs).abs() <= 0.01 * rate,
+            "{t}: {v:#}"
+        );
+    }
+    has_fields(
+        &r,
+        &["ratios.throughput_proxy_over_etcd"],
+        false,
+        "rounds ratios",
+    );
+    let err = bench_fails(&["list", "--rounds", "2"]);
+    assert!(err.contains("--rounds applies to get"), "{err}");
+
     let mut args = vec!["startup", "--settle", "0.2"];
     args.extend(common);
     let r = bench(&args, &dir.path().join("s1.json"));
