@@ -3,7 +3,7 @@
 # is not built in CI; the test suite lints this file with hadolint.
 FROM rust:1-slim-trixie AS builder
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends protobuf-compiler \
+    && apt-get install -y --no-install-recommends protobuf-compiler make \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
