@@ -180,12 +180,11 @@ struct Cli {
     /// Repetitions (list: 10, startup: 3 by default).
     #[arg(long)]
     iterations: Option<usize>,
-    /// get and list: split --duration (get) or --iterations (list, rounded
-    /// up) into this many rounds and run the targets in turn, round after
-    /// round (proxy, etcd, proxy, etcd...), summing each target's rounds. A
-    /// comparison of phases run one after the other moves with the machine's
-    /// speed in each phase (docs/BENCHMARKS.md, session 12); in turns, every
-    /// target sees the same minutes.
+    /// get: split --duration into this many rounds and run the targets in
+    /// turn, round after round (etcd, proxy, etcd, proxy...), summing each
+    /// target's gets, time and CPU. A comparison of phases run one after the
+    /// other moves with the machine's speed in each phase (docs/BENCHMARKS.md,
+    /// session 12); in turns, every target sees the same minutes.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
     /// Page size of the paged list.
@@ -265,10 +264,8 @@ fn main() -> Result<()> {
             "--target grpc, --target grpc-proxy and --compare-grpc need the plain daemon the bench starts (no --compare, --secure, --compare-secure or --proxy)"
         );
     }
-    if cli.rounds > 1
-        && (!matches!(cli.scenario, Scenario::Get | Scenario::List) || cli.compare_secure)
-    {
-        bail!("--rounds applies to get and list, without --compare-secure");
+    if cli.rounds > 1 && (cli.scenario != Scenario::Get || cli.compare_secure) {
+        bail!("--rounds applies to get, without --compare-secure");
     }
     if cli.protobuf && cli.scenario != Scenario::List {
         bail!("--protobuf applies to list");
@@ -479,12 +476,10 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
     };
 
     // Each result key's parts, in the order the keys first ran: one part,
-    // or one per round (--rounds: a get's duration, a list's iterations,
-    // split between them).
+    // or one per round (get --rounds).
     let rounds = cli.rounds as usize;
-    let (full_duration, all_iterations) = (ctx.p.duration_s, ctx.p.iterations);
+    let full_duration = ctx.p.duration_s;
     ctx.p.duration_s = full_duration / rounds as f64;
-    ctx.p.iterations = all_iterations.div_ceil(rounds);
     let mut parts: Vec<(String, bool, Vec<scenarios::Part>)> = Vec::new();
     for _round in 0..rounds {
         for &(t, secure) in &runs {
@@ -507,11 +502,11 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
                     v.to_string()
                 };
                 let r = match cli.scenario {
-                    Scenario::Fanout => scenarios::fanout(&ctx, t).await.map(Into::into),
+                    Scenario::Fanout => scenarios::fanout(&ctx, t).await,
                     Scenario::List => scenarios::list(&ctx, v, loaded_rev).await,
-                    Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await.map(Into::into),
-                    Scenario::Startup => scenarios::startup(&ctx, t).await.map(Into::into),
-                    Scenario::Idle => scenarios::idle(&ctx, t).await.map(Into::into),
+                    Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
+                    Scenario::Startup => scenarios::startup(&ctx, t).await,
+                    Scenario::Idle => scenarios::idle(&ctx, t).await,
                     Scenario::Chaos | Scenario::Codec => {
                         bail!("{:?} runs on its own path", cli.scenario)
                     }
@@ -525,17 +520,11 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         }
     }
     ctx.p.duration_s = full_duration;
-    ctx.p.iterations = all_iterations;
 
     let mut results = serde_json::Map::new();
     let mut hists: Vec<(String, Vec<[f64; 2]>)> = Vec::new();
     for (key, secure, ps) in parts {
-        let kind = if cli.scenario == Scenario::List {
-            scenarios::Rounds::List
-        } else {
-            scenarios::Rounds::Get
-        };
-        let mut value = scenarios::merge_rounds(kind, ps)?;
+        let mut value = scenarios::merge_get_rounds(ps)?;
         if let Some(o) = value.as_object_mut() {
             o.insert("secure".into(), json!(secure));
         }

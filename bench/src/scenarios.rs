@@ -664,7 +664,11 @@ pub async fn load_for(ctx: &Ctx) -> Result<i64> {
 
 /// `variant` is "proxy" (resourceVersion=0: served from the cache as is),
 /// "proxy_consistent" (resourceVersion unset: a consistent read) or "etcd".
-pub async fn list(ctx: &Ctx, variant: &str, loaded_rev: i64) -> Result<Part> {
+pub async fn list(
+    ctx: &Ctx,
+    variant: &str,
+    loaded_rev: i64,
+) -> Result<(Value, Option<Histogram<u64>>)> {
     let p = &ctx.p;
     let mut full = new_histogram();
     let mut paged = new_histogram();
@@ -789,11 +793,7 @@ pub async fn list(ctx: &Ctx, variant: &str, loaded_rev: i64) -> Result<Part> {
         "processes": usage,
         "latency_distribution": distribution(&full),
     });
-    Ok(Part {
-        value: result,
-        latencies: Some(full),
-        paged: Some(paged),
-    })
+    Ok((result, Some(full)))
 }
 
 /// A paged range as the Kubernetes etcd3 store does it: pages of `limit`
@@ -1001,79 +1001,41 @@ pub async fn get(
     Ok((result, Some(h)))
 }
 
-/// One run of a scenario against one target: its figures, its latencies
-/// and, for a List, the paged Lists' latencies.
-pub struct Part {
-    pub value: Value,
-    pub latencies: Option<Histogram<u64>>,
-    pub paged: Option<Histogram<u64>>,
-}
-
-impl From<(Value, Option<Histogram<u64>>)> for Part {
-    fn from((value, latencies): (Value, Option<Histogram<u64>>)) -> Part {
-        Part {
-            value,
-            latencies,
-            paged: None,
-        }
-    }
-}
-
-/// What `--rounds` splits: a get's duration or a list's iterations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rounds {
-    Get,
-    List,
-}
+/// One run of a scenario against one target: its figures and latencies.
+pub type Part = (Value, Option<Histogram<u64>>);
 
 /// A target's result from its parts: the only part as it is, or the sum of
-/// its rounds (`--rounds`): counts, time and each process's CPU added up
-/// (peak RSS the highest), rates and the server's CPU per Get computed again
-/// from the sums, latencies from the merged histograms; a List's first
-/// (uncached) List is the first round's.
-pub fn merge_rounds(kind: Rounds, parts: Vec<Part>) -> Result<Value> {
+/// its get rounds (`--rounds`): gets, errors, time and each process's CPU
+/// added up (peak RSS the highest), the rate and the server's CPU per Get
+/// computed again from the sums, latencies from the merged histograms.
+pub fn merge_get_rounds(parts: Vec<Part>) -> Result<Value> {
     let rounds = parts.len();
     let mut it = parts.into_iter();
-    let Some(first) = it.next() else {
+    let Some((mut out, hist)) = it.next() else {
         bail!("a target without results");
     };
     if rounds == 1 {
-        return Ok(first.value);
+        return Ok(out);
     }
-    let mut out = first.value;
-    let mut hist = first
-        .latencies
-        .ok_or_else(|| anyhow!("a round without latencies"))?;
-    let mut paged = first.paged;
+    let mut hist = hist.ok_or_else(|| anyhow!("a get round without latencies"))?;
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
-    let sum_u64 = |out: &mut Value, v: &Value, k: &str| {
-        let sum = out.get(k).and_then(Value::as_u64).unwrap_or(0)
-            + v.get(k).and_then(Value::as_u64).unwrap_or(0);
-        out[k] = json!(sum);
-    };
-    for part in it {
-        let v = part.value;
-        if let Some(h) = part.latencies {
+    for (v, h) in it {
+        if let Some(h) = h {
             hist.add(&h)
                 .map_err(|e| anyhow!("merging latencies: {e}"))?;
         }
-        if let (Some(p), Some(h)) = (paged.as_mut(), part.paged) {
-            p.add(&h).map_err(|e| anyhow!("merging latencies: {e}"))?;
+        for k in ["gets", "errors"] {
+            let sum = out.get(k).and_then(Value::as_u64).unwrap_or(0)
+                + v.get(k).and_then(Value::as_u64).unwrap_or(0);
+            out[k] = json!(sum);
         }
-        match kind {
-            Rounds::Get => {
-                sum_u64(&mut out, &v, "gets");
-                sum_u64(&mut out, &v, "errors");
-                out["duration_s"] = json!(round3(num(&out, "duration_s") + num(&v, "duration_s")));
-                if out["first_error"].is_null() {
-                    out["first_error"] = v["first_error"].clone();
-                }
-            }
-            Rounds::List => sum_u64(&mut out, &v, "iterations"),
+        out["duration_s"] = json!(round3(num(&out, "duration_s") + num(&v, "duration_s")));
+        if out["first_error"].is_null() {
+            out["first_error"] = v["first_error"].clone();
         }
         let (Some(po), Some(pv)) = (out["processes"].as_object_mut(), v["processes"].as_object())
         else {
-            bail!("a round without process figures");
+            bail!("a get round without process figures");
         };
         for (name, now) in pv {
             let mut merged = now.clone();
@@ -1090,28 +1052,18 @@ pub fn merge_rounds(kind: Rounds, parts: Vec<Part>) -> Result<Value> {
             po.insert(name.clone(), merged);
         }
     }
-    match kind {
-        Rounds::Get => {
-            let gets = out["gets"].as_u64().unwrap_or(0);
-            out["gets_per_s"] = json!(round3(gets as f64 / num(&out, "duration_s").max(1e-9)));
-            let server = if out["target"] == "etcd" {
-                "etcd"
-            } else {
-                "proxy"
-            };
-            out["server_cpu_us_per_get"] = match out["processes"][server]["cpu_s"].as_f64() {
-                Some(c) if gets > 0 => json!(round3(c * 1e6 / gets as f64)),
-                _ => Value::Null,
-            };
-            out["latency_ms"] = json!(summarize(&hist));
-        }
-        Rounds::List => {
-            out["full_list_ms"] = json!(summarize(&hist));
-            if let Some(p) = &paged {
-                out["paged_list_ms"] = json!(summarize(p));
-            }
-        }
-    }
+    let gets = out["gets"].as_u64().unwrap_or(0);
+    out["gets_per_s"] = json!(round3(gets as f64 / num(&out, "duration_s").max(1e-9)));
+    let server = if out["target"] == "etcd" {
+        "etcd"
+    } else {
+        "proxy"
+    };
+    out["server_cpu_us_per_get"] = match out["processes"][server]["cpu_s"].as_f64() {
+        Some(c) if gets > 0 => json!(round3(c * 1e6 / gets as f64)),
+        _ => Value::Null,
+    };
+    out["latency_ms"] = json!(summarize(&hist));
     out["latency_distribution"] = json!(distribution(&hist));
     out["rounds"] = json!(rounds);
     Ok(out)
@@ -1296,15 +1248,11 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
 mod tests {
     use super::*;
 
-    fn histogram(n: u64, us: u64) -> Histogram<u64> {
-        let mut h = new_histogram();
-        for _ in 0..n {
-            h.saturating_record(us);
-        }
-        h
-    }
-
     fn round(target: &str, gets: u64, secs: f64, cpu: f64, peak: u64, lat_us: u64) -> Part {
+        let mut h = new_histogram();
+        for _ in 0..gets {
+            h.saturating_record(lat_us);
+        }
         let v = json!({
             "target": target,
             "gets": gets,
@@ -1318,23 +1266,22 @@ mod tests {
                 "idle_fronts": {},
             },
         });
-        (v, Some(histogram(gets, lat_us))).into()
+        (v, Some(h))
     }
 
     #[test]
     fn one_part_is_kept_as_it_is() {
-        let v = round("etcd", 10, 1.0, 0.5, 100, 1000).value;
-        let merged = merge_rounds(Rounds::Get, vec![(v.clone(), None).into()]).unwrap();
+        let (v, _) = round("etcd", 10, 1.0, 0.5, 100, 1000);
+        let merged = merge_get_rounds(vec![(v.clone(), None)]).unwrap();
         assert_eq!(merged, v);
-        assert!(merge_rounds(Rounds::Get, Vec::new()).is_err());
+        assert!(merge_get_rounds(Vec::new()).is_err());
     }
 
     #[test]
     fn rounds_add_up_and_rates_come_from_the_sums() {
         let mut second = round("etcd", 300, 2.0, 1.5, 300, 3000);
-        second.value["first_error"] = json!("boom");
-        let parts = vec![round("etcd", 100, 1.0, 0.5, 200, 1000), second];
-        let v = merge_rounds(Rounds::Get, parts).unwrap();
+        second.0["first_error"] = json!("boom");
+        let v = merge_get_rounds(vec![round("etcd", 100, 1.0, 0.5, 200, 1000), second]).unwrap();
         assert_eq!(v["gets"], 400);
         assert_eq!(v["duration_s"], 3.0);
         assert_eq!(v["gets_per_s"], round3(400.0 / 3.0));
@@ -1359,40 +1306,8 @@ mod tests {
             round("proxy", 100, 1.0, 0.4, 10, 500),
             round("proxy", 100, 1.0, 0.4, 10, 500),
         ];
-        let v = merge_rounds(Rounds::Get, parts).unwrap();
+        let v = merge_get_rounds(parts).unwrap();
         // proxy CPU 0.2 s per round: 0.4 s over 200 Gets.
         assert_eq!(v["server_cpu_us_per_get"], 2000.0);
-    }
-
-    #[test]
-    fn list_rounds_merge_full_and_paged_latencies() {
-        let list = |iterations: u64, first: f64, full_us: u64, paged_us: u64, cpu: f64| Part {
-            value: json!({
-                "target": "proxy",
-                "iterations": iterations,
-                "first_list_ms": first,
-                "items": 10,
-                "processes": {"proxy": {"cpu_s": cpu, "peak_rss_kb": 5}},
-            }),
-            latencies: Some(histogram(iterations, full_us)),
-            paged: Some(histogram(iterations, paged_us)),
-        };
-        let parts = vec![
-            list(2, 9.0, 2000, 6000, 0.25),
-            list(2, 1.0, 2000, 6000, 0.25),
-            list(2, 1.0, 4000, 8000, 0.5),
-        ];
-        let v = merge_rounds(Rounds::List, parts).unwrap();
-        assert_eq!(v["iterations"], 6);
-        assert_eq!(v["rounds"], 3);
-        // The uncached first List is the first round's.
-        assert_eq!(v["first_list_ms"], 9.0);
-        assert_eq!(v["full_list_ms"]["count"], 6);
-        assert_eq!(v["paged_list_ms"]["count"], 6);
-        let p50 = v["full_list_ms"]["p50_ms"].as_f64().unwrap();
-        assert!((1.9..2.1).contains(&p50), "{p50}");
-        let paged_max = v["paged_list_ms"]["max_ms"].as_f64().unwrap();
-        assert!((7.9..8.1).contains(&paged_max), "{paged_max}");
-        assert_eq!(v["processes"]["proxy"]["cpu_s"], 1.0);
     }
 }

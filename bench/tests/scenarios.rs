@@ -292,25 +292,6 @@ fn list_get_startup_idle_report_every_figure() {
         "list ratios",
     );
 
-    // In turns: 2 rounds of 2 iterations each add up to 4 Lists per target.
-    let mut args = vec!["list", "--rounds", "2"];
-    args.extend(["--compare", "-n", "600", "-s", "512", "--iterations", "4"]);
-    let r = bench(&args, &dir.path().join("l1-rounds.json"));
-    for t in ["proxy", "proxy_consistent", "etcd"] {
-        let v = &r["results"][t];
-        assert_eq!(v["rounds"], 2, "{t}: {v:#}");
-        assert_eq!(v["iterations"], 4, "{t}: {v:#}");
-        assert_eq!(v["items"], 600, "{t}: {v:#}");
-        assert_eq!(v["full_list_ms"]["count"], 4, "{t}: {v:#}");
-        assert_eq!(v["paged_list_ms"]["count"], 4, "{t}: {v:#}");
-    }
-    has_fields(
-        &r,
-        &["ratios.full_list_p50_speedup_proxy_vs_etcd"],
-        false,
-        "list rounds ratios",
-    );
-
     let mut args = vec!["get", "-d", "1", "-k", "8"];
     args.extend(common);
     let r = bench(&args, &dir.path().join("g1.json"));
@@ -380,8 +361,8 @@ fn list_get_startup_idle_report_every_figure() {
         false,
         "rounds ratios",
     );
-    let err = bench_fails(&["startup", "--rounds", "2"]);
-    assert!(err.contains("--rounds applies to get and list"), "{err}");
+    let err = bench_fails(&["list", "--rounds", "2"]);
+    assert!(err.contains("--rounds applies to get"), "{err}");
 
     let mut args = vec!["startup", "--settle", "0.2"];
     args.extend(common);
