@@ -181,7 +181,7 @@ struct Cli {
     #[arg(long)]
     iterations: Option<usize>,
     /// get: split --duration into this many rounds and run the targets in
-    /// turn, round after round (etcd, proxy, etcd, proxy...), summing each
+    /// turn, round after round (proxy, etcd, proxy, etcd...), summing each
     /// target's gets, time and CPU. A comparison of phases run one after the
     /// other moves with the machine's speed in each phase (docs/BENCHMARKS.md,
     /// session 12); in turns, every target sees the same minutes.
