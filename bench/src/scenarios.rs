@@ -1017,13 +1017,13 @@ pub fn merge_get_rounds(parts: Vec<Part>) -> Result<Value> {
     if rounds == 1 {
         return Ok(out);
     }
-    let mut hist = hist.ok_or_else(|| anyhow!("a get round without latencies"))?;
+    let no_latencies = || anyhow!("a get round without latencies");
+    let mut hist = hist.ok_or_else(no_latencies)?;
     let num = |v: &Value, k: &str| v.get(k).and_then(Value::as_f64).unwrap_or(0.0);
     for (v, h) in it {
-        if let Some(h) = h {
-            hist.add(&h)
-                .map_err(|e| anyhow!("merging latencies: {e}"))?;
-        }
+        // Every round's Gets are counted, so every round's latencies are.
+        hist.add(&h.ok_or_else(no_latencies)?)
+            .map_err(|e| anyhow!("merging latencies: {e}"))?;
         for k in ["gets", "errors"] {
             let sum = out.get(k).and_then(Value::as_u64).unwrap_or(0)
                 + v.get(k).and_then(Value::as_u64).unwrap_or(0);
