@@ -678,6 +678,9 @@ pub async fn list(
     let mut pages = 0usize;
     let first_ms;
     let usage;
+    if variant == "loopback" {
+        return list_loopback_floor(ctx).await;
+    }
     let pb = ctx.bar((2 * p.iterations) as u64, "full and paged lists");
     pb.set_prefix(variant.to_string());
     if variant == "etcd" {
@@ -791,6 +794,40 @@ pub async fn list(
         "paged_items": paged_items,
         "paged_list_ms": summarize(&paged),
         "processes": usage,
+        "latency_distribution": distribution(&full),
+    });
+    Ok((result, Some(full)))
+}
+
+/// The `loopback` row of L1: the proxy's full List body (fetched once, as
+/// the `proxy` row reads it) moved `--iterations` times over a bare loopback
+/// TCP connection ([`crate::floor`]). Right after the proxy's rows, so it
+/// sees the same minute of the machine.
+async fn list_loopback_floor(ctx: &Ctx) -> Result<(Value, Option<Histogram<u64>>)> {
+    let p = &ctx.p;
+    let target = ctx.proxy()?;
+    let target = if p.protobuf {
+        target.with_accept(PROTOBUF)
+    } else {
+        target
+    };
+    let mut conn = target.connect().await?;
+    let body = conn
+        .get_body(&format!("{}?resourceVersion=0", ctx.list_path()))
+        .await?;
+    let iterations = p.iterations.max(1);
+    let floor_body = body.clone();
+    let full =
+        tokio::task::spawn_blocking(move || crate::floor::loopback_floor(&floor_body, iterations))
+            .await??;
+    let result = json!({
+        "target": "loopback",
+        "read": "the proxy's List bytes over a bare loopback TCP connection: no HTTP, no server (the transport's floor)",
+        "objects": p.objects,
+        "object_size": p.size,
+        "iterations": iterations,
+        "full_list_bytes": body.len(),
+        "full_list_ms": summarize(&full),
         "latency_distribution": distribution(&full),
     });
     Ok((result, Some(full)))

@@ -282,10 +282,25 @@ fn list_get_startup_idle_report_every_figure() {
         assert_eq!(v["items"], 600, "{t}: {v:#}");
         assert_eq!(v["pages"], 2, "{t}: 600 objects in pages of 500");
     }
+    // The loopback floor moved the proxy's own List bytes, once per iteration.
+    let floor = &r["results"]["loopback"];
+    has_fields(
+        floor,
+        &["full_list_bytes", "full_list_ms.p50_ms"],
+        false,
+        "loopback",
+    );
+    assert_eq!(
+        floor["full_list_bytes"], r["results"]["proxy"]["full_list_bytes"],
+        "{floor:#}"
+    );
+    assert_eq!(floor["full_list_ms"]["count"], 2, "{floor:#}");
     has_fields(
         &r,
         &[
             "ratios.full_list_p50_speedup_proxy_vs_etcd",
+            "ratios.full_list_p50_proxy_over_loopback_floor",
+            "ratios.full_list_p50_speedup_loopback_floor_vs_etcd",
             "goals.full_list_at_least_10x_faster",
         ],
         false,

@@ -1,0 +1,115 @@
+//! The loopback floor of a List: the same bytes moved over a bare loopback
+//! TCP connection, with no HTTP and no server, in the same run as the Lists.
+//!
+//! A full List from the cache is bytes already serialized in memory, so what
+//! is left of its time is the transport (docs/BENCHMARKS.md, session 13). This
+//! measures that transport alone, so a run shows how far a List is from it
+//! and the most any server could reach against etcd's List in that minute.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+
+/// Size of each write and read. 64 KiB is one loopback segment; of the sizes
+/// tried (64 KiB to the whole body, in one write), it had the lowest median.
+const IO_CHUNK: usize = 64 * 1024;
+
+/// Moves `body` from one thread to another over a fresh loopback TCP
+/// connection `iterations` times, each timed as a List is: from a one-byte
+/// request to the body's last byte. The first transfer is checked byte for
+/// byte. Blocking: run it off the async runtime.
+pub fn loopback_floor(body: &[u8], iterations: usize) -> Result<Histogram<u64>> {
+    if body.is_empty() {
+        bail!("loopback floor: nothing to send");
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").context("loopback floor: bind")?;
+    let addr = listener.local_addr()?;
+    let mut hist = crate::report::new_histogram();
+    thread::scope(|s| -> Result<()> {
+        let sender = s.spawn(move || -> Result<()> {
+            let (mut conn, _) = listener.accept().context("loopback floor: accept")?;
+            conn.set_nodelay(true)?;
+            let mut req = [0u8; 1];
+            // One body per request byte, until the reader closes.
+            while conn.read(&mut req)? == 1 {
+                for c in body.chunks(IO_CHUNK) {
+                    conn.write_all(c)?;
+                }
+            }
+            Ok(())
+        });
+        let received = receive(addr, body, iterations, &mut hist);
+        let sent = sender
+            .join()
+            .map_err(|_| anyhow::anyhow!("loopback floor: the sender panicked"))?;
+        received.and(sent)
+    })?;
+    Ok(hist)
+}
+
+/// The reading side of [`loopback_floor`]; closes its connection when done,
+/// which ends the sender.
+fn receive(
+    addr: std::net::SocketAddr,
+    body: &[u8],
+    iterations: usize,
+    hist: &mut Histogram<u64>,
+) -> Result<()> {
+    let mut conn = TcpStream::connect(addr).context("loopback floor: connect")?;
+    conn.set_nodelay(true)?;
+    let mut buf = vec![0u8; IO_CHUNK];
+    for i in 0..iterations {
+        let t = Instant::now();
+        conn.write_all(&[1])?;
+        let mut got = 0usize;
+        while got < body.len() {
+            let n = conn.read(&mut buf)?;
+            if n == 0 {
+                bail!("loopback floor: closed after {got} of {} bytes", body.len());
+            }
+            if i == 0 && body.get(got..got + n) != Some(&buf[..n]) {
+                bail!(
+                    "loopback floor: bytes {got}..{} differ from the body",
+                    got + n
+                );
+            }
+            got += n;
+        }
+        hist.record(t.elapsed().as_micros() as u64)?;
+    }
+    conn.shutdown(Shutdown::Both)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_transfer_is_timed_and_the_bytes_arrive_intact() {
+        // 32 MiB: each transfer takes milliseconds, so its time is a value a
+        // histogram sized for microseconds would clamp.
+        let body: Vec<u8> = (0..512 * IO_CHUNK + 17).map(|i| (i % 251) as u8).collect();
+        let t = Instant::now();
+        let h = loopback_floor(&body, 4).unwrap();
+        let wall_us = t.elapsed().as_micros() as f64;
+        assert_eq!(h.len(), 4);
+        // The transfers are most of the call (the rest is a bind, a connect
+        // and a thread): their recorded times must add up to most of it,
+        // not be clamped or lost.
+        let recorded_us = h.mean() * h.len() as f64;
+        assert!(
+            recorded_us <= wall_us && recorded_us >= wall_us / 2.0,
+            "recorded {recorded_us} us of {wall_us} us"
+        );
+    }
+
+    #[test]
+    fn an_empty_body_is_refused() {
+        assert!(loopback_floor(&[], 3).is_err());
+    }
+}
