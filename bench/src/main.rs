@@ -952,6 +952,14 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                     "throughput_proxy_over_etcd": ratio(tput(proxy), tput(etcd)),
                     "throughput_proxy_consistent_over_etcd": cons.map(|c| ratio(tput(c), tput(etcd))).unwrap_or(Value::Null),
                     "p50_latency_proxy_over_etcd": ratio(num(proxy, &["latency_ms", "p50_ms"]), num(etcd, &["latency_ms", "p50_ms"])),
+                    // What a Get costs each server, and each server with the
+                    // bench's client: the two share the cores, so the second
+                    // is the throughput ratio the machine allows.
+                    "server_cpu_per_get_etcd_over_proxy": ratio(num(etcd, &["server_cpu_us_per_get"]), num(proxy, &["server_cpu_us_per_get"])),
+                    "server_and_client_cpu_per_get_etcd_over_proxy": ratio(
+                        num(etcd, &["server_cpu_us_per_get"]) + num(etcd, &["client_cpu_us_per_get"]),
+                        num(proxy, &["server_cpu_us_per_get"]) + num(proxy, &["client_cpu_us_per_get"]),
+                    ),
                 }),
                 json!({ "throughput_at_least_5x": tput(proxy) >= 5.0 * tput(etcd) }),
             )
@@ -1106,13 +1114,24 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                         s2(v, &["latency_ms", "p50_ms"]),
                         s2(v, &["latency_ms", "p99_ms"]),
                         s2(v, &["latency_ms", "max_ms"]),
+                        s2(v, &["server_cpu_us_per_get"]),
+                        s2(v, &["client_cpu_us_per_get"]),
                     ]
                 })
                 .collect();
             print_table(
                 &format!("G1 get{security}"),
                 &[
-                    "target", "K", "gets", "errors", "gets/s", "p50 ms", "p99 ms", "max ms",
+                    "target",
+                    "K",
+                    "gets",
+                    "errors",
+                    "gets/s",
+                    "p50 ms",
+                    "p99 ms",
+                    "max ms",
+                    "server cpu us/get",
+                    "bench cpu us/get",
                 ],
                 &rows,
             );

@@ -1027,15 +1027,32 @@ pub async fn get(
         "first_error": *first_error.lock(),
         "gets_per_s": round3(done as f64 / elapsed.max(1e-9)),
         "latency_ms": summarize(&h),
-        // CPU microseconds of the process serving the gets, per get.
-        "server_cpu_us_per_get": match (usage[if variant == "etcd" { "etcd" } else { "proxy" }]["cpu_s"].as_f64(), done) {
-            (Some(c), d) if d > 0 => json!(round3(c * 1e6 / d as f64)),
-            _ => Value::Null,
-        },
         "processes": usage,
         "latency_distribution": distribution(&h),
     });
+    let mut result = result;
+    set_cpu_per_get(&mut result);
     Ok((result, Some(h)))
+}
+
+/// The CPU microseconds per Get of the process serving the Gets
+/// (`server_cpu_us_per_get`) and of the bench's client (`client_cpu_us_per_get`),
+/// from a result's `processes` and `gets`. Both run on the machine's cores,
+/// so the two together bound a target's rate.
+fn set_cpu_per_get(out: &mut Value) {
+    let gets = out["gets"].as_u64().unwrap_or(0);
+    let server = if out["target"] == "etcd" {
+        "etcd"
+    } else {
+        "proxy"
+    };
+    let per_get = |name: &str| match out["processes"][name]["cpu_s"].as_f64() {
+        Some(c) if gets > 0 => json!(round3(c * 1e6 / gets as f64)),
+        _ => Value::Null,
+    };
+    let (server, client) = (per_get(server), per_get("bench"));
+    out["server_cpu_us_per_get"] = server;
+    out["client_cpu_us_per_get"] = client;
 }
 
 /// One run of a scenario against one target: its figures and latencies.
@@ -1091,15 +1108,7 @@ pub fn merge_get_rounds(parts: Vec<Part>) -> Result<Value> {
     }
     let gets = out["gets"].as_u64().unwrap_or(0);
     out["gets_per_s"] = json!(round3(gets as f64 / num(&out, "duration_s").max(1e-9)));
-    let server = if out["target"] == "etcd" {
-        "etcd"
-    } else {
-        "proxy"
-    };
-    out["server_cpu_us_per_get"] = match out["processes"][server]["cpu_s"].as_f64() {
-        Some(c) if gets > 0 => json!(round3(c * 1e6 / gets as f64)),
-        _ => Value::Null,
-    };
+    set_cpu_per_get(&mut out);
     out["latency_ms"] = json!(summarize(&hist));
     out["latency_distribution"] = json!(distribution(&hist));
     out["rounds"] = json!(rounds);
@@ -1300,6 +1309,7 @@ mod tests {
             "processes": {
                 "etcd": {"cpu_s": cpu, "peak_rss_kb": peak},
                 "proxy": {"cpu_s": cpu / 2.0, "peak_rss_kb": peak},
+                "bench": {"cpu_s": cpu / 4.0, "rss_kb": peak},
                 "idle_fronts": {},
             },
         });
@@ -1327,6 +1337,9 @@ mod tests {
         assert_eq!(v["processes"]["etcd"]["peak_rss_kb"], 300);
         // etcd serves these Gets: 2 s of its CPU over 400 Gets.
         assert_eq!(v["server_cpu_us_per_get"], 5000.0);
+        // The bench's client: 0.5 s over 400 Gets.
+        assert_eq!(v["processes"]["bench"]["cpu_s"], 0.5);
+        assert_eq!(v["client_cpu_us_per_get"], 1250.0);
         assert_eq!(v["first_error"], "boom");
         assert_eq!(v["rounds"], 2);
         assert_eq!(v["latency_ms"]["count"], 400);
@@ -1346,5 +1359,19 @@ mod tests {
         let v = merge_get_rounds(parts).unwrap();
         // proxy CPU 0.2 s per round: 0.4 s over 200 Gets.
         assert_eq!(v["server_cpu_us_per_get"], 2000.0);
+        assert_eq!(v["client_cpu_us_per_get"], 1000.0);
+    }
+
+    #[test]
+    fn a_single_round_gets_its_cpu_per_get_too() {
+        let (mut v, _) = round("etcd", 200, 1.0, 0.4, 10, 500);
+        set_cpu_per_get(&mut v);
+        assert_eq!(v["server_cpu_us_per_get"], 2000.0);
+        assert_eq!(v["client_cpu_us_per_get"], 500.0);
+        // No Gets: no figure, rather than a division by zero.
+        v["gets"] = json!(0);
+        set_cpu_per_get(&mut v);
+        assert!(v["server_cpu_us_per_get"].is_null());
+        assert!(v["client_cpu_us_per_get"].is_null());
     }
 }

@@ -321,17 +321,26 @@ fn list_get_startup_idle_report_every_figure() {
                 "latency_ms.p50_ms",
                 "latency_ms.p99_ms",
                 "concurrency",
+                "server_cpu_us_per_get",
+                "client_cpu_us_per_get",
             ],
             false,
             t,
         );
         assert_eq!(v["errors"], 0, "{t}: {v:#}");
         assert!(v["gets"].as_u64().unwrap() > 0, "{t}");
+        // The bench's client did the Gets: it used CPU for them.
+        assert!(
+            v["client_cpu_us_per_get"].as_f64().unwrap() > 0.0,
+            "{t}: {v:#}"
+        );
     }
     has_fields(
         &r,
         &[
             "ratios.throughput_proxy_over_etcd",
+            "ratios.server_cpu_per_get_etcd_over_proxy",
+            "ratios.server_and_client_cpu_per_get_etcd_over_proxy",
             "goals.throughput_at_least_5x",
         ],
         false,
