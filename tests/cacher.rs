@@ -1515,3 +1515,119 @@ async fn cacher_records_prometheus_metrics() {
     assert_eq!(scrape("watchcache_watchers", R), 0.0);
     cacher.shutdown();
 }
+
+/// Every page of a List from `first` on, following continue tokens; with
+/// each page's remainingItemCount.
+async fn all_pages(cacher: &Cacher, first: ListRequest) -> Vec<(Vec<String>, Option<i64>)> {
+    let mut pages = Vec::new();
+    let mut req = first;
+    loop {
+        let page = cacher.list(&req).await.expect("page");
+        pages.push((names(&page), page.remaining_item_count));
+        match page.continue_token {
+            Some(t) => {
+                req.continue_token = Some(t);
+                req.resource_version = None;
+            }
+            None => return pages,
+        }
+    }
+}
+
+/// A selection over more objects than a List walks inline (32,768) runs on
+/// the blocking pool: the first poll leaves the List pending instead of
+/// walking the whole cache in the caller's task, which holds every other
+/// stream of the client's connection. It answers as the inline selection
+/// does: selectors, namespaces, pages and their counts.
+#[tokio::test]
+async fn a_large_selection_runs_off_the_task_and_answers_the_same() {
+    const N: usize = 33_000;
+    let prefix = common::unique_prefix("large_sel");
+    let key_prefix = format!("{prefix}/pods/");
+    let mut etcd = etcd_client::Client::connect([common::etcd()], None)
+        .await
+        .expect("etcd client");
+    let ns = |i: usize| if i.is_multiple_of(2) { "ns1" } else { "ns2" };
+    let app = |i: usize| if i.is_multiple_of(3) { "web" } else { "db" };
+    let all: Vec<usize> = (0..N).collect();
+    for chunk in all.chunks(100) {
+        let ops = chunk
+            .iter()
+            .map(|&i| {
+                let name = format!("p{i:05}");
+                let v = pod(ns(i), &name, app(i), "n1").to_string();
+                etcd_client::TxnOp::put(format!("{key_prefix}{}/{name}", ns(i)), v, None)
+            })
+            .collect::<Vec<_>>();
+        etcd.txn(etcd_client::Txn::new().and_then(ops))
+            .await
+            .expect("txn");
+    }
+    let o = CacherOptions {
+        list_page_size: 5_000,
+        ..opts()
+    };
+    let (_, cacher) =
+        common::start_cacher(common::etcd(), &prefix, common::pods_resource(100), o).await;
+    // Names in key order (namespace, then name) of the objects that pass.
+    let expect = |pass: &dyn Fn(usize) -> bool| {
+        let mut v: Vec<(&str, String)> = all
+            .iter()
+            .filter(|&&i| pass(i))
+            .map(|&i| (ns(i), format!("p{i:05}")))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, n)| n).collect::<Vec<_>>()
+    };
+
+    // A selector no index answers: the whole cache is walked.
+    let not_web = ListRequest {
+        resource_version: Some(0),
+        label_selector: LabelSelector::parse("app!=web").expect("selector"),
+        ..Default::default()
+    };
+    let list = cacher.list(&not_web);
+    tokio::pin!(list);
+    assert!(
+        futures::poll!(list.as_mut()).is_pending(),
+        "the selection ran in the caller's task"
+    );
+    let r = list.await.expect("list");
+    assert_eq!(names(&r), expect(&|i| app(i) != "web"));
+    assert_eq!(r.remaining_item_count, None);
+
+    // Pages of a selection in one namespace: no counts (selectors).
+    let pages = all_pages(
+        &cacher,
+        ListRequest {
+            namespace: Some("ns2".into()),
+            label_selector: LabelSelector::parse("app=web").expect("selector"),
+            ..lreq(Some(0), None, Some(1_500), None)
+        },
+    )
+    .await;
+    assert!(pages.len() > 1, "{} pages", pages.len());
+    assert!(pages.iter().all(|(_, remaining)| remaining.is_none()));
+    let got: Vec<String> = pages.into_iter().flat_map(|(p, _)| p).collect();
+    assert_eq!(got, expect(&|i| ns(i) == "ns2" && app(i) == "web"));
+
+    // Pages of one namespace without selectors: the first page counts the
+    // namespace (a walk of its range), later pages carry the count.
+    let pages = all_pages(
+        &cacher,
+        ListRequest {
+            namespace: Some("ns1".into()),
+            ..lreq(Some(0), None, Some(1_000), None)
+        },
+    )
+    .await;
+    assert_eq!(pages.len(), 17, "16,500 objects in pages of 1,000");
+    let remaining: Vec<Option<i64>> = pages.iter().map(|(_, r)| *r).collect();
+    let expected: Vec<Option<i64>> = (1..=16)
+        .map(|p| Some(16_500 - 1_000 * p))
+        .chain([None])
+        .collect();
+    assert_eq!(remaining, expected);
+    let got: Vec<String> = pages.into_iter().flat_map(|(p, _)| p).collect();
+    assert_eq!(got, expect(&|i| ns(i) == "ns1"));
+}

@@ -184,6 +184,41 @@ pub enum CacherError {
     Encoding(String),
 }
 
+/// Objects a List's selection may walk inline. A larger cache's selection
+/// runs on the blocking pool: it is milliseconds of CPU (1.2-1.9 ms over
+/// 100,000 objects for a field selector), and inline it would hold a runtime
+/// worker and, with it, every other stream of the client's connection,
+/// which run in the same task (an informer's watches share its List's
+/// connection). Below this, the walk (under half a millisecond) costs
+/// less than the hand-off: at 10,000 objects, the first page's hand-off
+/// made paged Lists slower (docs/BENCHMARKS.md, session 13).
+const INLINE_SELECTION_MAX: usize = 32_768;
+
+/// A List's page from `snap`, and the counts its continue token carries.
+/// remainingItemCount (lists without selectors): the first page counts the
+/// whole list once (O(1) without a namespace: the snapshot holds only this
+/// resource) and the token carries (total, returned), so later pages do not
+/// walk the rest of the range. `plan_counts` is a continue token's counts
+/// (None for a first page).
+fn select(
+    pred: &SelectionPredicate,
+    snap: &Snapshot,
+    plan_counts: Option<Option<(u64, u64)>>,
+    start_key: Option<&str>,
+    limit: Option<usize>,
+) -> (Option<(u64, u64)>, ListPage) {
+    let counts = if pred.has_selectors() {
+        None
+    } else {
+        match plan_counts {
+            Some(counts) => counts,
+            None => Some((pred.count_all(snap), 0)),
+        }
+    };
+    let walk_rest = !pred.has_selectors() && counts.is_none();
+    (counts, pred.list(snap, start_key, limit, walk_rest))
+}
+
 /// The per-resource watch cache: reflector + snapshots + history + watchers.
 pub struct Cacher {
     resource: ResourceConfig,
@@ -417,20 +452,30 @@ impl Cacher {
                 source: ListSource::Cache,
             });
         }
-        // remainingItemCount (lists without selectors): the first page counts
-        // the whole list once (O(1) without a namespace: the snapshot holds
-        // only this resource) and the token carries (total, returned), so
-        // later pages do not walk the rest of the range.
-        let counts = if pred.has_selectors() {
-            None
+        let plan_counts = match &plan {
+            ReadPlan::Continue { counts, .. } => Some(*counts),
+            _ => None,
+        };
+        // Only a short page of a whole range whose size the token carries
+        // walks no more than the page; anything else may walk the range.
+        let short = !pred.has_selectors()
+            && matches!(plan_counts, Some(Some(_)))
+            && limit.is_some_and(|l| l <= INLINE_SELECTION_MAX);
+        let (counts, page) = if short || snap.len() <= INLINE_SELECTION_MAX {
+            select(&pred, &snap, plan_counts, start_key, limit)
         } else {
-            match &plan {
-                ReadPlan::Continue { counts, .. } => *counts,
-                _ => Some((pred.count_all(&snap), 0)),
+            let start_key = start_key.map(str::to_string);
+            let snap = Arc::clone(&snap);
+            let selected = tokio::task::spawn_blocking(move || {
+                select(&pred, &snap, plan_counts, start_key.as_deref(), limit)
+            });
+            match selected.await {
+                Ok(selected) => selected,
+                // A panic in the selection is the same bug inline or here.
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(_) => return Err(CacherError::ShuttingDown),
             }
         };
-        let walk_rest = !pred.has_selectors() && counts.is_none();
-        let page = pred.list(&snap, start_key, limit, walk_rest);
         let returned = counts.map(|(total, before)| (total, before + page.items.len() as u64));
         let remaining = match returned {
             Some((total, upto)) => page
