@@ -29,6 +29,15 @@ pub struct SelectionPredicate {
     route: Option<IndexKey>,
 }
 
+/// One step of a watch's initial events ([`SelectionPredicate::initial_step`]).
+#[derive(Debug)]
+pub struct InitialStep {
+    pub items: Vec<Arc<Object>>,
+    /// The last key walked, when the range may hold more: the next step
+    /// starts after it.
+    pub resume_after: Option<String>,
+}
+
 /// One page of a List.
 #[derive(Debug)]
 pub struct ListPage {
@@ -200,6 +209,77 @@ impl SelectionPredicate {
                 count_rest,
             ),
             None => self.page(snap.range_from(&self.prefix, from), limit, count_rest),
+        }
+    }
+
+    /// One step of a watch's initial events: up to `limit` matches from
+    /// `start_key` (inclusive), walking at most `max_walk` objects. A
+    /// selector few objects pass would otherwise walk a large cache in one
+    /// poll of its stream, holding every other stream of its connection.
+    pub fn initial_step(
+        &self,
+        snap: &Snapshot,
+        start_key: Option<&str>,
+        limit: usize,
+        max_walk: usize,
+    ) -> InitialStep {
+        let from = start_key.unwrap_or("");
+        let mut best: Option<&imbl::OrdSet<Arc<str>>> = None;
+        for k in &self.index_keys {
+            match snap.index_lookup(k) {
+                None => {
+                    return InitialStep {
+                        items: Vec::new(),
+                        resume_after: None,
+                    };
+                }
+                Some(set) => {
+                    if best.is_none_or(|b| set.len() < b.len()) {
+                        best = Some(set);
+                    }
+                }
+            }
+        }
+        match best {
+            Some(set) => self.step(
+                snap.indexed_range_from(set, &self.prefix, from),
+                limit,
+                max_walk,
+            ),
+            None => self.step(snap.range_from(&self.prefix, from), limit, max_walk),
+        }
+    }
+
+    fn step<'o>(
+        &self,
+        mut objects: impl Iterator<Item = &'o Arc<Object>>,
+        limit: usize,
+        max_walk: usize,
+    ) -> InitialStep {
+        let selectors = self.has_selectors();
+        let mut items = Vec::new();
+        let mut last: Option<&Arc<Object>> = None;
+        let mut walked = 0usize;
+        let exhausted = loop {
+            if items.len() >= limit.max(1) || walked >= max_walk.max(1) {
+                break false;
+            }
+            let Some(o) = objects.next() else {
+                break true;
+            };
+            walked += 1;
+            last = Some(o);
+            if !selectors || (self.label.matches(&o.labels) && self.field.matches(o)) {
+                items.push(Arc::clone(o));
+            }
+        };
+        InitialStep {
+            items,
+            resume_after: if exhausted {
+                None
+            } else {
+                last.map(|o| o.key.to_string())
+            },
         }
     }
 
@@ -417,7 +497,158 @@ mod tests {
                 }
             }
             assert_eq!(paged, case.5, "paged list of {case:?}");
+            // In initial-event steps of any bounds, the same objects in
+            // the same order.
+            for (limit, max_walk) in [(1, 1), (2, 3), (100, 100)] {
+                let mut stepped = Vec::new();
+                let mut from: Option<String> = None;
+                loop {
+                    let step = p.initial_step(&snap, from.as_deref(), limit, max_walk);
+                    assert!(step.items.len() <= limit);
+                    stepped.extend(names(&step.items));
+                    match step.resume_after {
+                        Some(k) => from = Some(format!("{k}\0")),
+                        None => break,
+                    }
+                }
+                assert_eq!(stepped, case.5, "steps ({limit}, {max_walk}) of {case:?}");
+            }
         }
+    }
+
+    /// `n` namespaced objects `p00000`.. in namespace `a`, labelled
+    /// `app=x` at `marked` and `app=y` elsewhere.
+    fn many_objects(c: &ObjectCodec, n: usize, marked: &[usize]) -> Vec<Arc<Object>> {
+        (0..n)
+            .map(|i| {
+                let name = format!("p{i:05}");
+                let app = if marked.contains(&i) { "x" } else { "y" };
+                let v = format!(
+                    r#"{{"metadata":{{"name":"{name}","namespace":"a","labels":{{"app":"{app}"}}}}}}"#
+                );
+                Arc::new(
+                    c.decode(&c.key(Some("a"), &name), v.as_bytes(), 1, 1)
+                        .expect("decode"),
+                )
+            })
+            .collect()
+    }
+
+    fn many(c: &ObjectCodec, n: usize, marked: &[usize]) -> Snapshot {
+        let mut snap = Snapshot::empty(100, 0);
+        for o in many_objects(c, n, marked) {
+            let key = Arc::clone(&o.key);
+            snap.apply(&key, Some(o), c.index_paths());
+        }
+        snap
+    }
+
+    /// Counts the wakes of a task.
+    struct CountingWaker(std::sync::atomic::AtomicUsize);
+
+    impl std::task::Wake for CountingWaker {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    /// A sparse selection's initial events over a large cache: a poll walks
+    /// one bounded step, and one that finds nothing returns pending with
+    /// the task woken to go on (the connection's other streams run in
+    /// between), until the match and the end bookmark.
+    #[tokio::test(start_paused = true)]
+    async fn a_sparse_selection_yields_between_initial_steps() {
+        let c = codec(true);
+        let n = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
+        let cache = Arc::new(WatchCache::new(Arc::clone(&c), "pods".into(), 100));
+        cache.init(many_objects(&c, n, &[n - 1]), 10);
+        let p = SelectionPredicate::new(
+            &c,
+            None,
+            LabelSelector::parse("app!=y").expect("label selector"),
+            FieldSelector::default(),
+        );
+        let params = WatcherParams {
+            api_version: Arc::from("v1"),
+            kind: Arc::from("Pod"),
+            allow_bookmarks: true,
+            bookmark_interval: Duration::from_secs(3600),
+            timeout: None,
+            initial_chunk: 100,
+        };
+        let start = WatchStart::Initial { end_bookmark: true };
+        let mut w = Watcher::register(Arc::clone(&cache), p, start, params);
+        let wakes = Arc::new(CountingWaker(Default::default()));
+        let waker = std::task::Waker::from(Arc::clone(&wakes));
+        let mut cx = std::task::Context::from_waker(&waker);
+        // Three steps of nothing, each pending and woken again.
+        for i in 1..=3 {
+            assert!(w.poll_next(&mut cx).is_pending(), "step {i}");
+            assert_eq!(wakes.0.load(std::sync::atomic::Ordering::Relaxed), i);
+        }
+        let std::task::Poll::Ready(Some(WatchChunk::Data(b))) = w.poll_next(&mut cx) else {
+            panic!("the match and the end bookmark");
+        };
+        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&b)
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_eq!(lines.len(), 2, "{lines:?}");
+        assert_eq!(lines[0]["type"], "ADDED");
+        assert_eq!(
+            lines[0]["object"]["metadata"]["name"],
+            format!("p{:05}", n - 1)
+        );
+        assert_eq!(lines[1]["type"], "BOOKMARK");
+        assert!(!w.sending_initial_events());
+    }
+
+    #[test]
+    fn an_initial_step_walks_at_most_its_bound() {
+        let c = codec(true);
+        let snap = many(&c, 50, &[7, 31, 32, 49]);
+        // No index answers `!=`: every object is walked.
+        let p = SelectionPredicate::new(
+            &c,
+            None,
+            LabelSelector::parse("app!=y").expect("label selector"),
+            FieldSelector::default(),
+        );
+        let mut steps = Vec::new();
+        let mut from: Option<String> = None;
+        loop {
+            let step = p.initial_step(&snap, from.as_deref(), 10, 8);
+            let resume = step.resume_after.clone();
+            steps.push((names(&step.items), resume.clone()));
+            match resume {
+                Some(k) => from = Some(format!("{k}\0")),
+                None => break,
+            }
+        }
+        // 8 objects per step: 7 steps to walk 50 (the last finds the end).
+        let walked_to: Vec<Option<String>> = steps.iter().map(|(_, r)| r.clone()).collect();
+        let expected: Vec<Option<String>> = (1..=6)
+            .map(|s| Some(c.key(Some("a"), &format!("p{:05}", 8 * s - 1)).to_string()))
+            .chain([None])
+            .collect();
+        assert_eq!(walked_to, expected);
+        let found: Vec<Vec<String>> = steps.into_iter().map(|(n, _)| n).collect();
+        let s = |v: &[&str]| v.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            found,
+            vec![
+                s(&["p00007"]),
+                s(&[]),
+                s(&[]),
+                s(&["p00031"]),
+                s(&["p00032"]),
+                s(&[]),
+                s(&["p00049"]),
+            ]
+        );
     }
 
     fn added_names(chunk: WatchChunk) -> Vec<String> {

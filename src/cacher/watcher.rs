@@ -57,6 +57,14 @@ fn convert(pred: &SelectionPredicate, ev: &HistoryEvent, selected: bool) -> Opti
     }
 }
 
+/// Objects one step of a watch's initial events walks at most: see
+/// [`SelectionPredicate::initial_step`]. A step that finds nothing wakes
+/// its stream again, and the connection's task serves such wakes in up to
+/// 16 rounds of one poll before it writes and yields, so a poll walks at
+/// most about 8,000 objects (a tenth of a millisecond or so) before the
+/// connection's other streams' responses go out.
+pub(crate) const INITIAL_WALK_MAX: usize = 512;
+
 /// Per-watch settings the Cacher passes in.
 pub(crate) struct WatcherParams {
     pub(crate) api_version: Arc<str>,
@@ -244,6 +252,12 @@ impl Watcher {
                 if let Some(chunk) = self.initial_page() {
                     return Poll::Ready(Some(WatchChunk::Data(chunk)));
                 }
+                if self.initial.is_some() {
+                    // A step walked its bound and nothing in it matched:
+                    // let the connection's other streams run, then go on.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
                 continue;
             }
             // Time-based ends and bookmarks come first, so a stream that
@@ -393,13 +407,14 @@ impl Watcher {
     /// One page of initial ADDED events; the end bookmark after the last.
     fn initial_page(&mut self) -> Option<Bytes> {
         let init = self.initial.as_mut()?;
-        // Only "is there more" matters here: counting the rest on every
-        // page would make the initial events quadratic in the object count.
-        let page = self.predicate.list(
+        // A bounded walk per step: a sparse selector over a large cache
+        // yields between steps (see `poll_next`) instead of walking it all
+        // in one poll of the connection's task.
+        let page = self.predicate.initial_step(
             &init.snapshot,
             init.next_key.as_deref(),
-            Some(self.params.initial_chunk),
-            false,
+            self.params.initial_chunk,
+            INITIAL_WALK_MAX,
         );
         let mut lines = BytesMut::new();
         // Protobuf initial events are made from each object's cached message
@@ -428,7 +443,7 @@ impl Watcher {
             }
         }
         let init = self.initial.as_mut()?;
-        match page.last_key {
+        match page.resume_after {
             Some(k) => init.next_key = Some(format!("{k}\0")),
             None => {
                 let rv = init.snapshot.rv;
