@@ -4,7 +4,9 @@
 //! A full List from the cache is bytes already serialized in memory, so what
 //! is left of its time is the transport (docs/BENCHMARKS.md, session 13). This
 //! measures that transport alone, so a run shows how far a List is from it
-//! and the most any server could reach against etcd's List in that minute.
+//! and about the most a server could reach against etcd's List in that
+//! minute (the bare transfer has a slow mode of its own: a reference, not a
+//! bound no List can beat).
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

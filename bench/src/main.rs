@@ -936,7 +936,7 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                     "full_list_p50_speedup_proxy_consistent_vs_etcd": cons.map(|c| ratio(full(etcd), full(c))).unwrap_or(Value::Null),
                     "paged_list_p50_speedup_proxy_consistent_vs_etcd": cons.map(|c| ratio(paged(etcd), paged(c))).unwrap_or(Value::Null),
                     // The proxy's List against the same bytes over bare
-                    // loopback TCP, and the most any server could reach
+                    // loopback TCP, and about the most a server could reach
                     // against etcd in this run.
                     "full_list_p50_proxy_over_loopback_floor": floor.map(|l| ratio(full(proxy), full(l))).unwrap_or(Value::Null),
                     "full_list_p50_speedup_loopback_floor_vs_etcd": floor.map(|l| ratio(full(etcd), full(l))).unwrap_or(Value::Null),

@@ -822,7 +822,7 @@ async fn list_loopback_floor(ctx: &Ctx) -> Result<(Value, Option<Histogram<u64>>
             .await??;
     let result = json!({
         "target": "loopback",
-        "read": "the proxy's List bytes over a bare loopback TCP connection: no HTTP, no server (the transport's floor)",
+        "read": "the proxy's List bytes over a bare loopback TCP connection: no HTTP, no server (a reference for the transport's floor)",
         "objects": p.objects,
         "object_size": p.size,
         "iterations": iterations,
