@@ -1534,11 +1534,12 @@ async fn all_pages(cacher: &Cacher, first: ListRequest) -> Vec<(Vec<String>, Opt
     }
 }
 
-/// A selection over more objects than a List walks inline (32,768) runs on
-/// the blocking pool: the first poll leaves the List pending instead of
-/// walking the whole cache in the caller's task, which holds every other
-/// stream of the client's connection. It answers as the inline selection
-/// does: selectors, namespaces, pages and their counts.
+/// A selection that may walk more objects than a List walks inline (32,768)
+/// runs on the blocking pool: the first poll leaves the List pending instead
+/// of walking the whole cache in the caller's task, which holds every other
+/// stream of the client's connection; one an index bounds stays inline. It
+/// answers as the inline selection does: selectors, namespaces, pages and
+/// their counts.
 #[tokio::test]
 async fn a_large_selection_runs_off_the_task_and_answers_the_same() {
     const N: usize = 33_000;
@@ -1595,6 +1596,19 @@ async fn a_large_selection_runs_off_the_task_and_answers_the_same() {
     let r = list.await.expect("list");
     assert_eq!(names(&r), expect(&|i| app(i) != "web"));
     assert_eq!(r.remaining_item_count, None);
+
+    // An index answers `app=web`: it walks its 11,000 objects inline.
+    let web = ListRequest {
+        resource_version: Some(0),
+        label_selector: LabelSelector::parse("app=web").expect("selector"),
+        ..Default::default()
+    };
+    let list = cacher.list(&web);
+    tokio::pin!(list);
+    let std::task::Poll::Ready(r) = futures::poll!(list.as_mut()) else {
+        panic!("an indexed selection left the task");
+    };
+    assert_eq!(names(&r.expect("list")), expect(&|i| app(i) == "web"));
 
     // Pages of a selection in one namespace: no counts (selectors).
     let pages = all_pages(

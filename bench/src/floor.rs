@@ -22,29 +22,35 @@ const IO_CHUNK: usize = 64 * 1024;
 
 /// Moves `body` from one thread to another over a fresh loopback TCP
 /// connection `iterations` times, each timed as a List is: from a one-byte
-/// request to the body's last byte. The first transfer is checked byte for
-/// byte. Blocking: run it off the async runtime.
+/// request to the body's last byte, after one untimed transfer checked byte
+/// for byte. Blocking: run it off the async runtime.
 pub fn loopback_floor(body: &[u8], iterations: usize) -> Result<Histogram<u64>> {
     if body.is_empty() {
         bail!("loopback floor: nothing to send");
     }
     let listener = TcpListener::bind("127.0.0.1:0").context("loopback floor: bind")?;
-    let addr = listener.local_addr()?;
+    // Connected and accepted here, before the sender starts: a failure
+    // leaves no thread waiting.
+    let mut reader =
+        TcpStream::connect(listener.local_addr()?).context("loopback floor: connect")?;
+    let (mut writer, _) = listener.accept().context("loopback floor: accept")?;
+    reader.set_nodelay(true)?;
+    writer.set_nodelay(true)?;
     let mut hist = crate::report::new_histogram();
     thread::scope(|s| -> Result<()> {
         let sender = s.spawn(move || -> Result<()> {
-            let (mut conn, _) = listener.accept().context("loopback floor: accept")?;
-            conn.set_nodelay(true)?;
             let mut req = [0u8; 1];
             // One body per request byte, until the reader closes.
-            while conn.read(&mut req)? == 1 {
+            while writer.read(&mut req)? == 1 {
                 for c in body.chunks(IO_CHUNK) {
-                    conn.write_all(c)?;
+                    writer.write_all(c)?;
                 }
             }
             Ok(())
         });
-        let received = receive(addr, body, iterations, &mut hist);
+        let received = receive(&mut reader, body, iterations, &mut hist);
+        // Closing ends the sender, whatever the reader's result.
+        let _ = reader.shutdown(Shutdown::Both);
         let sent = sender
             .join()
             .map_err(|_| anyhow::anyhow!("loopback floor: the sender panicked"))?;
@@ -53,18 +59,17 @@ pub fn loopback_floor(body: &[u8], iterations: usize) -> Result<Histogram<u64>> 
     Ok(hist)
 }
 
-/// The reading side of [`loopback_floor`]; closes its connection when done,
-/// which ends the sender.
+/// The reading side of [`loopback_floor`]: one untimed transfer checked
+/// byte for byte (also the warm-up, as the Lists have theirs), then
+/// `iterations` timed ones.
 fn receive(
-    addr: std::net::SocketAddr,
+    conn: &mut TcpStream,
     body: &[u8],
     iterations: usize,
     hist: &mut Histogram<u64>,
 ) -> Result<()> {
-    let mut conn = TcpStream::connect(addr).context("loopback floor: connect")?;
-    conn.set_nodelay(true)?;
     let mut buf = vec![0u8; IO_CHUNK];
-    for i in 0..iterations {
+    for i in 0..=iterations {
         let t = Instant::now();
         conn.write_all(&[1])?;
         let mut got = 0usize;
@@ -81,9 +86,10 @@ fn receive(
             }
             got += n;
         }
-        hist.record(t.elapsed().as_micros() as u64)?;
+        if i > 0 {
+            hist.record(t.elapsed().as_micros() as u64)?;
+        }
     }
-    conn.shutdown(Shutdown::Both)?;
     Ok(())
 }
 

@@ -194,6 +194,41 @@ pub enum CacherError {
 /// made paged Lists slower (docs/BENCHMARKS.md, session 13).
 const INLINE_SELECTION_MAX: usize = 32_768;
 
+/// Selections on the blocking pool at once: about the cores. A burst of
+/// large Lists waits for a slot (holding no connection's task) instead of
+/// starting up to the pool's 512 threads.
+static SELECTION_SLOTS: std::sync::LazyLock<Arc<tokio::sync::Semaphore>> =
+    std::sync::LazyLock::new(|| {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Arc::new(tokio::sync::Semaphore::new(cores))
+    });
+
+/// About how many objects [`select`] walks at most: the smallest index set
+/// a selector names; without selectors, the page and one more, unless a
+/// first page counts a namespace's range or a token without counts has the
+/// rest walked to count it; otherwise the whole snapshot.
+fn walk_bound(
+    pred: &SelectionPredicate,
+    snap: &Snapshot,
+    plan_counts: Option<Option<(u64, u64)>>,
+    limit: Option<usize>,
+) -> usize {
+    if let Some(n) = pred.smallest_index_set(snap) {
+        return n;
+    }
+    if pred.has_selectors() {
+        return snap.len();
+    }
+    let page = limit.map_or(snap.len(), |l| l.saturating_add(1));
+    match plan_counts {
+        // A first page counts the whole list: O(1) for a whole resource.
+        None if pred.namespace().is_none() => page,
+        None => snap.len(),
+        Some(Some(_)) => page,
+        Some(None) => snap.len(),
+    }
+}
+
 /// A List's page from `snap`, and the counts its continue token carries.
 /// remainingItemCount (lists without selectors): the first page counts the
 /// whole list once (O(1) without a namespace: the snapshot holds only this
@@ -456,17 +491,19 @@ impl Cacher {
             ReadPlan::Continue { counts, .. } => Some(*counts),
             _ => None,
         };
-        // Only a short page of a whole range whose size the token carries
-        // walks no more than the page; anything else may walk the range.
-        let short = !pred.has_selectors()
-            && matches!(plan_counts, Some(Some(_)))
-            && limit.is_some_and(|l| l <= INLINE_SELECTION_MAX);
-        let (counts, page) = if short || snap.len() <= INLINE_SELECTION_MAX {
+        let (counts, page) = if walk_bound(&pred, &snap, plan_counts, limit) <= INLINE_SELECTION_MAX
+        {
             select(&pred, &snap, plan_counts, start_key, limit)
         } else {
             let start_key = start_key.map(str::to_string);
             let snap = Arc::clone(&snap);
+            // Held until the walk ends, even when its client has gone.
+            let slot = Arc::clone(&SELECTION_SLOTS)
+                .acquire_owned()
+                .await
+                .map_err(|_| CacherError::ShuttingDown)?;
             let selected = tokio::task::spawn_blocking(move || {
+                let _slot = slot;
                 select(&pred, &snap, plan_counts, start_key.as_deref(), limit)
             });
             match selected.await {
@@ -550,5 +587,53 @@ impl Cacher {
 impl Drop for Cacher {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn walk_bound_is_the_index_set_the_page_or_everything() {
+        let r = crate::object::tests::resource(true, &["spec.nodeName"]);
+        let c = ObjectCodec::new(&r, "/registry");
+        let mut snap = Snapshot::empty(1, 0);
+        for i in 0..100 {
+            let name = format!("p{i:03}");
+            let app = if i < 10 { "x" } else { "y" };
+            let v = format!(
+                r#"{{"metadata":{{"name":"{name}","namespace":"a","labels":{{"app":"{app}"}}}}}}"#
+            );
+            let o = Arc::new(
+                c.decode(&c.key(Some("a"), &name), v.as_bytes(), 1, 1)
+                    .expect("decode"),
+            );
+            let key = Arc::clone(&o.key);
+            snap.apply(&key, Some(o), c.index_paths());
+        }
+        let pred = |ns: Option<&str>, label: &str| {
+            SelectionPredicate::new(
+                &c,
+                ns,
+                LabelSelector::parse(label).expect("label selector"),
+                FieldSelector::default(),
+            )
+        };
+        let page = Some(5);
+        // An exact label term: its index set, or nothing.
+        assert_eq!(walk_bound(&pred(None, "app=x"), &snap, None, page), 10);
+        assert_eq!(walk_bound(&pred(None, "app=z"), &snap, None, page), 0);
+        // A term no index answers: everything.
+        assert_eq!(walk_bound(&pred(None, "app!=x"), &snap, None, page), 100);
+        // No selectors: the page and one more, when the count is free (a
+        // whole resource) or carried by the token.
+        assert_eq!(walk_bound(&pred(None, ""), &snap, None, page), 6);
+        let ns = pred(Some("a"), "");
+        assert_eq!(walk_bound(&ns, &snap, Some(Some((100, 5))), page), 6);
+        // A first page counts its namespace; a token without counts has the
+        // rest walked to count it.
+        assert_eq!(walk_bound(&ns, &snap, None, page), 100);
+        assert_eq!(walk_bound(&ns, &snap, Some(None), page), 100);
     }
 }

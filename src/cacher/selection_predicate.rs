@@ -156,6 +156,16 @@ impl SelectionPredicate {
     /// A label or field selector is set. Kubernetes leaves a List's
     /// `remainingItemCount` unset then (the count is "unknown"), which also
     /// spares walking the rest of the range on every page.
+    /// The size of the smallest index set an exact term of the selectors
+    /// names (0 when a term names one nothing carries), if any does: a
+    /// List walks no more than that.
+    pub fn smallest_index_set(&self, snap: &Snapshot) -> Option<usize> {
+        self.index_keys
+            .iter()
+            .map(|k| snap.index_lookup(k).map_or(0, |set| set.len()))
+            .min()
+    }
+
     pub fn has_selectors(&self) -> bool {
         !self.label.is_empty() || !self.field.is_empty()
     }

@@ -60,8 +60,9 @@ fn convert(pred: &SelectionPredicate, ev: &HistoryEvent, selected: bool) -> Opti
 /// Objects one step of a watch's initial events walks at most: see
 /// [`SelectionPredicate::initial_step`]. A step that finds nothing wakes
 /// its stream again, and the connection's task serves such wakes in up to
-/// 16 rounds of one poll before it writes and yields, so a poll walks at
-/// most about 8,000 objects (a tenth of a millisecond or so) before the
+/// 16 rounds of one poll (its `FuturesUnordered` polls a stream that woke
+/// itself up to twice a round) before it writes and yields, so a poll walks
+/// at most about 16,000 objects (a few tenths of a millisecond) before the
 /// connection's other streams' responses go out.
 pub(crate) const INITIAL_WALK_MAX: usize = 512;
 
