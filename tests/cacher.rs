@@ -1516,6 +1516,20 @@ async fn cacher_records_prometheus_metrics() {
     cacher.shutdown();
 }
 
+/// A List run to its end, and whether it was done at its first poll (it
+/// never left the caller's task).
+async fn list_polled_once(
+    cacher: &Cacher,
+    req: &ListRequest,
+) -> (bool, Result<ListResult, CacherError>) {
+    let list = cacher.list(req);
+    tokio::pin!(list);
+    match futures::poll!(list.as_mut()) {
+        std::task::Poll::Ready(r) => (true, r),
+        std::task::Poll::Pending => (false, list.await),
+    }
+}
+
 /// Every page of a List from `first` on, following continue tokens; with
 /// each page's remainingItemCount.
 async fn all_pages(cacher: &Cacher, first: ListRequest) -> Vec<(Vec<String>, Option<i64>)> {
@@ -1581,33 +1595,20 @@ async fn a_large_selection_runs_off_the_task_and_answers_the_same() {
         v.into_iter().map(|(_, n)| n).collect::<Vec<_>>()
     };
 
-    // A selector no index answers: the whole cache is walked.
-    let not_web = ListRequest {
+    let by_label = |l: &str| ListRequest {
         resource_version: Some(0),
-        label_selector: LabelSelector::parse("app!=web").expect("selector"),
+        label_selector: LabelSelector::parse(l).expect("selector"),
         ..Default::default()
     };
-    let list = cacher.list(&not_web);
-    tokio::pin!(list);
-    assert!(
-        futures::poll!(list.as_mut()).is_pending(),
-        "the selection ran in the caller's task"
-    );
-    let r = list.await.expect("list");
+    // A selector no index answers: the whole cache is walked.
+    let (at_once, r) = list_polled_once(&cacher, &by_label("app!=web")).await;
+    assert!(!at_once, "the selection ran in the caller's task");
+    let r = r.expect("list");
     assert_eq!(names(&r), expect(&|i| app(i) != "web"));
     assert_eq!(r.remaining_item_count, None);
-
     // An index answers `app=web`: it walks its 11,000 objects inline.
-    let web = ListRequest {
-        resource_version: Some(0),
-        label_selector: LabelSelector::parse("app=web").expect("selector"),
-        ..Default::default()
-    };
-    let list = cacher.list(&web);
-    tokio::pin!(list);
-    let std::task::Poll::Ready(r) = futures::poll!(list.as_mut()) else {
-        panic!("an indexed selection left the task");
-    };
+    let (at_once, r) = list_polled_once(&cacher, &by_label("app=web")).await;
+    assert!(at_once, "an indexed selection left the task");
     assert_eq!(names(&r.expect("list")), expect(&|i| app(i) == "web"));
 
     // Pages of a selection in one namespace: no counts (selectors).

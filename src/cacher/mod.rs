@@ -599,16 +599,8 @@ mod tests {
         let r = crate::object::tests::resource(true, &["spec.nodeName"]);
         let c = ObjectCodec::new(&r, "/registry");
         let mut snap = Snapshot::empty(1, 0);
-        for i in 0..100 {
-            let name = format!("p{i:03}");
-            let app = if i < 10 { "x" } else { "y" };
-            let v = format!(
-                r#"{{"metadata":{{"name":"{name}","namespace":"a","labels":{{"app":"{app}"}}}}}}"#
-            );
-            let o = Arc::new(
-                c.decode(&c.key(Some("a"), &name), v.as_bytes(), 1, 1)
-                    .expect("decode"),
-            );
+        let app = |i: usize| if i < 10 { "x" } else { "y" };
+        for o in crate::object::tests::labelled(&c, 100, app) {
             let key = Arc::clone(&o.key);
             snap.apply(&key, Some(o), c.index_paths());
         }

@@ -29,6 +29,16 @@ pub struct SelectionPredicate {
     route: Option<IndexKey>,
 }
 
+/// Where a selection's matches lie ([`SelectionPredicate::candidates`]).
+enum Candidates<'s> {
+    /// An exact term names a value nothing carries: nothing matches.
+    Nothing,
+    /// The smallest index set an exact term names.
+    Indexed(&'s imbl::OrdSet<Arc<str>>),
+    /// No exact term is indexed: the whole key range.
+    Range,
+}
+
 /// One step of a watch's initial events ([`SelectionPredicate::initial_step`]).
 #[derive(Debug)]
 pub struct InitialStep {
@@ -160,10 +170,11 @@ impl SelectionPredicate {
     /// names (0 when a term names one nothing carries), if any does: a
     /// List walks no more than that.
     pub fn smallest_index_set(&self, snap: &Snapshot) -> Option<usize> {
-        self.index_keys
-            .iter()
-            .map(|k| snap.index_lookup(k).map_or(0, |set| set.len()))
-            .min()
+        match self.candidates(snap) {
+            Candidates::Nothing => Some(0),
+            Candidates::Indexed(set) => Some(set.len()),
+            Candidates::Range => None,
+        }
     }
 
     pub fn has_selectors(&self) -> bool {
@@ -194,31 +205,18 @@ impl SelectionPredicate {
         count_rest: bool,
     ) -> ListPage {
         let from = start_key.unwrap_or("");
-        let mut best: Option<&imbl::OrdSet<Arc<str>>> = None;
-        for k in &self.index_keys {
-            match snap.index_lookup(k) {
-                // An exact term nothing carries: nothing matches.
-                None => {
-                    return ListPage {
-                        items: Vec::new(),
-                        last_key: None,
-                        remaining: None,
-                    };
-                }
-                Some(set) => {
-                    if best.is_none_or(|b| set.len() < b.len()) {
-                        best = Some(set);
-                    }
-                }
-            }
-        }
-        match best {
-            Some(set) => self.page(
+        match self.candidates(snap) {
+            Candidates::Nothing => ListPage {
+                items: Vec::new(),
+                last_key: None,
+                remaining: None,
+            },
+            Candidates::Indexed(set) => self.page(
                 snap.indexed_range_from(set, &self.prefix, from),
                 limit,
                 count_rest,
             ),
-            None => self.page(snap.range_from(&self.prefix, from), limit, count_rest),
+            Candidates::Range => self.page(snap.range_from(&self.prefix, from), limit, count_rest),
         }
     }
 
@@ -234,30 +232,33 @@ impl SelectionPredicate {
         max_walk: usize,
     ) -> InitialStep {
         let from = start_key.unwrap_or("");
-        let mut best: Option<&imbl::OrdSet<Arc<str>>> = None;
-        for k in &self.index_keys {
-            match snap.index_lookup(k) {
-                None => {
-                    return InitialStep {
-                        items: Vec::new(),
-                        resume_after: None,
-                    };
-                }
-                Some(set) => {
-                    if best.is_none_or(|b| set.len() < b.len()) {
-                        best = Some(set);
-                    }
-                }
-            }
-        }
-        match best {
-            Some(set) => self.step(
+        match self.candidates(snap) {
+            Candidates::Nothing => InitialStep {
+                items: Vec::new(),
+                resume_after: None,
+            },
+            Candidates::Indexed(set) => self.step(
                 snap.indexed_range_from(set, &self.prefix, from),
                 limit,
                 max_walk,
             ),
-            None => self.step(snap.range_from(&self.prefix, from), limit, max_walk),
+            Candidates::Range => self.step(snap.range_from(&self.prefix, from), limit, max_walk),
         }
+    }
+
+    /// Where the matches lie in `snap`: the smallest index set an exact
+    /// term names, if any does.
+    fn candidates<'s>(&self, snap: &'s Snapshot) -> Candidates<'s> {
+        let mut best: Option<&imbl::OrdSet<Arc<str>>> = None;
+        for k in &self.index_keys {
+            let Some(set) = snap.index_lookup(k) else {
+                return Candidates::Nothing;
+            };
+            if best.is_none_or(|b| set.len() < b.len()) {
+                best = Some(set);
+            }
+        }
+        best.map_or(Candidates::Range, Candidates::Indexed)
     }
 
     fn step<'o>(
@@ -526,24 +527,13 @@ mod tests {
         }
     }
 
-    /// `n` namespaced objects `p00000`.. in namespace `a`, labelled
-    /// `app=x` at `marked` and `app=y` elsewhere.
+    /// `n` objects `p00000`.. of namespace `a`, labelled `app=x` at
+    /// `marked` and `app=y` elsewhere.
     fn many_objects(c: &ObjectCodec, n: usize, marked: &[usize]) -> Vec<Arc<Object>> {
-        (0..n)
-            .map(|i| {
-                let name = format!("p{i:05}");
-                let app = if marked.contains(&i) { "x" } else { "y" };
-                let v = format!(
-                    r#"{{"metadata":{{"name":"{name}","namespace":"a","labels":{{"app":"{app}"}}}}}}"#
-                );
-                Arc::new(
-                    c.decode(&c.key(Some("a"), &name), v.as_bytes(), 1, 1)
-                        .expect("decode"),
-                )
-            })
-            .collect()
+        crate::object::tests::labelled(c, n, |i| if marked.contains(&i) { "x" } else { "y" })
     }
 
+    /// [`many_objects`] in a snapshot.
     fn many(c: &ObjectCodec, n: usize, marked: &[usize]) -> Snapshot {
         let mut snap = Snapshot::empty(100, 0);
         for o in many_objects(c, n, marked) {

@@ -37,6 +37,28 @@ pub(crate) fn object(ns: &str, name: &str, wire: impl Into<bytes::Bytes>) -> Obj
     }
 }
 
+/// `n` objects `p00000`.. of namespace `a`, decoded by `c`, labelled
+/// `app={app(i)}`: the cacher's tests of large selections.
+pub(crate) fn labelled(
+    c: &ObjectCodec,
+    n: usize,
+    app: impl Fn(usize) -> &'static str,
+) -> Vec<Arc<Object>> {
+    (0..n)
+        .map(|i| {
+            let name = format!("p{i:05}");
+            let v = format!(
+                r#"{{"metadata":{{"name":"{name}","namespace":"a","labels":{{"app":"{}"}}}}}}"#,
+                app(i)
+            );
+            Arc::new(
+                c.decode(&c.key(Some("a"), &name), v.as_bytes(), 1, 1)
+                    .expect("decode"),
+            )
+        })
+        .collect()
+}
+
 fn pods() -> ObjectCodec {
     ObjectCodec::new(
         &resource(true, &["spec.nodeName", "status.phase", "spec.priority"]),
