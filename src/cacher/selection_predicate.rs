@@ -561,6 +561,53 @@ mod tests {
     /// between), until the match and the end bookmark.
     #[tokio::test(start_paused = true)]
     async fn a_sparse_selection_yields_between_initial_steps() {
+        let n = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
+        let events: Vec<serde_json::Value> = String::from_utf8_lossy(&sparse_initial_steps(false))
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        assert_initial_match_then_bookmark(&events, n);
+    }
+
+    /// The same steps for a protobuf watcher: its initial events are frames
+    /// made from each object's cached message, its end bookmark a frame too.
+    #[tokio::test(start_paused = true)]
+    async fn a_sparse_protobuf_selection_yields_between_initial_steps() {
+        let n = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
+        let b = sparse_initial_steps(true);
+        let mut events = Vec::new();
+        let mut rest = &b[..];
+        while !rest.is_empty() {
+            assert!(rest.len() >= 4, "a frame's length: {rest:?}");
+            let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+            assert!(rest.len() >= 4 + len, "a frame of {len} bytes");
+            let event = crate::object::protobuf::decode(&rest[4..4 + len]).expect("decodes");
+            events.push(event);
+            rest = &rest[4 + len..];
+        }
+        assert_initial_match_then_bookmark(&events, n);
+    }
+
+    /// One ADDED event of the last object, then the end bookmark.
+    fn assert_initial_match_then_bookmark(events: &[serde_json::Value], n: usize) {
+        assert_eq!(events.len(), 2, "{events:?}");
+        assert_eq!(events[0]["type"], "ADDED");
+        assert_eq!(
+            events[0]["object"]["metadata"]["name"],
+            format!("p{:05}", n - 1)
+        );
+        assert_eq!(events[1]["type"], "BOOKMARK");
+        assert_eq!(
+            events[1]["object"]["metadata"]["annotations"]
+                [crate::object::wire::INITIAL_EVENTS_END_ANNOTATION],
+            "true"
+        );
+    }
+
+    /// Polls a watcher of `app!=y` over a cache where only the last object
+    /// passes through its three empty steps (each pending and woken again)
+    /// and returns the chunk that follows.
+    fn sparse_initial_steps(protobuf: bool) -> bytes::Bytes {
         let c = codec(true);
         let n = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
         let cache = Arc::new(WatchCache::new(Arc::clone(&c), "pods".into(), 100));
@@ -581,6 +628,9 @@ mod tests {
         };
         let start = WatchStart::Initial { end_bookmark: true };
         let mut w = Watcher::register(Arc::clone(&cache), p, start, params);
+        if protobuf {
+            w.use_protobuf();
+        }
         let wakes = Arc::new(CountingWaker(Default::default()));
         let waker = std::task::Waker::from(Arc::clone(&wakes));
         let mut cx = std::task::Context::from_waker(&waker);
@@ -592,18 +642,8 @@ mod tests {
         let std::task::Poll::Ready(Some(WatchChunk::Data(b))) = w.poll_next(&mut cx) else {
             panic!("the match and the end bookmark");
         };
-        let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&b)
-            .lines()
-            .map(|l| serde_json::from_str(l).expect("json"))
-            .collect();
-        assert_eq!(lines.len(), 2, "{lines:?}");
-        assert_eq!(lines[0]["type"], "ADDED");
-        assert_eq!(
-            lines[0]["object"]["metadata"]["name"],
-            format!("p{:05}", n - 1)
-        );
-        assert_eq!(lines[1]["type"], "BOOKMARK");
         assert!(!w.sending_initial_events());
+        b
     }
 
     #[test]
