@@ -32,6 +32,16 @@ fn opts() -> CacherOptions {
     }
 }
 
+/// An env whose reads wait at most 500 ms for the cache to reach their
+/// revision, with room for 1,000 events and `seed` objects.
+async fn env_short_wait(name: &str, seed: usize) -> Env {
+    let o = CacherOptions {
+        consistent_read_timeout: Duration::from_millis(500),
+        ..opts()
+    };
+    env_with(name, 1000, o, seed).await
+}
+
 async fn env_with(name: &str, history_capacity: usize, o: CacherOptions, seed: usize) -> Env {
     let prefix = common::unique_prefix(name);
     let mut etcd = etcd_client::Client::connect([common::etcd()], None)
@@ -205,16 +215,7 @@ async fn get_rv_zero_serves_any() {
 
 #[tokio::test]
 async fn get_rv_n_not_older_than() {
-    let mut e = env_with(
-        "get_n",
-        1000,
-        CacherOptions {
-            consistent_read_timeout: Duration::from_millis(500),
-            ..opts()
-        },
-        0,
-    )
-    .await;
+    let mut e = env_short_wait("get_n", 0).await;
     let r1 = e.put("ns1", "a", "web", "n1").await;
     let r2 = e.put("ns1", "a", "db", "n1").await;
     // Not older than r1: the newest version, waiting for it if needed.
@@ -278,16 +279,7 @@ async fn list_unset_nolimit_rv_zero_any() {
 
 #[tokio::test]
 async fn list_unset_nolimit_rv_n_not_older_than() {
-    let mut e = env_with(
-        "l_u_n_n",
-        1000,
-        CacherOptions {
-            consistent_read_timeout: Duration::from_millis(500),
-            ..opts()
-        },
-        2,
-    )
-    .await;
+    let mut e = env_short_wait("l_u_n_n", 2).await;
     let rev = e.put("ns1", "x", "web", "n1").await;
     let r = e
         .list(lreq(Some(rev), None, None, None))
@@ -504,16 +496,7 @@ async fn list_not_older_than_rv_zero_any() {
 
 #[tokio::test]
 async fn list_not_older_than_rv_n() {
-    let mut e = env_with(
-        "l_not_n",
-        1000,
-        CacherOptions {
-            consistent_read_timeout: Duration::from_millis(500),
-            ..opts()
-        },
-        0,
-    )
-    .await;
+    let mut e = env_short_wait("l_not_n", 0).await;
     let r1 = e.put("ns1", "a", "v1", "n1").await;
     let r2 = e.put("ns1", "a", "v2", "n1").await;
     let r = e

@@ -67,6 +67,21 @@ fn pod(name: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"}, "spec": {"nodeName": "n1"}})
 }
 
+/// Whether `url` (a verbose `/readyz`) answers 503 with a body naming every
+/// one of `needles` within 30 s.
+async fn readyz_fails_naming(http: &reqwest::Client, url: &str, needles: &[&str]) -> bool {
+    eventually(Duration::from_secs(30), || async move {
+        match http.get(url).send().await {
+            Ok(r) if r.status() == 503 => {
+                let body = r.text().await.unwrap_or_default();
+                needles.iter().all(|n| body.contains(n))
+            }
+            _ => false,
+        }
+    })
+    .await
+}
+
 async fn metric(d: &Daemon, name_and_labels: &str) -> f64 {
     let text = reqwest::get(d.url("/metrics"))
         .await
@@ -166,19 +181,7 @@ async fn daemon_serves_through_mtls_and_survives_rotation() {
     let before = metric(&d, "watchcache_etcd_tls_handshake_errors_total").await;
     etcd.restart().await.expect("restart etcd");
     let url = d.url("/readyz?verbose");
-    let failing = eventually(Duration::from_secs(30), || {
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            match http.get(&url).send().await {
-                Ok(r) if r.status() == 503 => {
-                    let body = r.text().await.unwrap_or_default();
-                    body.contains("[-]etcd failed") && body.contains("TLS handshake")
-                }
-                _ => false,
-            }
-        }
-    })
-    .await;
+    let failing = readyz_fails_naming(&http, &url, &["[-]etcd failed", "TLS handshake"]).await;
     assert!(failing, "readyz names the TLS failure; log:\n{}", d.log());
     let body = http.get(&url).send().await.unwrap().text().await.unwrap();
     assert!(body.contains(&etcd.endpoint()), "{body}");
@@ -208,19 +211,7 @@ async fn daemon_serves_through_mtls_and_survives_rotation() {
     std::fs::copy(pki.path("other-client.key"), pki.path("client.key")).unwrap();
     std::fs::copy(pki.path("other-client.crt"), pki.path("client.crt")).unwrap();
     etcd.restart().await.expect("restart etcd");
-    let refused = eventually(Duration::from_secs(30), || {
-        let (http, url) = (http.clone(), url.clone());
-        async move {
-            match http.get(&url).send().await {
-                Ok(r) if r.status() == 503 => {
-                    let body = r.text().await.unwrap_or_default();
-                    body.contains("TLS handshake") && body.contains("alert")
-                }
-                _ => false,
-            }
-        }
-    })
-    .await;
+    let refused = readyz_fails_naming(&http, &url, &["TLS handshake", "alert"]).await;
     assert!(refused, "readyz names the refusal; log:\n{}", d.log());
     std::fs::write(pki.path("client.key"), good_key).unwrap();
     std::fs::write(pki.path("client.crt"), good_cert).unwrap();

@@ -868,26 +868,7 @@ async fn ranges_with_options_equal_etcd_through_the_crate() {
             .await
             .expect("front get");
         let b = ec.get(w.as_str(), Some(o.clone())).await.expect("etcd get");
-        let view = |r: &etcd_client::GetResponse| {
-            (
-                r.count(),
-                r.more(),
-                r.kvs()
-                    .iter()
-                    .map(|kv| {
-                        (
-                            kv.key().to_vec(),
-                            kv.value().to_vec(),
-                            kv.create_revision(),
-                            kv.mod_revision(),
-                            kv.version(),
-                            kv.lease(),
-                        )
-                    })
-                    .collect::<Vec<_>>(),
-            )
-        };
-        assert_eq!(view(&a), view(&b), "{o:?}");
+        assert_eq!(get_view(&a), get_view(&b), "{o:?}");
         let (ha, hb) = (a.header().expect("header"), b.header().expect("header"));
         assert_eq!(
             (ha.cluster_id(), ha.member_id()),
@@ -951,6 +932,28 @@ async fn daemon_grpc_listen_over_mtls_etcd() {
         "exit status {status:?}; log:\n{}",
         daemon.log()
     );
+}
+
+/// A range answer as a comparable tuple: (count, more, each kv's key,
+/// value, create, mod, version, lease).
+type GetView = (i64, bool, Vec<(Vec<u8>, Vec<u8>, i64, i64, i64, i64)>);
+
+fn get_view(r: &etcd_client::GetResponse) -> GetView {
+    let kvs = r
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+            )
+        })
+        .collect();
+    (r.count(), r.more(), kvs)
 }
 
 /// One event as a comparable tuple: (type, key, value, create, mod,
@@ -1199,25 +1202,6 @@ async fn differential_random_workload_equals_etcd() {
 
     // Ranges at random revisions (some beyond the retained snapshots: etcd
     // answers) with random options.
-    let view = |r: &etcd_client::GetResponse| {
-        (
-            r.count(),
-            r.more(),
-            r.kvs()
-                .iter()
-                .map(|kv| {
-                    (
-                        kv.key().to_vec(),
-                        kv.value().to_vec(),
-                        kv.create_revision(),
-                        kv.mod_revision(),
-                        kv.version(),
-                        kv.lease(),
-                    )
-                })
-                .collect::<Vec<_>>(),
-        )
-    };
     for _ in 0..60 {
         let mut o = GetOptions::new();
         let k = match rng.random_range(0..3) {
@@ -1265,7 +1249,7 @@ async fn differential_random_workload_equals_etcd() {
             .await
             .expect("front get");
         let b = ec.get(k.as_str(), Some(o.clone())).await.expect("etcd get");
-        assert_eq!(view(&a), view(&b), "{k} {o:?} (seed {seed})");
+        assert_eq!(get_view(&a), get_view(&b), "{k} {o:?} (seed {seed})");
     }
 }
 

@@ -177,13 +177,7 @@ impl LabelSelector {
 
 impl fmt::Display for LabelSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, r) in self.requirements.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{r}")?;
-        }
-        Ok(())
+        write_terms(f, &self.requirements)
     }
 }
 
@@ -666,14 +660,19 @@ impl FieldSelector {
 
 impl fmt::Display for FieldSelector {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, r) in self.requirements.iter().enumerate() {
-            if i > 0 {
-                f.write_str(",")?;
-            }
-            write!(f, "{r}")?;
-        }
-        Ok(())
+        write_terms(f, &self.requirements)
     }
+}
+
+/// A selector's terms as they are written: comma-separated, in its order.
+fn write_terms<T: fmt::Display>(f: &mut fmt::Formatter<'_>, terms: &[T]) -> fmt::Result {
+    for (i, t) in terms.iter().enumerate() {
+        if i > 0 {
+            f.write_str(",")?;
+        }
+        write!(f, "{t}")?;
+    }
+    Ok(())
 }
 
 /// Splits on commas not preceded by an escaping backslash.
