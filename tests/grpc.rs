@@ -936,52 +936,38 @@ async fn daemon_grpc_listen_over_mtls_etcd() {
 
 /// A range answer as a comparable tuple: (count, more, each kv's key,
 /// value, create, mod, version, lease).
-type GetView = (i64, bool, Vec<(Vec<u8>, Vec<u8>, i64, i64, i64, i64)>);
+type GetView = (i64, bool, Vec<KvView>);
 
 fn get_view(r: &etcd_client::GetResponse) -> GetView {
-    let kvs = r
-        .kvs()
-        .iter()
-        .map(|kv| {
-            (
-                kv.key().to_vec(),
-                kv.value().to_vec(),
-                kv.create_revision(),
-                kv.mod_revision(),
-                kv.version(),
-                kv.lease(),
-            )
-        })
-        .collect();
-    (r.count(), r.more(), kvs)
+    (r.count(), r.more(), r.kvs().iter().map(kv_view).collect())
 }
 
-/// One event as a comparable tuple: (type, key, value, create, mod,
-/// version, lease, prev (value, mod) if any).
-type EventView = (
-    i32,
-    Vec<u8>,
-    Vec<u8>,
-    i64,
-    i64,
-    i64,
-    i64,
-    Option<(Vec<u8>, i64)>,
-);
+/// A key-value as a comparable tuple: (key, value, create, mod, version,
+/// lease).
+type KvView = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+fn kv_view(kv: &etcd_client::KeyValue) -> KvView {
+    (
+        kv.key().to_vec(),
+        kv.value().to_vec(),
+        kv.create_revision(),
+        kv.mod_revision(),
+        kv.version(),
+        kv.lease(),
+    )
+}
+
+/// One event as a comparable tuple: (type, its key-value, prev (value,
+/// mod) if any).
+type EventView = (i32, KvView, Option<(Vec<u8>, i64)>);
 
 fn event_views(r: &WatchResponse) -> Vec<EventView> {
     r.events()
         .iter()
         .map(|e| {
-            let kv = e.kv().expect("event kv");
             (
                 e.event_type() as i32,
-                kv.key().to_vec(),
-                kv.value().to_vec(),
-                kv.create_revision(),
-                kv.mod_revision(),
-                kv.version(),
-                kv.lease(),
+                kv_view(e.kv().expect("event kv")),
                 e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision())),
             )
         })
@@ -1158,16 +1144,16 @@ async fn differential_random_workload_equals_etcd() {
                 .position(|(x, y)| x != y)
                 .unwrap_or(a.len().min(b.len()));
             let brief = |e: Option<&EventView>| {
-                e.map(|e| {
+                e.map(|(ty, kv, prev)| {
                     (
-                        e.0,
-                        String::from_utf8_lossy(&e.1).into_owned(),
-                        e.2.len(),
-                        e.3,
-                        e.4,
-                        e.5,
-                        e.6,
-                        e.7.as_ref().map(|p| (p.0.len(), p.1)),
+                        *ty,
+                        String::from_utf8_lossy(&kv.0).into_owned(),
+                        kv.1.len(),
+                        kv.2,
+                        kv.3,
+                        kv.4,
+                        kv.5,
+                        prev.as_ref().map(|p| (p.0.len(), p.1)),
                     )
                 })
             };
