@@ -404,6 +404,30 @@ async fn read_created(stream: &mut etcd_client::WatchStream, n: usize) -> Vec<Wa
     .await
 }
 
+/// Asks for progress and reads up to the answer: the events' revisions go to
+/// `received`, and the answer's revision with how many events came before
+/// it to `answers`. Returns the answer's revision.
+async fn progress_round(
+    s: &mut etcd_client::WatchStream,
+    received: &mut Vec<i64>,
+    answers: &mut Vec<(i64, usize)>,
+) -> i64 {
+    s.request_progress().await.expect("progress");
+    let got = read_until(s, is_progress).await;
+    for r in &got {
+        for e in r.events() {
+            received.push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
+        }
+    }
+    let rev = got
+        .last()
+        .and_then(|r| r.header())
+        .map(|h| h.revision())
+        .unwrap_or(0);
+    answers.push((rev, received.len()));
+    rev
+}
+
 fn is_progress(r: &WatchResponse) -> bool {
     r.watch_id() == -1 && r.events().is_empty() && !r.created() && !r.canceled()
 }
@@ -550,19 +574,7 @@ async fn progress_answers_only_after_every_event_up_to_its_revision() {
     let mut answers: Vec<(i64, usize)> = Vec::new();
     loop {
         let done = writer.is_finished();
-        s.request_progress().await.expect("progress");
-        let got = read_until(&mut s, is_progress).await;
-        for r in &got {
-            for e in r.events() {
-                received.push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
-            }
-        }
-        let rev = got
-            .last()
-            .and_then(|r| r.header())
-            .map(|h| h.revision())
-            .unwrap_or(0);
-        answers.push((rev, received.len()));
+        progress_round(&mut s, &mut received, &mut answers).await;
         if done {
             break;
         }
@@ -571,19 +583,7 @@ async fn progress_answers_only_after_every_event_up_to_its_revision() {
     let last = *revs.last().expect("writes");
     // One more answer at or past the last write.
     loop {
-        s.request_progress().await.expect("progress");
-        let got = read_until(&mut s, is_progress).await;
-        for r in &got {
-            for e in r.events() {
-                received.push(e.kv().map(|kv| kv.mod_revision()).unwrap_or(0));
-            }
-        }
-        let rev = got
-            .last()
-            .and_then(|r| r.header())
-            .map(|h| h.revision())
-            .unwrap_or(0);
-        answers.push((rev, received.len()));
+        let rev = progress_round(&mut s, &mut received, &mut answers).await;
         if rev >= last {
             break;
         }
