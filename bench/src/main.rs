@@ -19,6 +19,7 @@ mod env;
 mod floor;
 mod http;
 mod procfs;
+mod repeat;
 mod report;
 mod scenarios;
 mod secure;
@@ -78,7 +79,7 @@ enum TargetArg {
 
 /// Load generator for watchcache: watch fan-out, lists, gets, start-up and
 /// memory, measured side by side with etcd.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(name = "watchcache-bench", version, about, long_about = None)]
 struct Cli {
     /// The scenario to run.
@@ -188,6 +189,13 @@ struct Cli {
     /// session 12); in turns, every target sees the same minutes.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
+    /// Run the whole comparison this many times, each against a fresh etcd
+    /// (unless --etcd) and daemon, then print each ratio's min, median and
+    /// max and each goal's count of runs that met it: a goal counts as met
+    /// only when every run meets it (docs/BENCHMARKS.md). --json then holds
+    /// every run's report and the summary.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
+    repeat: u32,
     /// Page size of the paged list.
     #[arg(long, default_value_t = 500)]
     page_size: usize,
@@ -268,6 +276,12 @@ fn main() -> Result<()> {
     if cli.rounds > 1 && (cli.scenario != Scenario::Get || cli.compare_secure) {
         bail!("--rounds applies to get, without --compare-secure");
     }
+    if cli.repeat > 1 && matches!(cli.scenario, Scenario::Chaos | Scenario::Codec) {
+        bail!("--repeat applies to fanout, list, get, startup and idle");
+    }
+    if cli.repeat > 1 && cli.plot.is_some() {
+        bail!("--plot draws one run: drop --repeat");
+    }
     if cli.protobuf && cli.scenario != Scenario::List {
         bail!("--protobuf applies to list");
     }
@@ -292,19 +306,54 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
-    // Our own etcd lives in a keeper thread for the whole run.
-    let keeper = match &cli.etcd {
-        Some(_) => None,
-        None => Some(EtcdKeeper::start()?),
-    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    // The daemon is spawned from this (main) thread inside block_on, which
-    // outlives it (PDEATHSIG).
-    let r = rt.block_on(run(cli, keeper, nofile));
+    let repeat = cli.repeat as usize;
+    let mut reports = Vec::new();
+    for i in 0..repeat {
+        if repeat > 1 {
+            eprintln!("\nrun {} of {repeat}", i + 1);
+        }
+        // Our own etcd lives in a keeper thread for the whole run: a fresh
+        // one for each run.
+        let keeper = match &cli.etcd {
+            Some(_) => None,
+            None => Some(EtcdKeeper::start()?),
+        };
+        // The daemon is spawned from this (main) thread inside block_on,
+        // which outlives it (PDEATHSIG).
+        match rt.block_on(run(cli.clone(), keeper, nofile)) {
+            Ok(report) => reports.extend(report),
+            Err(e) => {
+                rt.shutdown_timeout(Duration::from_secs(2));
+                return Err(e);
+            }
+        }
+    }
     rt.shutdown_timeout(Duration::from_secs(2));
-    r
+    let report = match reports.len() {
+        0 => return Ok(()),
+        1 if repeat == 1 => reports.pop().unwrap_or_default(),
+        _ => {
+            let summary = repeat::summarize(&reports);
+            repeat::print_summary(&summary);
+            json!({
+                "tool": "watchcache-bench",
+                "version": env!("CARGO_PKG_VERSION"),
+                "command": std::env::args().collect::<Vec<_>>().join(" "),
+                "repeat": repeat,
+                "summary": summary,
+                "runs": reports,
+            })
+        }
+    };
+    if let Some(path) = &cli.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 /// `30`, `30s`, `1.5s`, `2m`: seconds.
@@ -319,7 +368,9 @@ fn parse_seconds(s: &str) -> Result<f64, String> {
         .map_err(|_| format!("{s:?} is not a duration (e.g. 30, 30s, 2m)"))
 }
 
-async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
+/// One run of the scenario; its report (`None` for chaos, which writes its
+/// own).
+async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option<Value>> {
     let started = chrono::Utc::now();
     let etcd_endpoint = match (&cli.etcd, &keeper) {
         (Some(u), _) => u.trim_end_matches('/').to_string(),
@@ -327,7 +378,9 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         (None, None) => bail!("no etcd"),
     };
     if cli.scenario == Scenario::Chaos {
-        return run_chaos(cli, keeper, etcd_endpoint, nofile, started).await;
+        return run_chaos(cli, keeper, etcd_endpoint, nofile, started)
+            .await
+            .map(|()| None);
     }
     let duration = cli.duration.unwrap_or(10.0);
     let rate = cli.rate.unwrap_or(100.0);
@@ -615,11 +668,6 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
         "ratios": ratios,
         "goals": goals,
     });
-    if let Some(path) = &cli.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
-    }
     if let Some(path) = &cli.plot {
         if hists.is_empty() {
             eprintln!("--plot: this scenario has no latency distribution to draw");
@@ -634,7 +682,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<()> {
             eprintln!("wrote {}", path.display());
         }
     }
-    Ok(())
+    Ok(Some(report))
 }
 
 /// Starts the bench's daemon, plain or secure ([`secure::SecureSetup`]),

@@ -6,7 +6,7 @@ mod common;
 
 use serde_json::Value;
 
-use common::{bench, bench_fails};
+use common::{bench, bench_fails, bench_with_output};
 
 /// Asserts that `v` has every dotted path in `paths` (null allowed only if `allow_null`).
 fn has_fields(v: &Value, paths: &[&str], allow_null: bool, what: &str) {
@@ -449,6 +449,62 @@ fn list_get_startup_idle_report_every_figure() {
         false,
         "idle ratios",
     );
+
+    // The whole comparison twice: every run's report, and the summary of
+    // their ratios and goals, computed from those reports.
+    let (r, printed) = bench_with_output(
+        &[
+            "idle",
+            "--compare",
+            "-w",
+            "20",
+            "--settle",
+            "0.2",
+            "--repeat",
+            "2",
+        ],
+        &dir.path().join("m1-repeat.json"),
+    );
+    assert_eq!(r["repeat"], 2, "{r:#}");
+    assert!(printed.contains("ratios over 2 runs"), "{printed}");
+    assert!(printed.contains("goals over 2 runs"), "{printed}");
+    let runs = r["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 2);
+    for run in runs {
+        has_fields(run, TOP, false, "a repeated run");
+        assert_eq!(run["results"]["proxy"]["watchers_established"], 20);
+    }
+    let key = "rss_per_watcher_proxy_over_etcd";
+    let each: Vec<f64> = runs
+        .iter()
+        .map(|run| run["ratios"][key].as_f64().expect("ratio"))
+        .collect();
+    let s = &r["summary"]["ratios"][key];
+    assert_eq!(s["values"], serde_json::json!(each), "{s:#}");
+    let lo = each.iter().cloned().fold(f64::INFINITY, f64::min);
+    let hi = each.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    assert_eq!(s["min"].as_f64(), Some(lo), "{s:#}");
+    assert_eq!(s["max"].as_f64(), Some(hi), "{s:#}");
+    // A new number, so compared within an ulp or two: the JSON text of
+    // a float need not parse back to the same bits.
+    let median = s["median"].as_f64().expect("median");
+    assert!(
+        (median - (each[0] + each[1]) / 2.0).abs() <= 1e-12 * median.abs().max(1.0),
+        "{s:#}"
+    );
+    let goal = "under_10kb_per_idle_watcher";
+    let met = runs
+        .iter()
+        .filter(|run| run["goals"][goal] == serde_json::json!(true))
+        .count();
+    let g = &r["summary"]["goals"][goal];
+    assert_eq!(g["met"], met, "{g:#}");
+    assert_eq!(g["runs"], 2, "{g:#}");
+    assert_eq!(g["every_run"], met == 2, "{g:#}");
+    let err = bench_fails(&["chaos", "--repeat", "2"]);
+    assert!(err.contains("--repeat applies to"), "{err}");
+    let err = bench_fails(&["get", "--repeat", "2", "--plot", "g1.svg"]);
+    assert!(err.contains("--plot draws one run"), "{err}");
 }
 
 #[test]
