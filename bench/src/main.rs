@@ -189,11 +189,11 @@ struct Cli {
     /// session 12); in turns, every target sees the same minutes.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
-    /// Run the whole comparison this many times, each against a fresh etcd
-    /// (unless --etcd) and daemon, then print each ratio's min, median and
-    /// max and each goal's count of runs that met it: a goal counts as met
-    /// only when every run meets it (docs/BENCHMARKS.md). --json then holds
-    /// every run's report and the summary.
+    /// Run the whole comparison this many times, each with a fresh etcd
+    /// (unless --etcd) and daemon (unless --proxy), then print each ratio's
+    /// min, median and max and each goal's count of runs that met it: a goal
+    /// counts as met only when every run meets it (docs/BENCHMARKS.md).
+    /// --json then holds every run's report and the summary.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=100))]
     repeat: u32,
     /// Page size of the paged list.
@@ -306,54 +306,73 @@ fn main() -> Result<()> {
         }
         return Ok(());
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     let repeat = cli.repeat as usize;
+    if repeat == 1 {
+        // One run writes its own report (then its plot).
+        return run_once(&cli, nofile).map(|_| ());
+    }
     let mut reports = Vec::new();
+    let mut failure = None;
     for i in 0..repeat {
-        if repeat > 1 {
-            eprintln!("\nrun {} of {repeat}", i + 1);
-        }
-        // Our own etcd lives in a keeper thread for the whole run: a fresh
-        // one for each run.
-        let keeper = match &cli.etcd {
-            Some(_) => None,
-            None => Some(EtcdKeeper::start()?),
-        };
-        // The daemon is spawned from this (main) thread inside block_on,
-        // which outlives it (PDEATHSIG).
-        match rt.block_on(run(cli.clone(), keeper, nofile)) {
+        eprintln!("\nrun {} of {repeat}", i + 1);
+        match run_once(&cli, nofile) {
             Ok(report) => reports.extend(report),
             Err(e) => {
-                rt.shutdown_timeout(Duration::from_secs(2));
-                return Err(e);
+                failure = Some(e);
+                break;
             }
         }
     }
-    rt.shutdown_timeout(Duration::from_secs(2));
-    let report = match reports.len() {
-        0 => return Ok(()),
-        1 if repeat == 1 => reports.pop().unwrap_or_default(),
-        _ => {
-            let summary = repeat::summarize(&reports);
-            repeat::print_summary(&summary);
-            json!({
-                "tool": "watchcache-bench",
-                "version": env!("CARGO_PKG_VERSION"),
-                "command": std::env::args().collect::<Vec<_>>().join(" "),
-                "repeat": repeat,
-                "summary": summary,
-                "runs": reports,
-            })
-        }
-    };
+    // The runs that finished are summarized and written even when a later
+    // one failed: a set can take an hour.
+    let completed = reports.len();
+    let summary = repeat::summarize(&reports);
+    repeat::print_summary(&summary);
     if let Some(path) = &cli.json {
+        let report = json!({
+            "tool": "watchcache-bench",
+            "version": env!("CARGO_PKG_VERSION"),
+            "scenario": format!("{:?}", cli.scenario).to_lowercase(),
+            "command": std::env::args().collect::<Vec<_>>().join(" "),
+            "repeat": repeat,
+            "completed_runs": completed,
+            "error": failure.as_ref().map(|e| format!("{e:#}")),
+            "summary": summary,
+            "runs": reports,
+        });
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
-    Ok(())
+    match failure {
+        Some(e) => Err(e.context(format!("run {} of {repeat}", completed + 1))),
+        None => Ok(()),
+    }
+}
+
+/// One run of the scenario in a runtime and, unless `--etcd`, an etcd of
+/// its own, both ended with it: nothing of one run (a detached task, a
+/// connection) runs on into the next. Returns the run's report.
+fn run_once(cli: &Cli, nofile: u64) -> Result<Option<Value>> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // Our own etcd lives in a keeper thread for the whole run.
+    let keeper = match &cli.etcd {
+        Some(_) => None,
+        None => match EtcdKeeper::start() {
+            Ok(k) => Some(k),
+            Err(e) => {
+                rt.shutdown_timeout(Duration::from_secs(2));
+                return Err(e);
+            }
+        },
+    };
+    // The daemon is spawned from this (main) thread inside block_on, which
+    // outlives it (PDEATHSIG).
+    let r = rt.block_on(run(cli.clone(), keeper, nofile));
+    rt.shutdown_timeout(Duration::from_secs(2));
+    r
 }
 
 /// `30`, `30s`, `1.5s`, `2m`: seconds.
@@ -668,6 +687,12 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         "ratios": ratios,
         "goals": goals,
     });
+    // A set of runs (--repeat) is written as one report by main.
+    if let Some(path) = cli.json.as_ref().filter(|_| cli.repeat == 1) {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
     if let Some(path) = &cli.plot {
         if hists.is_empty() {
             eprintln!("--plot: this scenario has no latency distribution to draw");

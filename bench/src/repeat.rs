@@ -9,61 +9,69 @@ use serde_json::{Map, Value, json};
 
 use crate::report::{f, print_table};
 
-/// Each ratio's values over the runs (`min`, `median`, `max`, `values` in
-/// run order; runs without the ratio are left out) and each goal's count
-/// of runs that met it (`met`, `runs`, `every_run`).
+/// Each ratio's values over the runs (`values` in run order, `null` for a
+/// run without it; `count`, `min`, `median`, `max` of the numbers; a ratio
+/// no run has is left out) and each goal's count of runs that met it
+/// (`met`, `runs`, `every_run`; a run without the goal did not meet it).
 pub fn summarize(reports: &[Value]) -> Value {
-    let mut ratios: Map<String, Value> = Map::new();
-    let mut goals: Map<String, Value> = Map::new();
+    let mut ratio_keys: Vec<&String> = Vec::new();
+    let mut goal_keys: Vec<&String> = Vec::new();
     for report in reports {
-        for (k, v) in report["ratios"].as_object().into_iter().flatten() {
-            if let Some(x) = v.as_f64() {
-                let e = ratios.entry(k.clone()).or_insert_with(|| json!([]));
-                if let Some(a) = e.as_array_mut() {
-                    a.push(json!(x));
-                }
+        for k in report["ratios"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k)
+        {
+            if !ratio_keys.contains(&k) {
+                ratio_keys.push(k);
             }
         }
-        for (k, v) in report["goals"].as_object().into_iter().flatten() {
-            let e = goals.entry(k.clone()).or_insert_with(|| json!(0));
-            if v.as_bool() == Some(true) {
-                *e = json!(e.as_u64().unwrap_or(0) + 1);
+        for k in report["goals"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| k)
+        {
+            if !goal_keys.contains(&k) {
+                goal_keys.push(k);
             }
         }
     }
     let runs = reports.len();
-    let ratios: Map<String, Value> = ratios
-        .into_iter()
-        .map(|(k, values)| {
-            let mut xs: Vec<f64> = values
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_f64)
-                .collect();
-            let in_order = xs.clone();
-            xs.sort_by(f64::total_cmp);
-            let summary = json!({
+    let mut ratios: Map<String, Value> = Map::new();
+    for k in ratio_keys {
+        let values: Vec<Option<f64>> = reports
+            .iter()
+            .map(|r| r["ratios"][k.as_str()].as_f64())
+            .collect();
+        let mut xs: Vec<f64> = values.iter().flatten().copied().collect();
+        if xs.is_empty() {
+            continue;
+        }
+        xs.sort_by(f64::total_cmp);
+        ratios.insert(
+            k.clone(),
+            json!({
+                "count": xs.len(),
                 "min": xs.first(),
                 "median": median(&xs),
                 "max": xs.last(),
-                "values": in_order,
-            });
-            (k, summary)
-        })
-        .collect();
-    let goals: Map<String, Value> = goals
-        .into_iter()
-        .map(|(k, met)| {
-            let met = met.as_u64().unwrap_or(0);
-            let summary = json!({
-                "met": met,
-                "runs": runs,
-                "every_run": met == runs as u64,
-            });
-            (k, summary)
-        })
-        .collect();
+                "values": values,
+            }),
+        );
+    }
+    let mut goals: Map<String, Value> = Map::new();
+    for k in goal_keys {
+        let met = reports
+            .iter()
+            .filter(|r| r["goals"][k.as_str()].as_bool() == Some(true))
+            .count();
+        goals.insert(
+            k.clone(),
+            json!({ "met": met, "runs": runs, "every_run": met == runs }),
+        );
+    }
     json!({ "runs": runs, "ratios": ratios, "goals": goals })
 }
 
@@ -161,7 +169,9 @@ mod tests {
         // Four values: the mean of the middle two.
         assert_eq!(r["median"], (5.2 + 5.5) / 2.0);
         assert_eq!(r["max"], 6.1);
-        assert_eq!(r["values"], json!([5.2, 4.9, 6.1, 5.5]));
+        // In run order, the run without it as null.
+        assert_eq!(r["values"], json!([5.2, 4.9, null, 6.1, 5.5]));
+        assert_eq!(r["count"], 4);
         // A ratio that is never a number has no summary.
         assert!(s["ratios"].get("other").is_none());
         let g = &s["goals"]["throughput_at_least_5x"];
@@ -170,6 +180,16 @@ mod tests {
         assert_eq!(g["every_run"], false);
         assert_eq!(s["goals"]["always"]["every_run"], true);
         assert_eq!(s["goals"]["always"]["met"], 5);
+    }
+
+    #[test]
+    fn a_goal_some_runs_lack_counts_as_missed_there() {
+        let mut only_first = report(Some(5.0), true);
+        only_first["goals"]["at_10000"] = json!(true);
+        let s = summarize(&[only_first, report(Some(5.0), true)]);
+        assert_eq!(s["goals"]["at_10000"]["met"], 1);
+        assert_eq!(s["goals"]["at_10000"]["every_run"], false);
+        assert_eq!(summarize(&[])["runs"], 0);
     }
 
     #[test]

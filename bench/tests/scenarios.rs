@@ -457,7 +457,7 @@ fn list_get_startup_idle_report_every_figure() {
             "idle",
             "--compare",
             "-w",
-            "20",
+            "50",
             "--settle",
             "0.2",
             "--repeat",
@@ -466,32 +466,40 @@ fn list_get_startup_idle_report_every_figure() {
         &dir.path().join("m1-repeat.json"),
     );
     assert_eq!(r["repeat"], 2, "{r:#}");
+    assert_eq!(r["scenario"], "idle", "{r:#}");
+    assert_eq!(r["completed_runs"], 2, "{r:#}");
+    assert!(r["error"].is_null(), "{r:#}");
     assert!(printed.contains("ratios over 2 runs"), "{printed}");
     assert!(printed.contains("goals over 2 runs"), "{printed}");
     let runs = r["runs"].as_array().expect("runs");
     assert_eq!(runs.len(), 2);
     for run in runs {
         has_fields(run, TOP, false, "a repeated run");
-        assert_eq!(run["results"]["proxy"]["watchers_established"], 20);
+        assert_eq!(run["results"]["proxy"]["watchers_established"], 50);
     }
+    // Each run's own ratio, in run order (null where a run has none: etcd's
+    // RSS may not grow for a few watchers), and the spread of the numbers.
     let key = "rss_per_watcher_proxy_over_etcd";
-    let each: Vec<f64> = runs
-        .iter()
-        .map(|run| run["ratios"][key].as_f64().expect("ratio"))
-        .collect();
+    let each: Vec<Value> = runs.iter().map(|run| run["ratios"][key].clone()).collect();
+    let mut nums: Vec<f64> = each.iter().filter_map(Value::as_f64).collect();
+    nums.sort_by(f64::total_cmp);
     let s = &r["summary"]["ratios"][key];
-    assert_eq!(s["values"], serde_json::json!(each), "{s:#}");
-    let lo = each.iter().cloned().fold(f64::INFINITY, f64::min);
-    let hi = each.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-    assert_eq!(s["min"].as_f64(), Some(lo), "{s:#}");
-    assert_eq!(s["max"].as_f64(), Some(hi), "{s:#}");
-    // A new number, so compared within an ulp or two: the JSON text of
-    // a float need not parse back to the same bits.
-    let median = s["median"].as_f64().expect("median");
-    assert!(
-        (median - (each[0] + each[1]) / 2.0).abs() <= 1e-12 * median.abs().max(1.0),
-        "{s:#}"
-    );
+    if nums.is_empty() {
+        assert!(s.is_null(), "{s:#}");
+    } else {
+        assert_eq!(s["values"], serde_json::json!(each), "{s:#}");
+        assert_eq!(s["count"], nums.len(), "{s:#}");
+        assert_eq!(s["min"].as_f64(), nums.first().copied(), "{s:#}");
+        assert_eq!(s["max"].as_f64(), nums.last().copied(), "{s:#}");
+        // A new number, so compared within an ulp or two: the JSON text of
+        // a float need not parse back to the same bits.
+        let want = (nums[0] + nums[nums.len() - 1]) / 2.0;
+        let median = s["median"].as_f64().expect("median");
+        assert!(
+            (median - want).abs() <= 1e-12 * want.abs().max(1.0),
+            "{s:#}"
+        );
+    }
     let goal = "under_10kb_per_idle_watcher";
     let met = runs
         .iter()
@@ -501,6 +509,32 @@ fn list_get_startup_idle_report_every_figure() {
     assert_eq!(g["met"], met, "{g:#}");
     assert_eq!(g["runs"], 2, "{g:#}");
     assert_eq!(g["every_run"], met == 2, "{g:#}");
+    // A run that fails ends the set with an error, and the report still
+    // says how many runs finished and why the next did not.
+    let failed = dir.path().join("repeat-failed.json");
+    let err = bench_fails(&[
+        "idle",
+        "--compare",
+        "-w",
+        "5",
+        "--repeat",
+        "2",
+        "--watchcache-bin",
+        "/nonexistent/watchcache",
+        "--json",
+        failed.to_str().expect("utf-8 path"),
+    ]);
+    assert!(err.contains("run 1 of 2"), "{err}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&failed).expect("report"))
+        .expect("JSON report");
+    assert_eq!(r["completed_runs"], 0, "{r:#}");
+    assert_eq!(r["runs"], serde_json::json!([]), "{r:#}");
+    assert!(
+        r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("nonexistent")),
+        "{r:#}"
+    );
     let err = bench_fails(&["chaos", "--repeat", "2"]);
     assert!(err.contains("--repeat applies to"), "{err}");
     let err = bench_fails(&["get", "--repeat", "2", "--plot", "g1.svg"]);
