@@ -14,33 +14,9 @@ use crate::report::{f, print_table};
 /// no run has is left out) and each goal's count of runs that met it
 /// (`met`, `runs`, `every_run`; a run without the goal did not meet it).
 pub fn summarize(reports: &[Value]) -> Value {
-    let mut ratio_keys: Vec<&String> = Vec::new();
-    let mut goal_keys: Vec<&String> = Vec::new();
-    for report in reports {
-        for k in report["ratios"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, _)| k)
-        {
-            if !ratio_keys.contains(&k) {
-                ratio_keys.push(k);
-            }
-        }
-        for k in report["goals"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .map(|(k, _)| k)
-        {
-            if !goal_keys.contains(&k) {
-                goal_keys.push(k);
-            }
-        }
-    }
     let runs = reports.len();
     let mut ratios: Map<String, Value> = Map::new();
-    for k in ratio_keys {
+    for k in keys(reports, "ratios") {
         let values: Vec<Option<f64>> = reports
             .iter()
             .map(|r| r["ratios"][k.as_str()].as_f64())
@@ -62,7 +38,7 @@ pub fn summarize(reports: &[Value]) -> Value {
         );
     }
     let mut goals: Map<String, Value> = Map::new();
-    for k in goal_keys {
+    for k in keys(reports, "goals") {
         let met = reports
             .iter()
             .filter(|r| r["goals"][k.as_str()].as_bool() == Some(true))
@@ -73,6 +49,20 @@ pub fn summarize(reports: &[Value]) -> Value {
         );
     }
     json!({ "runs": runs, "ratios": ratios, "goals": goals })
+}
+
+/// The keys of the `field` object of any report, each once, in the order
+/// they first appear.
+fn keys<'a>(reports: &'a [Value], field: &str) -> Vec<&'a String> {
+    let mut out: Vec<&String> = Vec::new();
+    for report in reports {
+        for (k, _) in report[field].as_object().into_iter().flatten() {
+            if !out.contains(&k) {
+                out.push(k);
+            }
+        }
+    }
+    out
 }
 
 /// The middle value of sorted `xs` (the mean of the two middle ones for an
