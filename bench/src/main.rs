@@ -300,9 +300,7 @@ fn main() -> Result<()> {
         let results = codec::run(cli.objects.unwrap_or(2000), cli.size)?;
         if let Some(path) = &cli.json {
             let report = json!({"scenario": "codec", "results": results});
-            std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-            eprintln!("wrote {}", path.display());
+            write_report(path, &report)?;
         }
         return Ok(());
     }
@@ -340,9 +338,7 @@ fn main() -> Result<()> {
             "summary": summary,
             "runs": reports,
         });
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_report(path, &report)?;
     }
     match failure {
         Some(e) => Err(e.context(format!("run {} of {repeat}", completed + 1))),
@@ -354,25 +350,27 @@ fn main() -> Result<()> {
 /// its own, both ended with it: nothing of one run (a detached task, a
 /// connection) runs on into the next. Returns the run's report.
 fn run_once(cli: &Cli, nofile: u64) -> Result<Option<Value>> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     // Our own etcd lives in a keeper thread for the whole run.
     let keeper = match &cli.etcd {
         Some(_) => None,
-        None => match EtcdKeeper::start() {
-            Ok(k) => Some(k),
-            Err(e) => {
-                rt.shutdown_timeout(Duration::from_secs(2));
-                return Err(e);
-            }
-        },
+        None => Some(EtcdKeeper::start()?),
     };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     // The daemon is spawned from this (main) thread inside block_on, which
     // outlives it (PDEATHSIG).
     let r = rt.block_on(run(cli.clone(), keeper, nofile));
     rt.shutdown_timeout(Duration::from_secs(2));
     r
+}
+
+/// Writes a report as `--json` asks.
+fn write_report(path: &std::path::Path, report: &Value) -> Result<()> {
+    std::fs::write(path, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    eprintln!("wrote {}", path.display());
+    Ok(())
 }
 
 /// `30`, `30s`, `1.5s`, `2m`: seconds.
@@ -689,9 +687,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     });
     // A set of runs (--repeat) is written as one report by main.
     if let Some(path) = cli.json.as_ref().filter(|_| cli.repeat == 1) {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_report(path, &report)?;
     }
     if let Some(path) = &cli.plot {
         if hists.is_empty() {
@@ -1358,9 +1354,7 @@ async fn run_chaos(
             "etcd_endpoint": etcd_endpoint,
             "results": out.json,
         });
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        write_report(path, &report)?;
     }
     if !r.violations.is_empty() {
         bail!("{} consistency violations", r.violations.len());

@@ -1012,7 +1012,7 @@ pub async fn get(
     drop(clients_keep);
     let h = hist.lock().clone();
     let done = ops.load(Ordering::Relaxed);
-    let result = json!({
+    let mut result = json!({
         "target": variant,
         "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable get" },
         "objects": n,
@@ -1030,7 +1030,6 @@ pub async fn get(
         "processes": usage,
         "latency_distribution": distribution(&h),
     });
-    let mut result = result;
     set_cpu_per_get(&mut result);
     Ok((result, Some(h)))
 }

@@ -146,6 +146,12 @@ impl SelectionPredicate {
         {
             return false;
         }
+        self.passes_selectors(o)
+    }
+
+    /// Whether `o` passes the label and field selectors (its namespace
+    /// aside: a walk within the prefix is within the namespace).
+    fn passes_selectors(&self, o: &Object) -> bool {
         self.label.matches(&o.labels) && self.field.matches(o)
     }
 
@@ -163,9 +169,6 @@ impl SelectionPredicate {
         self.namespace.is_none() && !self.has_selectors()
     }
 
-    /// A label or field selector is set. Kubernetes leaves a List's
-    /// `remainingItemCount` unset then (the count is "unknown"), which also
-    /// spares walking the rest of the range on every page.
     /// The size of the smallest index set an exact term of the selectors
     /// names (0 when a term names one nothing carries), if any does: a
     /// List walks no more than that.
@@ -177,6 +180,9 @@ impl SelectionPredicate {
         }
     }
 
+    /// A label or field selector is set. Kubernetes leaves a List's
+    /// `remainingItemCount` unset then (the count is "unknown"), which also
+    /// spares walking the rest of the range on every page.
     pub fn has_selectors(&self) -> bool {
         !self.label.is_empty() || !self.field.is_empty()
     }
@@ -280,7 +286,7 @@ impl SelectionPredicate {
             };
             walked += 1;
             last = Some(o);
-            if !selectors || (self.label.matches(&o.labels) && self.field.matches(o)) {
+            if !selectors || self.passes_selectors(o) {
                 items.push(Arc::clone(o));
             }
         };
@@ -308,8 +314,7 @@ impl SelectionPredicate {
         // (Reading each object's namespace was a cache miss per item on a
         // large page.)
         let selectors = self.has_selectors();
-        let mut matching = objects
-            .filter(|o| !selectors || (self.label.matches(&o.labels) && self.field.matches(o)));
+        let mut matching = objects.filter(|o| !selectors || self.passes_selectors(o));
         let limit = limit.unwrap_or(usize::MAX);
         let items: Vec<Arc<Object>> = matching.by_ref().take(limit).cloned().collect();
         let rest = if count_rest {
@@ -555,25 +560,27 @@ mod tests {
         }
     }
 
+    /// Objects of the sparse caches below: three empty initial steps, then
+    /// the one match (the last object) in the fourth.
+    const SPARSE_N: usize = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
+
     /// A sparse selection's initial events over a large cache: a poll walks
     /// one bounded step, and one that finds nothing returns pending with
     /// the task woken to go on (the connection's other streams run in
     /// between), until the match and the end bookmark.
     #[tokio::test(start_paused = true)]
     async fn a_sparse_selection_yields_between_initial_steps() {
-        let n = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
         let events: Vec<serde_json::Value> = String::from_utf8_lossy(&sparse_initial_steps(false))
             .lines()
             .map(|l| serde_json::from_str(l).expect("json"))
             .collect();
-        assert_initial_match_then_bookmark(&events, n);
+        assert_initial_match_then_bookmark(&events);
     }
 
     /// The same steps for a protobuf watcher: its initial events are frames
     /// made from each object's cached message, its end bookmark a frame too.
     #[tokio::test(start_paused = true)]
     async fn a_sparse_protobuf_selection_yields_between_initial_steps() {
-        let n = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
         let b = sparse_initial_steps(true);
         let mut events = Vec::new();
         let mut rest = &b[..];
@@ -585,16 +592,16 @@ mod tests {
             events.push(event);
             rest = &rest[4 + len..];
         }
-        assert_initial_match_then_bookmark(&events, n);
+        assert_initial_match_then_bookmark(&events);
     }
 
     /// One ADDED event of the last object, then the end bookmark.
-    fn assert_initial_match_then_bookmark(events: &[serde_json::Value], n: usize) {
+    fn assert_initial_match_then_bookmark(events: &[serde_json::Value]) {
         assert_eq!(events.len(), 2, "{events:?}");
         assert_eq!(events[0]["type"], "ADDED");
         assert_eq!(
             events[0]["object"]["metadata"]["name"],
-            format!("p{:05}", n - 1)
+            format!("p{:05}", SPARSE_N - 1)
         );
         assert_eq!(events[1]["type"], "BOOKMARK");
         assert_eq!(
@@ -609,9 +616,8 @@ mod tests {
     /// and returns the chunk that follows.
     fn sparse_initial_steps(protobuf: bool) -> bytes::Bytes {
         let c = codec(true);
-        let n = 3 * super::super::watcher::INITIAL_WALK_MAX + 10;
         let cache = Arc::new(WatchCache::new(Arc::clone(&c), "pods".into(), 100));
-        cache.init(many_objects(&c, n, &[n - 1]), 10);
+        cache.init(many_objects(&c, SPARSE_N, &[SPARSE_N - 1]), 10);
         let p = SelectionPredicate::new(
             &c,
             None,
