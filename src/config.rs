@@ -165,6 +165,11 @@ pub struct ServerConfig {
     /// again (`api::list_body_cache`). 0 turns it off.
     #[serde(default = "default_list_body_cache_bytes")]
     pub list_body_cache_bytes: usize,
+    /// Gzip responses over 128 KiB (not watches) for clients that send
+    /// `Accept-Encoding: gzip`, as kube-apiserver's
+    /// `APIResponseCompression` feature gate (on by default there too).
+    #[serde(default = "default_true")]
+    pub response_compression: bool,
     /// Coalesce a connection's small writes (HTTP/2 frames, HTTP/1.1
     /// chunks) into one system call per batch instead of one per frame:
     /// the largest saving in watch fan-out. Off only to measure it.
@@ -406,6 +411,7 @@ impl Default for ServerConfig {
             max_connections: default_max_connections(),
             watch_max_buffered_bytes: default_watch_max_buffered_bytes(),
             list_body_cache_bytes: default_list_body_cache_bytes(),
+            response_compression: true,
             coalesce_writes: true,
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),

@@ -292,3 +292,39 @@ async fn kubectl_get_protobuf_pod_json() {
     let got: Value = serde_json::from_str(&out).expect("kubectl printed JSON");
     assert_eq!(got, expected);
 }
+
+/// kubectl asks for gzip by itself (Go's transport): a List over 128 KiB
+/// comes back compressed, and kubectl reads every item of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_reads_a_gzipped_list() {
+    let ts = TestServer::start("kc-gzip", |_| {}).await;
+    for i in 0..120 {
+        let mut p = pod("ns1", &format!("big-{i:03}"));
+        p["metadata"]["annotations"] = json!({"note": "x".repeat(1500)});
+        let (c, v) = ts.post_json("/api/v1/namespaces/ns1/pods", &p).await;
+        assert_eq!(c, 201, "{v}");
+    }
+    let k = kubectl(&ts);
+    // -v=8 logs each response's headers, as Go's transport leaves them
+    // after it has unpacked a gzip body: `Content-Encoding` removed, the
+    // `Vary: Accept-Encoding` the server sends only with gzip kept.
+    let out = k
+        .output(&["get", "pods", "-n", "ns1", "-o", "json", "-v=8"])
+        .await;
+    assert!(out.success, "{}", out.stderr);
+    let list: Value = serde_json::from_str(&out.stdout).unwrap();
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 120);
+    assert_eq!(items[119]["metadata"]["name"], "big-119");
+    assert_eq!(
+        items[0]["metadata"]["annotations"]["note"]
+            .as_str()
+            .map(str::len),
+        Some(1500)
+    );
+    assert!(
+        out.stderr.contains("Vary: Accept-Encoding"),
+        "kubectl was not sent gzip:\n{}",
+        out.stderr
+    );
+}

@@ -3,6 +3,7 @@
 //! one connection per concurrent request; over TLS with a bearer token when
 //! the proxy serves securely (`--secure`, [`crate::secure`]).
 
+use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -87,6 +88,7 @@ impl HttpTarget {
                 scheme: "http",
                 authorization: None,
                 accept: self.accept,
+                gzip: false,
             });
         };
         let host = self
@@ -108,6 +110,7 @@ impl HttpTarget {
             scheme: "https",
             authorization: tls.authorization.clone(),
             accept: self.accept,
+            gzip: false,
         })
     }
 
@@ -168,6 +171,8 @@ pub struct Conn {
     /// `Bearer <token>` on every request (secure proxy).
     authorization: Option<HeaderValue>,
     accept: &'static str,
+    /// `Accept-Encoding: gzip` on every request ([`Conn::asking_gzip`]).
+    gzip: bool,
 }
 
 impl Conn {
@@ -180,9 +185,18 @@ impl Conn {
                 scheme: self.scheme,
                 authorization: self.authorization.clone(),
                 accept: self.accept,
+                gzip: self.gzip,
             }),
             Sender::H1(..) => None,
         }
+    }
+
+    /// The same connection, asking for gzip on every request as kubectl
+    /// and client-go do (`list --gzip`). Bodies that come back gzipped are
+    /// unpacked by [`Conn::get_body`] and [`Conn::get_count`].
+    pub fn asking_gzip(mut self) -> Conn {
+        self.gzip = true;
+        self
     }
 
     /// The request target of `GET path_and_query` on this connection: the
@@ -212,6 +226,9 @@ impl Conn {
             Sender::H2(_) => Request::get(uri),
         }
         .header(hyper::header::ACCEPT, self.accept);
+        if self.gzip {
+            req = req.header(hyper::header::ACCEPT_ENCODING, "gzip");
+        }
         if let Some(a) = &self.authorization {
             req = req.header(hyper::header::AUTHORIZATION, a.clone());
         }
@@ -238,7 +255,17 @@ impl Conn {
     pub async fn get_body_uri(&mut self, uri: Uri) -> Result<Bytes> {
         let resp = self.get_uri(uri.clone()).await?;
         let status = resp.status();
+        let gzipped = is_gzipped(&resp);
         let body = resp.into_body().collect().await?.to_bytes();
+        let body = if gzipped {
+            let mut out = Vec::new();
+            flate2::read::GzDecoder::new(&body[..])
+                .read_to_end(&mut out)
+                .with_context(|| format!("GET {uri}: gzip body"))?;
+            Bytes::from(out)
+        } else {
+            body
+        };
         if !status.is_success() {
             bail!(
                 "GET {uri}: {status}: {}",
@@ -248,9 +275,10 @@ impl Conn {
         Ok(body)
     }
 
-    /// `GET` and count the body's bytes without keeping them; errors on a
-    /// non-2xx status.
-    pub async fn get_count(&mut self, path_and_query: &str) -> Result<u64> {
+    /// `GET` and count the body's bytes without keeping them, unpacking a
+    /// gzipped body as it comes (a client's work too, so it is timed):
+    /// (bytes received, bytes of the body). Errors on a non-2xx status.
+    pub async fn get_count(&mut self, path_and_query: &str) -> Result<(u64, u64)> {
         let resp = self.get(path_and_query).await?;
         let status = resp.status();
         if !status.is_success() {
@@ -260,14 +288,40 @@ impl Conn {
                 String::from_utf8_lossy(&body[..body.len().min(300)])
             );
         }
+        let mut unpack = is_gzipped(&resp).then(|| flate2::write::GzDecoder::new(Counter(0)));
         let mut body = resp.into_body();
         let mut n = 0u64;
         while let Some(frame) = body.frame().await {
             if let Ok(d) = frame?.into_data() {
                 n += d.len() as u64;
+                if let Some(u) = &mut unpack {
+                    u.write_all(&d).context("gzip body")?;
+                }
             }
         }
-        Ok(n)
+        match unpack {
+            Some(u) => Ok((n, u.finish().context("gzip body")?.0)),
+            None => Ok((n, n)),
+        }
+    }
+}
+
+fn is_gzipped<B>(resp: &Response<B>) -> bool {
+    resp.headers()
+        .get(hyper::header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() == b"gzip")
+}
+
+/// An `io::Write` that only counts.
+struct Counter(u64);
+
+impl std::io::Write for Counter {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0 += b.len() as u64;
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

@@ -87,6 +87,9 @@ pub struct Params {
     pub daemon_server: Vec<String>,
     /// list: protobuf responses, schema-valid Pods (`--protobuf`).
     pub protobuf: bool,
+    /// list: `Accept-Encoding: gzip` on the proxy's Lists, each unpacked
+    /// (`--gzip`).
+    pub gzip: bool,
     /// list, get, startup: objects stored as kube-apiserver protobuf
     /// (`--storage-media-type application/vnd.kubernetes.protobuf`).
     pub storage_protobuf: bool,
@@ -673,6 +676,7 @@ pub async fn list(
     let mut full = new_histogram();
     let mut paged = new_histogram();
     let mut full_bytes = 0u64;
+    let mut full_wire_bytes = 0u64;
     let items;
     let mut paged_items = 0usize;
     let mut pages = 0usize;
@@ -703,6 +707,7 @@ pub async fn list(
                 .await?;
             full.saturating_record(t.elapsed().as_micros() as u64);
             full_bytes = r.kvs().iter().map(|kv| kv.value().len() as u64).sum();
+            full_wire_bytes = full_bytes;
             pb.inc(1);
         }
         for _ in 0..p.iterations {
@@ -720,6 +725,9 @@ pub async fn list(
         proxy_caught_up(&mut conn, &path, loaded_rev, Duration::from_secs(120)).await?;
         if p.protobuf {
             conn = target.with_accept(PROTOBUF).connect().await?;
+        }
+        if p.gzip {
+            conn = conn.asking_gzip();
         }
         let rv0 = variant == "proxy";
         let full_q = if rv0 {
@@ -744,7 +752,7 @@ pub async fn list(
         usage = Usage::start(ctx, Target::Proxy);
         for _ in 0..p.iterations {
             let t = Instant::now();
-            full_bytes = conn.get_count(&full_q).await?;
+            (full_wire_bytes, full_bytes) = conn.get_count(&full_q).await?;
             full.saturating_record(t.elapsed().as_micros() as u64);
             pb.inc(1);
         }
@@ -787,6 +795,8 @@ pub async fn list(
         "iterations": p.iterations,
         "items": items,
         "full_list_bytes": full_bytes,
+        "full_list_wire_bytes": full_wire_bytes,
+        "gzip": p.gzip && variant != "etcd",
         "first_list_ms": first_ms,
         "full_list_ms": summarize(&full),
         "page_size": p.page_size,

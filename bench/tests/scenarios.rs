@@ -281,6 +281,11 @@ fn list_get_startup_idle_report_every_figure() {
         );
         assert_eq!(v["items"], 600, "{t}: {v:#}");
         assert_eq!(v["pages"], 2, "{t}: 600 objects in pages of 500");
+        // Without --gzip, what crossed the wire is the body itself.
+        assert_eq!(
+            v["full_list_wire_bytes"], v["full_list_bytes"],
+            "{t}: {v:#}"
+        );
     }
     // The loopback floor moved the proxy's own List bytes, once per iteration.
     let floor = &r["results"]["loopback"];
@@ -574,6 +579,42 @@ fn protobuf_list_counts_every_item() {
     // --protobuf is refused where it does not apply.
     let err = bench_fails(&["fanout", "--protobuf"]);
     assert!(err.contains("--protobuf applies to list"), "{err}");
+}
+
+/// `--gzip`: the proxy's Lists (over 128 KiB) come gzipped, and the bench
+/// unpacks every one: all items counted, fewer bytes on the wire than in
+/// the body, in JSON and in protobuf.
+#[test]
+fn gzip_lists_are_unpacked_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    for media in [&[][..], &["--protobuf"][..]] {
+        let mut args = vec![
+            "list",
+            "--target",
+            "proxy",
+            "--gzip",
+            "-n",
+            "600",
+            "-s",
+            "512",
+            "--iterations",
+            "2",
+        ];
+        args.extend_from_slice(media);
+        let r = bench(&args, &dir.path().join("l1-gzip.json"));
+        assert_eq!(r["params"]["gzip"], true, "{r:#}");
+        for t in ["proxy", "proxy_consistent"] {
+            let v = &r["results"][t];
+            assert_eq!(v["gzip"], true, "{t}: {v:#}");
+            assert_eq!(v["items"], 600, "{t}: {v:#}");
+            let body = v["full_list_bytes"].as_u64().unwrap();
+            let wire = v["full_list_wire_bytes"].as_u64().unwrap();
+            assert!(body > 600 * 400, "{t}: {v:#}");
+            assert!(wire > 0 && wire * 2 < body, "{t}: {v:#}");
+        }
+    }
+    let err = bench_fails(&["fanout", "--gzip"]);
+    assert!(err.contains("--gzip applies to list"), "{err}");
 }
 
 /// Objects stored as kube-apiserver stores them (protobuf), listed in

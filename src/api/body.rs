@@ -43,7 +43,7 @@ impl Body {
 
 /// Frames a [`Body::produced`] body's producer may have made and the
 /// connection not yet taken.
-const PRODUCED_AHEAD: usize = 2;
+pub(super) const PRODUCED_AHEAD: usize = 2;
 
 impl Body {
     /// A body of `frames`, made on a task of their own, at most
@@ -65,6 +65,11 @@ impl Body {
                 }
             }
         });
+        Body::from_receiver(rx)
+    }
+
+    /// The frames sent on `rx`'s channel, until its senders are gone.
+    pub(super) fn from_receiver(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
         Body::boxed(http_body_util::StreamBody::new(
             tokio_stream::wrappers::ReceiverStream::new(rx)
                 .map(|b| Ok::<_, Infallible>(Frame::data(b))),

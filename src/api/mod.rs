@@ -32,6 +32,7 @@ use list_body_cache::{ListBodyBudget, ListBodyCache};
 use params::Query;
 
 mod body;
+mod compression;
 mod connection;
 pub mod discovery;
 mod errors;
@@ -355,6 +356,7 @@ async fn handle(
     // The span records the path when it is created (when debug logging is
     // on): no copy of it is kept for the log line.
     let span = tracing::debug_span!("request", %method, path = %req.uri().path(), verb);
+    let gzip = state.config.server.response_compression && compression::accepts_gzip(req.headers());
     let resp = match &info {
         Ok(info) => match secure::admit(&state, &req, conn.identity(), info) {
             Ok(admitted) => {
@@ -381,6 +383,12 @@ async fn handle(
             Err(denied) => status_response(&unread_body(&req, denied)),
         },
         Err(e) => status_response(&unread_body(&req, errors::request_info_status(e))),
+    };
+    let resp = if gzip {
+        // Boxed, see above: only a request that asks for gzip pays for it.
+        Box::pin(compression::compress(resp)).await
+    } else {
+        resp
     };
     let elapsed = start.elapsed();
     let code = resp.status().as_u16();

@@ -1,0 +1,394 @@
+//! Response compression: gzip for large responses, as kube-apiserver's
+//! `APIResponseCompression` does.
+//!
+//! Why: a full List of a large resource is megabytes of JSON. Across a real
+//! network (kubectl on a laptop, a controller in another zone) the bytes
+//! cost more than the CPU to shrink them, and every Kubernetes client asks
+//! for gzip (Go's transport adds `Accept-Encoding: gzip` by itself).
+//! kube-apiserver's rules are kept: only a client that names `gzip` gets
+//! it, only a body over [`THRESHOLD`] is compressed (small ones cost more
+//! CPU than they save), at level 1 ([`LEVEL`]), with `Content-Encoding:
+//! gzip` and `Vary: Accept-Encoding`; watch streams never are (each event
+//! must leave at once). `server.response_compression = false` turns it off,
+//! kube-apiserver's `--feature-gates=APIResponseCompression=false`.
+//!
+//! A streamed List is compressed as it is made, a frame at a time, on
+//! tokio's blocking pool (deflating a 1 MiB frame takes milliseconds, too
+//! long for a runtime thread): nothing waits for the whole body, and a
+//! client that stops reading stops the compressor and the List's producer.
+
+use std::convert::Infallible;
+use std::io::{self, Write};
+
+use bytes::{Bytes, BytesMut};
+use flate2::Compression;
+use flate2::write::GzEncoder;
+use http_body_util::BodyExt;
+use http_body_util::combinators::UnsyncBoxBody;
+use hyper::header::{
+    ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, HeaderMap, HeaderValue, VARY,
+};
+use hyper::{Response, StatusCode};
+use tracing::warn;
+
+use super::body::Body;
+
+/// Bodies up to this size go out as they are (kube-apiserver's
+/// `defaultGzipThresholdBytes`).
+pub const THRESHOLD: usize = 128 * 1024;
+
+/// kube-apiserver's `defaultGzipContentEncodingLevel`: the least CPU, and a
+/// ratio within 1.1-1.3x of the higher levels (kubernetes#112296).
+const LEVEL: u32 = 1;
+
+/// Whether the request's `Accept-Encoding` names `gzip` (and does not
+/// refuse it with `q=0`). Like kube-apiserver, `*` does not count: a
+/// client that cannot name gzip is not sent it.
+pub fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|coding| {
+            let mut parts = coding.split(';');
+            let name = parts.next().unwrap_or_default().trim();
+            name.eq_ignore_ascii_case("gzip") && !parts.any(refuses)
+        })
+}
+
+/// `q=0` (or `q=0.0`...): the coding is not acceptable (RFC 9110 12.4.2).
+fn refuses(param: &str) -> bool {
+    let Some((k, v)) = param.split_once('=') else {
+        return false;
+    };
+    k.trim().eq_ignore_ascii_case("q") && v.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
+}
+
+/// `resp`, gzipped when it is worth it: a body over [`THRESHOLD`] that is
+/// not a watch, not already encoded, and may carry content. The caller
+/// has checked [`accepts_gzip`]. A streamed body is read until it passes
+/// the threshold or ends, which decides.
+pub async fn compress(resp: Response<Body>) -> Response<Body> {
+    let status = resp.status();
+    if status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+        || status.is_informational()
+        || resp.headers().contains_key(CONTENT_ENCODING)
+    {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let body = match body {
+        Body::Full(Some(all)) if all.len() > THRESHOLD => {
+            let input = all.clone();
+            match tokio::task::spawn_blocking(move || gzip_all(&input)).await {
+                Ok(Ok(z)) => Body::full(z),
+                Ok(Err(e)) => return unchanged(parts, all, &e),
+                Err(e) => return unchanged(parts, all, &e),
+            }
+        }
+        Body::Boxed(mut rest) => {
+            let mut first = Vec::new();
+            let mut seen = 0;
+            while seen <= THRESHOLD {
+                match next_data(&mut rest).await {
+                    Some(b) => {
+                        seen += b.len();
+                        first.push(b);
+                    }
+                    // All of it is here, and it is small: one frame as is.
+                    None => return Response::from_parts(parts, Body::full(concat(first))),
+                }
+            }
+            gzip_stream(first, rest)
+        }
+        other => return Response::from_parts(parts, other),
+    };
+    parts.headers.remove(CONTENT_LENGTH);
+    parts
+        .headers
+        .insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    parts
+        .headers
+        .append(VARY, HeaderValue::from_static("Accept-Encoding"));
+    Response::from_parts(parts, body)
+}
+
+/// The next data frame of `body` (trailers are skipped; none are made).
+async fn next_data(body: &mut UnsyncBoxBody<Bytes, Infallible>) -> Option<Bytes> {
+    loop {
+        match body.frame().await? {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    return Some(data);
+                }
+            }
+            Err(never) => match never {},
+        }
+    }
+}
+
+fn concat(frames: Vec<Bytes>) -> Bytes {
+    match <[Bytes; 1]>::try_from(frames) {
+        Ok([one]) => one,
+        Err(frames) => {
+            let mut all = BytesMut::with_capacity(frames.iter().map(Bytes::len).sum());
+            for f in &frames {
+                all.extend_from_slice(f);
+            }
+            all.freeze()
+        }
+    }
+}
+
+fn encoder(capacity: usize) -> GzEncoder<Vec<u8>> {
+    GzEncoder::new(Vec::with_capacity(capacity), Compression::new(LEVEL))
+}
+
+fn gzip_all(input: &[u8]) -> io::Result<Vec<u8>> {
+    let mut enc = encoder(input.len() / 4);
+    enc.write_all(input)?;
+    enc.finish()
+}
+
+/// What one round of [`deflate`] leaves: the encoder to go on with and the
+/// bytes made so far, or the last bytes.
+enum Deflated {
+    More(Box<GzEncoder<Vec<u8>>>, Vec<u8>),
+    Done(Vec<u8>),
+}
+
+/// Compresses `input` and takes what the encoder has written; with `last`,
+/// ends the gzip stream (the trailer with its CRC and length).
+fn deflate(mut enc: Box<GzEncoder<Vec<u8>>>, input: &[Bytes], last: bool) -> io::Result<Deflated> {
+    for b in input {
+        enc.write_all(b)?;
+    }
+    if last {
+        return enc.finish().map(Deflated::Done);
+    }
+    let made = std::mem::take(enc.get_mut());
+    Ok(Deflated::More(enc, made))
+}
+
+/// The gzip of `first` then the rest of `rest`, made by a task of its own
+/// (see the module's doc) at most a few frames ahead of the connection.
+fn gzip_stream(first: Vec<Bytes>, mut rest: UnsyncBoxBody<Bytes, Infallible>) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel(super::body::PRODUCED_AHEAD);
+    tokio::spawn(async move {
+        let mut enc = Box::new(encoder(THRESHOLD));
+        let mut batch = first;
+        loop {
+            // The producer runs ahead of us, so the next frame is usually
+            // there already.
+            let next = next_data(&mut rest).await;
+            let last = next.is_none();
+            let round =
+                tokio::task::spawn_blocking(move || deflate(enc, &batch, last).map(|d| (d, batch)))
+                    .await;
+            let made = match round {
+                Ok(Ok((Deflated::More(e, made), mut used))) => {
+                    enc = e;
+                    used.clear();
+                    batch = used;
+                    made
+                }
+                Ok(Ok((Deflated::Done(made), _))) => {
+                    let _ = tx.send(Bytes::from(made)).await;
+                    return;
+                }
+                // The client sees the gzip stream end without its trailer:
+                // an error, never a short body taken for the whole.
+                Ok(Err(e)) => return log_failure(&e),
+                Err(e) => return log_failure(&e),
+            };
+            if !made.is_empty() && tx.send(Bytes::from(made)).await.is_err() {
+                return; // The client went away.
+            }
+            // Not the last round, so there was a next frame.
+            batch.extend(next);
+        }
+    });
+    Body::from_receiver(rx)
+}
+
+fn log_failure(error: &dyn std::fmt::Display) {
+    warn!(%error, "gzip of a response failed");
+}
+
+/// A body that could not be compressed goes out as it is.
+fn unchanged(
+    parts: hyper::http::response::Parts,
+    all: Bytes,
+    error: &dyn std::fmt::Display,
+) -> Response<Body> {
+    log_failure(error);
+    Response::from_parts(parts, Body::full(all))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(ACCEPT_ENCODING, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn gzip_is_taken_only_when_named_and_not_refused() {
+        for yes in [
+            &["gzip"][..],
+            &["gzip, deflate, br"],
+            &["br;q=1.0, GZIP;q=0.5"],
+            &["deflate", "gzip"],
+            &[" identity ,gzip ; q=0.001"],
+        ] {
+            assert!(accepts_gzip(&headers(yes)), "{yes:?}");
+        }
+        for no in [
+            &[][..],
+            &["identity"],
+            &["*"],
+            &["gzip;q=0"],
+            &["gzip; q=0.000"],
+            &["deflate, br"],
+            &["gzipx"],
+            &["x-gzip"],
+        ] {
+            assert!(!accepts_gzip(&headers(no)), "{no:?}");
+        }
+    }
+
+    fn gunzip(b: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        flate2::read::GzDecoder::new(b)
+            .read_to_end(&mut out)
+            .expect("a whole gzip stream");
+        out
+    }
+
+    /// Distinct lines, so the test sees reordered or lost frames.
+    fn payload(lines: usize) -> Vec<u8> {
+        (0..lines)
+            .flat_map(|i| {
+                format!("{{\"item\":{i},\"pad\":\"{}\"}},\n", "x".repeat(i % 97)).into_bytes()
+            })
+            .collect()
+    }
+
+    async fn collect(resp: Response<Body>) -> (Response<()>, Vec<u8>) {
+        let (parts, body) = resp.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes().to_vec();
+        (Response::from_parts(parts, ()), bytes)
+    }
+
+    fn gzipped(resp: &Response<()>) -> bool {
+        resp.headers().get(CONTENT_ENCODING).map(|v| v.as_bytes()) == Some(b"gzip")
+    }
+
+    #[tokio::test]
+    async fn a_large_full_body_is_gzipped_and_a_small_one_is_not() {
+        let big = payload(20_000);
+        assert!(big.len() > THRESHOLD);
+        let resp = super::super::response(200, "application/json", Body::full(big.clone()));
+        let (head, bytes) = collect(compress(resp).await).await;
+        assert!(gzipped(&head));
+        assert_eq!(head.headers()[VARY], "Accept-Encoding");
+        assert!(bytes.len() < big.len() / 3, "{} bytes", bytes.len());
+        assert_eq!(gunzip(&bytes), big);
+
+        let small = Bytes::from(vec![b'a'; THRESHOLD]);
+        let resp = super::super::response(200, "application/json", Body::full(small.clone()));
+        let (head, bytes) = collect(compress(resp).await).await;
+        assert!(!gzipped(&head) && !head.headers().contains_key(VARY));
+        assert_eq!(bytes, small);
+    }
+
+    /// A streamed body: the frames before the threshold and after it, in
+    /// order, whatever their sizes; one that ends small goes out as is.
+    #[tokio::test]
+    async fn a_streamed_body_is_gzipped_whole_or_sent_as_is_when_small() {
+        let all = payload(40_000);
+        let sizes = [1usize, 7, 40_000, 100_000, 3, 300_000, 65_536];
+        let mut frames = Vec::new();
+        let mut at = 0;
+        for s in sizes.iter().cycle() {
+            if at == all.len() {
+                break;
+            }
+            let end = (at + s).min(all.len());
+            frames.push(Bytes::copy_from_slice(&all[at..end]));
+            at = end;
+        }
+        let resp =
+            super::super::response(200, "application/json", Body::produced(frames.into_iter()));
+        let (head, bytes) = collect(compress(resp).await).await;
+        assert!(gzipped(&head));
+        assert_eq!(gunzip(&bytes), all);
+
+        let small = vec![
+            Bytes::from_static(b"{\"items\":["),
+            Bytes::from_static(b"]}"),
+        ];
+        let resp =
+            super::super::response(200, "application/json", Body::produced(small.into_iter()));
+        let (head, bytes) = collect(compress(resp).await).await;
+        assert!(!gzipped(&head));
+        assert_eq!(bytes, b"{\"items\":[]}");
+    }
+
+    #[tokio::test]
+    async fn no_content_and_encoded_bodies_are_left_alone() {
+        let big = Bytes::from(payload(20_000));
+        let mut resp = super::super::response(200, "application/json", Body::full(big.clone()));
+        resp.headers_mut()
+            .insert(CONTENT_ENCODING, HeaderValue::from_static("br"));
+        let (head, bytes) = collect(compress(resp).await).await;
+        assert_eq!(head.headers()[CONTENT_ENCODING], "br");
+        assert_eq!(bytes, big);
+
+        let resp = super::super::response(304, "application/json", Body::full(big.clone()));
+        let (head, _) = collect(compress(resp).await).await;
+        assert!(!gzipped(&head));
+    }
+
+    /// A client that goes away stops the compressor, and so the producer.
+    #[tokio::test]
+    async fn a_dropped_body_stops_the_compressor_and_its_producer() {
+        let made = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let m = std::sync::Arc::clone(&made);
+        let frame = Bytes::from(payload(2_000));
+        let endless = std::iter::repeat_with(move || {
+            m.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            frame.clone()
+        });
+        let resp = super::super::response(200, "application/json", Body::produced(endless));
+        let resp = compress(resp).await;
+        assert_eq!(resp.headers()[CONTENT_ENCODING], "gzip");
+        let mut body = resp.into_body();
+        assert!(body.frame().await.is_some());
+        drop(body);
+        let mut last = made.load(std::sync::atomic::Ordering::SeqCst);
+        let mut still = 0;
+        for _ in 0..100 {
+            if still == 5 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            let now = made.load(std::sync::atomic::Ordering::SeqCst);
+            if now == last {
+                still += 1;
+            } else {
+                still = 0;
+                last = now;
+            }
+        }
+        assert!(last < 200, "{last} frames made for a reader of one");
+    }
+}
