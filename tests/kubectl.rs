@@ -298,12 +298,7 @@ async fn kubectl_get_protobuf_pod_json() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_reads_a_gzipped_list() {
     let ts = TestServer::start("kc-gzip", |_| {}).await;
-    for i in 0..120 {
-        let mut p = pod("ns1", &format!("big-{i:03}"));
-        p["metadata"]["annotations"] = json!({"note": "x".repeat(1500)});
-        let (c, v) = ts.post_json("/api/v1/namespaces/ns1/pods", &p).await;
-        assert_eq!(c, 201, "{v}");
-    }
+    api_support::create_large_pods(&ts, "ns1", 120, 1500).await;
     let k = kubectl(&ts);
     // -v=8 logs each response's headers, as Go's transport leaves them
     // after it has unpacked a gzip body: `Content-Encoding` removed, the

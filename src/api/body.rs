@@ -22,7 +22,9 @@ pub enum Body {
     Full(Option<Bytes>),
     /// A watch stream.
     Watch(WatchBody),
-    /// Anything else.
+    /// Anything else: a streamed List. It must end on its own (no
+    /// long-lived streams here): `compression::compress` may read its
+    /// first frames before the response's head goes out.
     Boxed(UnsyncBoxBody<Bytes, Infallible>),
 }
 

@@ -13,9 +13,17 @@
 //! kube-apiserver's `--feature-gates=APIResponseCompression=false`.
 //!
 //! A streamed List is compressed as it is made, a frame at a time, on
-//! tokio's blocking pool (deflating a 1 MiB frame takes milliseconds, too
-//! long for a runtime thread): nothing waits for the whole body, and a
-//! client that stops reading stops the compressor and the List's producer.
+//! tokio's blocking pool (deflating one of its 256 KiB or 1 MiB frames
+//! takes a millisecond or more, too long for a runtime thread), by at most
+//! as many threads at once as there are cores ([`SLOTS`]): a relist storm
+//! of gzip clients queues for them instead of crowding out the runtime's
+//! threads that deliver watch events. Nothing waits for the whole body,
+//! and a client that goes away stops the compressor and the List's
+//! producer.
+//!
+//! Only a request that may get gzip pays anything: [`candidate`] decides
+//! without awaiting, so a small Get from a client that asks for gzip (Go's
+//! transport asks on every request) takes no extra allocation.
 
 use std::convert::Infallible;
 use std::io::{self, Write};
@@ -41,9 +49,21 @@ pub const THRESHOLD: usize = 128 * 1024;
 /// ratio within 1.1-1.3x of the higher levels (kubernetes#112296).
 const LEVEL: u32 = 1;
 
+/// Compressions running at once, in all responses: one per core.
+static SLOTS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+
+fn slots() -> &'static tokio::sync::Semaphore {
+    SLOTS.get_or_init(|| {
+        tokio::sync::Semaphore::new(std::thread::available_parallelism().map_or(2, |n| n.get()))
+    })
+}
+
 /// Whether the request's `Accept-Encoding` names `gzip` (and does not
 /// refuse it with `q=0`). Like kube-apiserver, `*` does not count: a
-/// client that cannot name gzip is not sent it.
+/// client that cannot name gzip is not sent it. Unlike kube-apiserver
+/// (which compares each token of the first header with `gzip` exactly),
+/// every header is read, the name is compared without case, and
+/// parameters are allowed, as RFC 9110 section 12.5.3 has it.
 pub fn accepts_gzip(headers: &HeaderMap) -> bool {
     headers
         .get_all(ACCEPT_ENCODING)
@@ -65,23 +85,36 @@ fn refuses(param: &str) -> bool {
     k.trim().eq_ignore_ascii_case("q") && v.trim().parse::<f32>().is_ok_and(|q| q <= 0.0)
 }
 
-/// `resp`, gzipped when it is worth it: a body over [`THRESHOLD`] that is
-/// not a watch, not already encoded, and may carry content. The caller
-/// has checked [`accepts_gzip`]. A streamed body is read until it passes
-/// the threshold or ends, which decides.
-pub async fn compress(resp: Response<Body>) -> Response<Body> {
+/// Whether [`compress`] may gzip `resp`: a status with content, not
+/// already encoded, and a whole body over [`THRESHOLD`] or a streamed one
+/// (a List: finite, see [`Body::Boxed`]). Never a watch.
+pub fn candidate(resp: &Response<Body>) -> bool {
     let status = resp.status();
-    if status == StatusCode::NO_CONTENT
-        || status == StatusCode::NOT_MODIFIED
-        || status.is_informational()
-        || resp.headers().contains_key(CONTENT_ENCODING)
-    {
+    let body = match resp.body() {
+        Body::Full(Some(b)) => b.len() > THRESHOLD,
+        Body::Boxed(_) => true,
+        Body::Full(None) | Body::Watch(_) => false,
+    };
+    body && status != StatusCode::NO_CONTENT
+        && status != StatusCode::NOT_MODIFIED
+        && !status.is_informational()
+        && !resp.headers().contains_key(CONTENT_ENCODING)
+}
+
+/// `resp`, gzipped when it is worth it. The caller has checked
+/// [`accepts_gzip`] and [`candidate`]. A streamed body is read until it
+/// passes the threshold or ends, which decides.
+pub async fn compress(resp: Response<Body>) -> Response<Body> {
+    if !candidate(&resp) {
         return resp;
     }
     let (mut parts, body) = resp.into_parts();
     let body = match body {
-        Body::Full(Some(all)) if all.len() > THRESHOLD => {
+        Body::Full(Some(all)) => {
             let input = all.clone();
+            let Ok(_slot) = slots().acquire().await else {
+                return Response::from_parts(parts, Body::full(all));
+            };
             match tokio::task::spawn_blocking(move || gzip_all(&input)).await {
                 Ok(Ok(z)) => Body::full(z),
                 Ok(Err(e)) => return unchanged(parts, all, &e),
@@ -181,9 +214,17 @@ fn gzip_stream(first: Vec<Bytes>, mut rest: UnsyncBoxBody<Bytes, Infallible>) ->
         let mut batch = first;
         loop {
             // The producer runs ahead of us, so the next frame is usually
-            // there already.
-            let next = next_data(&mut rest).await;
+            // there already. A client gone meanwhile ends it all.
+            let next = tokio::select! {
+                next = next_data(&mut rest) => next,
+                () = tx.closed() => return,
+            };
             let last = next.is_none();
+            let slot = tokio::select! {
+                slot = slots().acquire() => slot,
+                () = tx.closed() => return,
+            };
+            let Ok(_slot) = slot else { return };
             let round =
                 tokio::task::spawn_blocking(move || deflate(enc, &batch, last).map(|d| (d, batch)))
                     .await;
@@ -389,6 +430,10 @@ mod tests {
                 last = now;
             }
         }
-        assert!(last < 200, "{last} frames made for a reader of one");
+        // Bounded by what was queued ahead: the producer's channel, the
+        // frame the compressor holds, its next, and the compressor's own
+        // channel of output.
+        let bound = 2 + 2 * crate::api::body::PRODUCED_AHEAD + 2;
+        assert!(last <= bound, "{last} frames made for a reader of one");
     }
 }

@@ -384,9 +384,9 @@ async fn handle(
         },
         Err(e) => status_response(&unread_body(&req, errors::request_info_status(e))),
     };
-    let resp = if gzip {
-        // Boxed, see above: only a request that asks for gzip pays for it.
-        Box::pin(compression::compress(resp)).await
+    let resp = if gzip && compression::candidate(&resp) {
+        // Boxed, see above: only a response that may be gzipped pays for it.
+        Box::pin(compression::compress(resp).instrument(span.clone())).await
     } else {
         resp
     };

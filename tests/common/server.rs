@@ -240,6 +240,33 @@ impl Drop for TestServer {
     }
 }
 
+/// Creates `n` pods `big-000`... in `ns`, each with a `note` annotation of
+/// `note_bytes` bytes that differ from pod to pod (the List's size and a
+/// realistic-enough gzip ratio are what the compression tests need).
+pub async fn create_large_pods(ts: &TestServer, ns: &str, n: usize, note_bytes: usize) {
+    for i in 0..n {
+        let mut p = pod(ns, &format!("big-{i:03}"));
+        let note: String = (0..note_bytes)
+            .map(|j| char::from(b'a' + ((i * 7 + j * j) % 26) as u8))
+            .collect();
+        p["metadata"]["annotations"] = serde_json::json!({ "note": note });
+        let (c, v) = ts
+            .post_json(&format!("/api/v1/namespaces/{ns}/pods"), &p)
+            .await;
+        assert_eq!(c, 201, "{v}");
+    }
+}
+
+/// The whole of a gzip stream; panics on a truncated or corrupt one.
+pub fn gunzip(b: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::GzDecoder::new(b)
+        .read_to_end(&mut out)
+        .expect("a whole gzip stream");
+    out
+}
+
 /// A pod object.
 pub fn pod(ns: &str, name: &str) -> Value {
     serde_json::json!({
