@@ -167,7 +167,8 @@ pub struct ServerConfig {
     pub list_body_cache_bytes: usize,
     /// Gzip responses over 128 KiB (not watches) for clients that send
     /// `Accept-Encoding: gzip`, as kube-apiserver's
-    /// `APIResponseCompression` feature gate (on by default there too).
+    /// `APIResponseCompression` feature gate (on by default there too;
+    /// `api::compression`).
     #[serde(default = "default_true")]
     pub response_compression: bool,
     /// Coalesce a connection's small writes (HTTP/2 frames, HTTP/1.1

@@ -300,11 +300,27 @@ async fn kubectl_reads_a_gzipped_list() {
     let ts = TestServer::start("kc-gzip", |_| {}).await;
     api_support::create_large_pods(&ts, "ns1", 120, 1500).await;
     let k = kubectl(&ts);
+    // Three Lists of the same objects: built, recorded into the List body
+    // cache, then written from its kept gzip joined to the List's own head
+    // (Go's reader checks the joined CRC and length).
+    for _ in 0..2 {
+        k.run(&["get", "pods", "-n", "ns1", "-o", "name", "--chunk-size=0"])
+            .await;
+    }
     // -v=8 logs each response's headers, as Go's transport leaves them
     // after it has unpacked a gzip body: `Content-Encoding` removed, the
     // `Vary: Accept-Encoding` the server sends only with gzip kept.
     let out = k
-        .output(&["get", "pods", "-n", "ns1", "-o", "json", "-v=8"])
+        .output(&[
+            "get",
+            "pods",
+            "-n",
+            "ns1",
+            "-o",
+            "json",
+            "--chunk-size=0",
+            "-v=8",
+        ])
         .await;
     assert!(out.success, "{}", out.stderr);
     let list: Value = serde_json::from_str(&out.stdout).unwrap();
@@ -317,6 +333,18 @@ async fn kubectl_reads_a_gzipped_list() {
             .map(str::len),
         Some(1500)
     );
+    // The last List was written from the kept body (the metrics are the
+    // test binary's; no other test here makes full Lists of pods).
+    let (_, metrics) = ts.get_json("/metrics").await;
+    let hits = metrics
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(r#"watchcache_list_body_cache_total{resource="pods",result="hit"} "#)
+        })
+        .and_then(|n| n.parse::<u64>().ok());
+    assert!(hits.is_some_and(|n| n >= 1), "{metrics}");
     assert!(
         out.stderr.contains("Vary: Accept-Encoding"),
         "kubectl was not sent gzip:\n{}",

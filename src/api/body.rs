@@ -8,6 +8,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::{Frame, SizeHint};
 use tokio_stream::StreamExt;
 
+use super::list_body_cache::KeptFrames;
 use super::watch_stream::WatchBody;
 
 pub enum Body {
@@ -22,6 +24,8 @@ pub enum Body {
     Full(Option<Bytes>),
     /// A watch stream.
     Watch(WatchBody),
+    /// A List written from kept frames ([`Body::kept`]).
+    Kept(KeptBody),
     /// Anything else: a streamed List. It must end on its own (no
     /// long-lived streams here): `compression::compress` may read its
     /// first frames before the response's head goes out.
@@ -83,13 +87,62 @@ impl Body {
     /// `head`, then frames kept from an earlier body (shared, not copied):
     /// a List written from the `ListBodyCache`. Nothing to make, so no
     /// producer task.
-    pub fn kept(head: Bytes, frames: std::sync::Arc<[Bytes]>) -> Body {
-        let rest = (0..frames.len()).map(move |i| frames[i].clone());
-        Body::boxed(http_body_util::StreamBody::new(tokio_stream::iter(
-            std::iter::once(head)
-                .chain(rest)
-                .map(|b| Ok::<_, Infallible>(Frame::data(b))),
-        )))
+    pub fn kept(head: Bytes, frames: Arc<KeptFrames>) -> Body {
+        Body::Kept(KeptBody {
+            head: Some(head),
+            frames,
+            next: 0,
+        })
+    }
+}
+
+/// See [`Body::kept`]. Its own variant so `compression` can tell it apart:
+/// its gzip is kept too.
+pub struct KeptBody {
+    /// This List's own head, until it is sent.
+    pub(super) head: Option<Bytes>,
+    pub(super) frames: Arc<KeptFrames>,
+    /// The next of `frames` to send.
+    next: usize,
+}
+
+impl KeptBody {
+    /// Nothing sent yet.
+    pub(super) fn is_whole(&self) -> bool {
+        self.head.is_some() && self.next == 0
+    }
+
+    /// Bytes left to send.
+    pub(super) fn len(&self) -> usize {
+        self.head.as_ref().map_or(0, Bytes::len)
+            + self.frames[self.next.min(self.frames.len())..]
+                .iter()
+                .map(Bytes::len)
+                .sum::<usize>()
+    }
+}
+
+impl hyper::body::Body for KeptBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(head) = this.head.take() {
+            return Poll::Ready(Some(Ok(Frame::data(head))));
+        }
+        let frame = this.frames.get(this.next).cloned();
+        if frame.is_some() {
+            this.next += 1;
+        }
+        Poll::Ready(frame.map(|f| Ok(Frame::data(f))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.head.is_none() && self.next >= self.frames.len()
     }
 }
 
@@ -108,6 +161,7 @@ impl hyper::body::Body for Body {
                     .map(|b| Ok(Frame::data(b))),
             ),
             Body::Watch(w) => Pin::new(w).poll_frame(cx),
+            Body::Kept(k) => Pin::new(k).poll_frame(cx),
             Body::Boxed(b) => Pin::new(b).poll_frame(cx),
         }
     }
@@ -116,6 +170,7 @@ impl hyper::body::Body for Body {
         match self {
             Body::Full(b) => b.as_ref().is_none_or(|b| b.is_empty()),
             Body::Watch(w) => w.is_end_stream(),
+            Body::Kept(k) => k.is_end_stream(),
             Body::Boxed(b) => b.is_end_stream(),
         }
     }
@@ -124,6 +179,7 @@ impl hyper::body::Body for Body {
         match self {
             Body::Full(b) => SizeHint::with_exact(b.as_ref().map_or(0, |b| b.len() as u64)),
             Body::Watch(w) => w.size_hint(),
+            Body::Kept(k) => k.size_hint(),
             Body::Boxed(b) => b.size_hint(),
         }
     }
@@ -190,14 +246,22 @@ mod tests {
 
     #[tokio::test]
     async fn a_kept_body_is_its_head_then_its_frames() {
-        let frames: std::sync::Arc<[Bytes]> =
-            vec![Bytes::from_static(b"{\"a\":1}"), Bytes::from_static(b"]}")].into();
-        let mut b = Body::kept(Bytes::from_static(b"{\"items\":["), frames);
+        let frames = KeptFrames::new(
+            vec![Bytes::from_static(b"{\"a\":1}"), Bytes::from_static(b"]}")],
+            &super::super::list_body_cache::ListBodyBudget::new(1 << 20),
+        );
+        let mut b = Body::kept(Bytes::from_static(b"{\"items\":["), Arc::new(frames));
+        let Body::Kept(k) = &b else {
+            panic!("its own variant")
+        };
+        assert!(k.is_whole());
+        assert_eq!(k.len(), 19);
         let mut got = Vec::new();
         while let Some(f) = b.frame().await {
             got.push(f.unwrap().into_data().unwrap());
         }
         assert_eq!(got, [&b"{\"items\":["[..], b"{\"a\":1}", b"]}"]);
+        assert!(hyper::body::Body::is_end_stream(&b));
     }
 
     #[tokio::test]

@@ -28,18 +28,21 @@
 use std::convert::Infallible;
 use std::io::{self, Write};
 
+use std::sync::Arc;
+
 use bytes::{Bytes, BytesMut};
-use flate2::Compression;
-use flate2::write::GzEncoder;
+use flate2::write::{DeflateEncoder, GzEncoder};
+use flate2::{Compression, Crc};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::header::{
     ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, HeaderMap, HeaderValue, VARY,
 };
 use hyper::{Response, StatusCode};
+use tokio_stream::StreamExt;
 use tracing::warn;
 
-use super::body::Body;
+use super::body::{Body, KeptBody};
 
 /// Bodies up to this size go out as they are (kube-apiserver's
 /// `defaultGzipThresholdBytes`).
@@ -92,6 +95,7 @@ pub fn candidate(resp: &Response<Body>) -> bool {
     let status = resp.status();
     let body = match resp.body() {
         Body::Full(Some(b)) => b.len() > THRESHOLD,
+        Body::Kept(k) => k.len() > THRESHOLD,
         Body::Boxed(_) => true,
         Body::Full(None) | Body::Watch(_) => false,
     };
@@ -121,21 +125,14 @@ pub async fn compress(resp: Response<Body>) -> Response<Body> {
                 Err(e) => return unchanged(parts, all, &e),
             }
         }
-        Body::Boxed(mut rest) => {
-            let mut first = Vec::new();
-            let mut seen = 0;
-            while seen <= THRESHOLD {
-                match next_data(&mut rest).await {
-                    Some(b) => {
-                        seen += b.len();
-                        first.push(b);
-                    }
-                    // All of it is here, and it is small: one frame as is.
-                    None => return Response::from_parts(parts, Body::full(concat(first))),
-                }
-            }
-            gzip_stream(first, rest)
-        }
+        Body::Kept(k) => match kept(k).await {
+            Ok(gzipped) => gzipped,
+            Err(as_is) => return Response::from_parts(parts, as_is),
+        },
+        Body::Boxed(rest) => match stream(rest).await {
+            Ok(gzipped) => gzipped,
+            Err(as_is) => return Response::from_parts(parts, as_is),
+        },
         other => return Response::from_parts(parts, other),
     };
     parts.headers.remove(CONTENT_LENGTH);
@@ -146,6 +143,128 @@ pub async fn compress(resp: Response<Body>) -> Response<Body> {
         .headers
         .append(VARY, HeaderValue::from_static("Accept-Encoding"));
     Response::from_parts(parts, body)
+}
+
+/// A streamed body gzipped (`Ok`), or as it is (`Err`) when it ends
+/// within [`THRESHOLD`].
+async fn stream(mut rest: UnsyncBoxBody<Bytes, Infallible>) -> Result<Body, Body> {
+    let mut first = Vec::new();
+    let mut seen = 0;
+    while seen <= THRESHOLD {
+        match next_data(&mut rest).await {
+            Some(b) => {
+                seen += b.len();
+                first.push(b);
+            }
+            // All of it is here, and it is small: one frame as is.
+            None => return Err(Body::full(concat(first))),
+        }
+    }
+    Ok(gzip_stream(first, rest))
+}
+
+/// A List written from kept frames, gzipped: from their kept gzip when
+/// there is one ([`spliced`]), else compressed as a stream.
+async fn kept(k: KeptBody) -> Result<Body, Body> {
+    if k.is_whole()
+        && let Some(items) = k.frames.gzip().await
+        && let Some(head) = &k.head
+    {
+        match spliced(head, items) {
+            Ok(body) => return Ok(body),
+            Err(e) => log_failure(&e),
+        }
+    }
+    stream(UnsyncBoxBody::new(k)).await
+}
+
+/// Kept frames as raw deflate blocks ending on a byte boundary (a sync
+/// flush, not the last block), with their CRC-32 and length: any List's
+/// own head can be put before them and the end of the stream after
+/// ([`spliced`]), so they are compressed once for every List of the same
+/// objects (what `pigz` does to compress in parallel; RFC 1951 allows a
+/// stream of blocks from separate compressors when none refers back
+/// across the join, which a compressor that starts fresh never does).
+pub struct GzipItems {
+    frames: Box<[Bytes]>,
+    crc: Crc,
+    bytes: usize,
+}
+
+impl GzipItems {
+    /// Memory held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// [`GzipItems`] of `frames`, made on the blocking pool (in one of the
+/// [`SLOTS`]); `None` if compression failed (logged).
+pub async fn deflate_items(frames: Arc<[Bytes]>) -> Option<GzipItems> {
+    let _slot = slots().acquire().await.ok()?;
+    let made = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, Crc)> {
+        let total: usize = frames.iter().map(Bytes::len).sum();
+        let mut enc = DeflateEncoder::new(Vec::with_capacity(total / 4), Compression::new(LEVEL));
+        let mut crc = Crc::new();
+        for f in frames.iter() {
+            enc.write_all(f)?;
+            crc.update(f);
+        }
+        // A sync flush: everything out, ending on a byte boundary, the
+        // stream left open.
+        enc.flush()?;
+        let mut out = std::mem::take(enc.get_mut());
+        out.shrink_to_fit();
+        Ok((out, crc))
+    })
+    .await;
+    let (out, crc) = match made {
+        Ok(Ok(made)) => made,
+        Ok(Err(e)) => {
+            log_failure(&e);
+            return None;
+        }
+        Err(e) => {
+            log_failure(&e);
+            return None;
+        }
+    };
+    let bytes = out.len();
+    let out = Bytes::from(out);
+    let frames = (0..bytes)
+        .step_by(KEPT_GZIP_FRAME_BYTES)
+        .map(|at| out.slice(at..(at + KEPT_GZIP_FRAME_BYTES).min(bytes)))
+        .collect();
+    Some(GzipItems { frames, crc, bytes })
+}
+
+/// Frames of kept gzip, as the kept frames themselves.
+const KEPT_GZIP_FRAME_BYTES: usize = 1 << 20;
+
+/// One gzip stream of `head` then `items`' frames: the gzip header and
+/// `head` compressed (flate2's, ended with a sync flush), the kept blocks
+/// as they are, an empty last block, and the trailer: the CRC-32 of the
+/// whole (`head`'s combined with the items') and its length.
+fn spliced(head: &Bytes, items: Arc<GzipItems>) -> io::Result<Body> {
+    let mut first = GzEncoder::new(Vec::with_capacity(head.len() + 64), Compression::new(LEVEL));
+    first.write_all(head)?;
+    first.flush()?;
+    let first = Bytes::from(std::mem::take(first.get_mut()));
+    let mut crc = Crc::new();
+    crc.update(head);
+    crc.combine(&items.crc);
+    let mut last = DeflateEncoder::new(Vec::with_capacity(16), Compression::new(LEVEL)).finish()?;
+    last.extend_from_slice(&crc.sum().to_le_bytes());
+    last.extend_from_slice(&crc.amount().to_le_bytes());
+    let kept = (0..items.frames.len()).map(move |i| items.frames[i].clone());
+    Ok(Body::boxed(http_body_util::StreamBody::new(
+        tokio_stream::iter(
+            std::iter::once(first)
+                .chain(kept)
+                .chain(std::iter::once(Bytes::from(last))),
+        )
+        .map(|b| Ok::<_, Infallible>(hyper::body::Frame::data(b))),
+    )))
 }
 
 /// The next data frame of `body` (trailers are skipped; none are made).
@@ -397,6 +516,74 @@ mod tests {
         let resp = super::super::response(304, "application/json", Body::full(big.clone()));
         let (head, _) = collect(compress(resp).await).await;
         assert!(!gzipped(&head));
+    }
+
+    /// A List written from kept frames: their gzip is made once, kept in
+    /// the budget, and each List's own head joined to it makes one valid
+    /// gzip stream (its CRC checked by the decoder) of head and frames.
+    #[tokio::test]
+    async fn kept_frames_are_gzipped_once_and_joined_to_each_lists_head() {
+        use crate::api::list_body_cache::{KeptFrames, ListBodyBudget};
+        let varied = payload(30_000);
+        let frames = vec![
+            Bytes::from(varied[..1_500_000].to_vec()),
+            Bytes::from_static(b",{\"small\":1}"),
+            Bytes::from(vec![b'x'; 300_000]),
+            Bytes::from(varied[1_500_000..].to_vec()),
+            Bytes::from_static(b"]}"),
+        ];
+        let all: Vec<u8> = frames.concat();
+        let budget = ListBodyBudget::new(64 << 20);
+        let kept = Arc::new(KeptFrames::new(frames.clone(), &budget));
+        let items = kept.gzip().await.expect("made and kept");
+        assert!(Arc::ptr_eq(&items, &kept.gzip().await.expect("kept")));
+        assert_eq!(budget.used(), items.bytes());
+        assert!(items.bytes() * 3 < all.len(), "{} bytes", items.bytes());
+
+        for head in [
+            &b"{\"kind\":\"PodList\",\"items\":["[..],
+            b"",
+            &varied[..200_000],
+        ] {
+            let head = Bytes::copy_from_slice(head);
+            let resp = super::super::response(
+                200,
+                "application/json",
+                Body::kept(head.clone(), Arc::clone(&kept)),
+            );
+            let (parts, bytes) = collect(compress(resp).await).await;
+            assert!(gzipped(&parts));
+            let mut want = head.to_vec();
+            want.extend_from_slice(&all);
+            assert_eq!(gunzip(&bytes), want, "head of {} bytes", head.len());
+
+            // The decoder checks the joined CRC: a wrong one is an error.
+            let mut bad = bytes.clone();
+            let at = bad.len() - 8;
+            bad[at] ^= 1;
+            let mut out = Vec::new();
+            assert!(
+                flate2::read::GzDecoder::new(&bad[..])
+                    .read_to_end(&mut out)
+                    .is_err()
+            );
+        }
+        drop(items);
+        drop(kept);
+        assert_eq!(budget.used(), 0, "the gzip's bytes go back with the frames");
+
+        // Over the budget: not kept, and each List compressed on its own.
+        let small = ListBodyBudget::new(1_000);
+        let kept = Arc::new(KeptFrames::new(frames, &small));
+        assert!(kept.gzip().await.is_none());
+        assert_eq!(small.used(), 0);
+        let head = Bytes::from_static(b"{\"items\":[");
+        let resp = super::super::response(200, "application/json", Body::kept(head.clone(), kept));
+        let (parts, bytes) = collect(compress(resp).await).await;
+        assert!(gzipped(&parts));
+        let mut want = head.to_vec();
+        want.extend_from_slice(&all);
+        assert_eq!(gunzip(&bytes), want);
     }
 
     /// A client that goes away stops the compressor, and so the producer.

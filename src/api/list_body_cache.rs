@@ -32,6 +32,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use prometheus::IntCounter;
 
+use super::compression::{self, GzipItems};
 use crate::cacher::{ListItems, Snapshot};
 
 /// Entries kept per resource.
@@ -118,7 +119,58 @@ enum Kept {
     /// this snapshot).
     Unkept,
     /// The frames, for every later List.
-    Frames(Arc<[Bytes]>),
+    Frames(Arc<KeptFrames>),
+}
+
+/// A kept body's frames (the items and the closing bytes), and once a
+/// client that asks for gzip has listed them, their gzip: so a relist
+/// storm of client-go informers (which all ask for gzip) costs one
+/// compression, not one per client, as it costs one build. The gzip's
+/// bytes are taken from the same budget; none are kept when they do not
+/// fit (those Lists are compressed each time instead).
+pub struct KeptFrames {
+    frames: Arc<[Bytes]>,
+    gzip: tokio::sync::OnceCell<Option<Arc<GzipItems>>>,
+    budget: Arc<ListBodyBudget>,
+}
+
+impl KeptFrames {
+    pub(crate) fn new(frames: Vec<Bytes>, budget: &Arc<ListBodyBudget>) -> KeptFrames {
+        KeptFrames {
+            frames: frames.into(),
+            gzip: tokio::sync::OnceCell::new(),
+            budget: Arc::clone(budget),
+        }
+    }
+
+    /// The frames compressed for a gzip response
+    /// ([`compression::spliced`]): made by the first List that asks (the
+    /// others wait for it), `None` if they could not be made or kept.
+    pub async fn gzip(&self) -> Option<Arc<GzipItems>> {
+        self.gzip
+            .get_or_init(|| async {
+                let items = compression::deflate_items(Arc::clone(&self.frames)).await?;
+                self.budget.take(items.bytes()).then(|| Arc::new(items))
+            })
+            .await
+            .clone()
+    }
+}
+
+impl std::ops::Deref for KeptFrames {
+    type Target = [Bytes];
+
+    fn deref(&self) -> &[Bytes] {
+        &self.frames
+    }
+}
+
+impl Drop for KeptFrames {
+    fn drop(&mut self) {
+        if let Some(Some(g)) = self.gzip.get() {
+            self.budget.give(g.bytes());
+        }
+    }
 }
 
 /// One prefix of one snapshot's contents; its bytes go back to the budget
@@ -265,7 +317,7 @@ impl ListBodyCache {
         });
         match (own, frames) {
             (Some(e), Some(f)) => {
-                e.kept = Kept::Frames(f.into());
+                e.kept = Kept::Frames(Arc::new(KeptFrames::new(f, &self.budget)));
                 let before = std::mem::replace(&mut e.bytes, bytes);
                 self.budget.give(before);
             }
@@ -301,7 +353,7 @@ pub enum Lookup {
     /// Not kept: the cache is off, or the List is not one it keeps.
     Off,
     /// The frames of an earlier List of the same snapshot and prefix.
-    Hit(Arc<[Bytes]>),
+    Hit(Arc<KeptFrames>),
     /// Not kept: build the body, recording its frames with the recorder.
     Miss(Option<Recorder>),
 }
