@@ -59,6 +59,10 @@ pub struct Metrics {
     pub list_body_cache: IntCounterVec,
     /// Bytes of List bodies kept (bounded by `server.list_body_cache_bytes`).
     pub list_body_cache_bytes: IntGauge,
+    /// Responses sent gzipped (`api::compression`), by how: `whole` (one
+    /// buffer), `stream` (compressed as it was made), `kept` (a List
+    /// written from its kept gzip).
+    pub api_gzip_responses: IntCounterVec,
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -234,6 +238,12 @@ impl Metrics {
                 &r,
                 "watchcache_list_body_cache_bytes",
                 "Bytes of List bodies kept, or being recorded, for Lists of the same objects (bounded by server.list_body_cache_bytes).",
+            ),
+            api_gzip_responses: counter(
+                &r,
+                "watchcache_api_gzip_responses_total",
+                "Responses sent gzipped to clients that asked (over 128 KiB), by source: whole (one buffer), stream (compressed as it was made), kept (a List written from the gzip kept beside its kept body).",
+                &["source"],
             ),
             registry: r,
         }

@@ -1210,7 +1210,7 @@ async fn repeated_lists_are_written_from_the_kept_body_and_see_every_write() {
         want.push(name);
     }
     let hits = r#"watchcache_list_body_cache_total{resource="pods",result="hit"} "#;
-    let before = metric_value(&ts, hits).await;
+    let before = ts.metric(hits).await;
     for path in [PODS, "/api/v1/pods"] {
         // Consistent: at the last write. Then built, recorded, kept.
         let fresh = list_raw(&ts, path).await;
@@ -1224,7 +1224,7 @@ async fn repeated_lists_are_written_from_the_kept_body_and_see_every_write() {
         assert_eq!(list_items_bytes(&rv0), list_items_bytes(&fresh));
     }
     assert!(
-        metric_value(&ts, hits).await > before,
+        ts.metric(hits).await > before,
         "repeated Lists were written from a kept body"
     );
     // A write, then a delete: every later List shows it.
@@ -1245,21 +1245,6 @@ async fn repeated_lists_are_written_from_the_kept_body_and_see_every_write() {
     }
 }
 
-async fn metric_value(ts: &TestServer, sample: &str) -> f64 {
-    let text = ts
-        .http
-        .get(ts.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// Every spelling of a true `?watch=` is served as a watch and counted as
 /// one: the verb comes from the one RequestInfo both use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1268,11 +1253,11 @@ async fn watch_param_spellings_are_served_and_counted_as_watches() {
     const BAD_WATCHES: &str = r#"watchcache_http_requests_total{code="400",verb="watch"} "#;
     let ts = TestServer::start("watchspell", |_| {}).await;
     for (i, spelling) in ["True", "1", "true"].into_iter().enumerate() {
-        let before = metric_value(&ts, WATCHES).await;
+        let before = ts.metric(WATCHES).await;
         let mut w = WatchStream::open(&ts, &format!("{PODS}?watch={spelling}")).await;
         // Counted when the response head is out (the metrics registry is
         // process-wide, so other tests can only add to it).
-        let after = metric_value(&ts, WATCHES).await;
+        let after = ts.metric(WATCHES).await;
         assert!(
             after >= before + 1.0,
             "watch={spelling}: watch count {before} -> {after}"
@@ -1300,10 +1285,10 @@ async fn watch_param_spellings_are_served_and_counted_as_watches() {
         assert_eq!(v["kind"], "PodList", "watch={spelling}");
     }
     // Anything else is a 400, counted under the verb Kubernetes would give it.
-    let before = metric_value(&ts, BAD_WATCHES).await;
+    let before = ts.metric(BAD_WATCHES).await;
     let (c, v) = ts.get_json(&format!("{PODS}?watch=yes")).await;
     assert_status(c, &v, 400, "BadRequest");
-    assert!(metric_value(&ts, BAD_WATCHES).await >= before + 1.0);
+    assert!(ts.metric(BAD_WATCHES).await >= before + 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1674,6 +1659,14 @@ async fn large_responses_are_gzipped_for_clients_that_ask() {
     let first: Value = serde_json::from_slice(seen.split(|b| *b == b'\n').next().unwrap()).unwrap();
     assert_eq!(first["type"], "ADDED");
     drop(stream);
+
+    // The Lists written from kept frames used their kept gzip: the JSON
+    // hits (two over HTTP/1.1, one over HTTP/2) and the protobuf one. No
+    // other test here asks for gzip.
+    let kept = ts
+        .metric(r#"watchcache_api_gzip_responses_total{source="kept"} "#)
+        .await;
+    assert!(kept >= 4.0, "{kept} Lists from kept gzip");
 
     // Turned off (kube-apiserver's APIResponseCompression=false): a second
     // server on the same objects sends them as they are.

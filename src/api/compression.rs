@@ -43,6 +43,7 @@ use tokio_stream::StreamExt;
 use tracing::warn;
 
 use super::body::{Body, KeptBody};
+use super::list_body_cache::ListBodyBudget;
 
 /// Bodies up to this size go out as they are (kube-apiserver's
 /// `defaultGzipThresholdBytes`).
@@ -116,11 +117,21 @@ pub async fn compress(resp: Response<Body>) -> Response<Body> {
     let body = match body {
         Body::Full(Some(all)) => {
             let input = all.clone();
-            let Ok(_slot) = slots().acquire().await else {
+            let Ok(slot) = slots().acquire().await else {
                 return Response::from_parts(parts, Body::full(all));
             };
-            match tokio::task::spawn_blocking(move || gzip_all(&input)).await {
-                Ok(Ok(z)) => Body::full(z),
+            // The permit goes with the work: it is held until the work
+            // ends, even if this request is dropped meanwhile.
+            match tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                gzip_all(&input)
+            })
+            .await
+            {
+                Ok(Ok(z)) => {
+                    counted(Source::Whole);
+                    Body::full(z)
+                }
                 Ok(Err(e)) => return unchanged(parts, all, &e),
                 Err(e) => return unchanged(parts, all, &e),
             }
@@ -160,6 +171,7 @@ async fn stream(mut rest: UnsyncBoxBody<Bytes, Infallible>) -> Result<Body, Body
             None => return Err(Body::full(concat(first))),
         }
     }
+    counted(Source::Stream);
     Ok(gzip_stream(first, rest))
 }
 
@@ -171,11 +183,35 @@ async fn kept(k: KeptBody) -> Result<Body, Body> {
         && let Some(head) = &k.head
     {
         match spliced(head, items) {
-            Ok(body) => return Ok(body),
+            Ok(body) => {
+                counted(Source::Kept);
+                return Ok(body);
+            }
             Err(e) => log_failure(&e),
         }
     }
     stream(UnsyncBoxBody::new(k)).await
+}
+
+/// How a response was gzipped (the `source` of
+/// `watchcache_api_gzip_responses_total`).
+#[derive(Clone, Copy)]
+enum Source {
+    Whole,
+    Stream,
+    Kept,
+}
+
+fn counted(source: Source) {
+    let label = match source {
+        Source::Whole => "whole",
+        Source::Stream => "stream",
+        Source::Kept => "kept",
+    };
+    crate::metrics::metrics()
+        .api_gzip_responses
+        .with_label_values(&[label])
+        .inc();
 }
 
 /// Kept frames as raw deflate blocks ending on a byte boundary (a sync
@@ -188,7 +224,10 @@ async fn kept(k: KeptBody) -> Result<Body, Body> {
 pub struct GzipItems {
     frames: Box<[Bytes]>,
     crc: Crc,
+    /// Bytes held, and taken from `budget` until dropped (the last
+    /// response written from them holds them too).
     bytes: usize,
+    budget: Arc<ListBodyBudget>,
 }
 
 impl GzipItems {
@@ -198,13 +237,34 @@ impl GzipItems {
     }
 }
 
+impl Drop for GzipItems {
+    fn drop(&mut self) {
+        self.budget.give(self.bytes);
+    }
+}
+
+/// Room taken from the budget before compressing, as a share of the
+/// input: JSON Lists shrink 6-8x at level 1 (docs/bench/gzip_pods.py), so
+/// a body that will not fit is found out before the work, not after.
+const RESERVE_DIVISOR: usize = 3;
+
 /// [`GzipItems`] of `frames`, made on the blocking pool (in one of the
-/// [`SLOTS`]); `None` if compression failed (logged).
-pub async fn deflate_items(frames: Arc<[Bytes]>) -> Option<GzipItems> {
-    let _slot = slots().acquire().await.ok()?;
+/// [`SLOTS`]) and held in `budget`; `None` if they do not fit (then
+/// nothing is compressed when even the reserve does not) or compression
+/// failed (logged).
+pub async fn deflate_items(
+    frames: Arc<[Bytes]>,
+    budget: &Arc<ListBodyBudget>,
+) -> Option<GzipItems> {
+    let total: usize = frames.iter().map(Bytes::len).sum();
+    let reserve = total / RESERVE_DIVISOR;
+    if !budget.take(reserve) {
+        return None;
+    }
+    let slot = slots().acquire().await.ok();
     let made = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, Crc)> {
-        let total: usize = frames.iter().map(Bytes::len).sum();
-        let mut enc = DeflateEncoder::new(Vec::with_capacity(total / 4), Compression::new(LEVEL));
+        let _slot = slot;
+        let mut enc = DeflateEncoder::new(Vec::with_capacity(reserve), Compression::new(LEVEL));
         let mut crc = Crc::new();
         for f in frames.iter() {
             enc.write_all(f)?;
@@ -220,23 +280,43 @@ pub async fn deflate_items(frames: Arc<[Bytes]>) -> Option<GzipItems> {
     .await;
     let (out, crc) = match made {
         Ok(Ok(made)) => made,
-        Ok(Err(e)) => {
-            log_failure(&e);
-            return None;
-        }
-        Err(e) => {
-            log_failure(&e);
+        failed => {
+            budget.give(reserve);
+            match failed {
+                Ok(Err(e)) => log_failure(&e),
+                Err(e) => log_failure(&e),
+                Ok(Ok(_)) => {}
+            }
             return None;
         }
     };
     let bytes = out.len();
+    // Settle the reserve with what was made.
+    if bytes <= reserve {
+        budget.give(reserve - bytes);
+    } else if !budget.take(bytes - reserve) {
+        budget.give(reserve);
+        return None;
+    }
     let out = Bytes::from(out);
     let frames = (0..bytes)
         .step_by(KEPT_GZIP_FRAME_BYTES)
         .map(|at| out.slice(at..(at + KEPT_GZIP_FRAME_BYTES).min(bytes)))
         .collect();
-    Some(GzipItems { frames, crc, bytes })
+    Some(GzipItems {
+        frames,
+        crc,
+        bytes,
+        budget: Arc::clone(budget),
+    })
 }
+
+/// The deflate stream's end: an empty last block (BFINAL set, fixed
+/// Huffman codes, the end-of-block code alone; RFC 1951 3.2.3 and 3.2.6),
+/// what flate2 writes to finish a stream with nothing pending (pinned by a
+/// test). Written as is: making an encoder per response to get these two
+/// bytes would allocate its whole state.
+const LAST_BLOCK: [u8; 2] = [0x03, 0x00];
 
 /// Frames of kept gzip, as the kept frames themselves.
 const KEPT_GZIP_FRAME_BYTES: usize = 1 << 20;
@@ -253,7 +333,8 @@ fn spliced(head: &Bytes, items: Arc<GzipItems>) -> io::Result<Body> {
     let mut crc = Crc::new();
     crc.update(head);
     crc.combine(&items.crc);
-    let mut last = DeflateEncoder::new(Vec::with_capacity(16), Compression::new(LEVEL)).finish()?;
+    let mut last = Vec::with_capacity(LAST_BLOCK.len() + 8);
+    last.extend_from_slice(&LAST_BLOCK);
     last.extend_from_slice(&crc.sum().to_le_bytes());
     last.extend_from_slice(&crc.amount().to_le_bytes());
     let kept = (0..items.frames.len()).map(move |i| items.frames[i].clone());
@@ -343,10 +424,12 @@ fn gzip_stream(first: Vec<Bytes>, mut rest: UnsyncBoxBody<Bytes, Infallible>) ->
                 slot = slots().acquire() => slot,
                 () = tx.closed() => return,
             };
-            let Ok(_slot) = slot else { return };
-            let round =
-                tokio::task::spawn_blocking(move || deflate(enc, &batch, last).map(|d| (d, batch)))
-                    .await;
+            let Ok(slot) = slot else { return };
+            let round = tokio::task::spawn_blocking(move || {
+                let _slot = slot;
+                deflate(enc, &batch, last).map(|d| (d, batch))
+            })
+            .await;
             let made = match round {
                 Ok(Ok((Deflated::More(e, made), mut used))) => {
                     enc = e;
@@ -557,6 +640,12 @@ mod tests {
             want.extend_from_slice(&all);
             assert_eq!(gunzip(&bytes), want, "head of {} bytes", head.len());
 
+            // One gzip member and nothing after it (Go's reader would take
+            // trailing bytes for another member and fail).
+            let mut one = flate2::bufread::GzDecoder::new(&bytes[..]);
+            one.read_to_end(&mut Vec::new()).expect("one member");
+            assert!(one.into_inner().is_empty(), "bytes after the trailer");
+
             // The decoder checks the joined CRC: a wrong one is an error.
             let mut bad = bytes.clone();
             let at = bad.len() - 8;
@@ -568,9 +657,27 @@ mod tests {
                     .is_err()
             );
         }
-        drop(items);
         drop(kept);
-        assert_eq!(budget.used(), 0, "the gzip's bytes go back with the frames");
+        assert_eq!(
+            budget.used(),
+            items.bytes(),
+            "held while a response holds them"
+        );
+        drop(items);
+        assert_eq!(
+            budget.used(),
+            0,
+            "the gzip's bytes go back with the last holder"
+        );
+
+        // No kept frames at all (an empty List's tail is a frame, but the
+        // join must not depend on it).
+        let empty = Arc::new(KeptFrames::new(Vec::new(), &budget));
+        let head = Bytes::from(vec![b'h'; THRESHOLD + 1]);
+        let resp = super::super::response(200, "application/json", Body::kept(head.clone(), empty));
+        let (parts, bytes) = collect(compress(resp).await).await;
+        assert!(gzipped(&parts));
+        assert_eq!(gunzip(&bytes), head);
 
         // Over the budget: not kept, and each List compressed on its own.
         let small = ListBodyBudget::new(1_000);
@@ -584,6 +691,15 @@ mod tests {
         let mut want = head.to_vec();
         want.extend_from_slice(&all);
         assert_eq!(gunzip(&bytes), want);
+    }
+
+    /// [`LAST_BLOCK`] is what flate2 itself ends a stream with.
+    #[test]
+    fn the_last_block_is_flate2s_own() {
+        let end = DeflateEncoder::new(Vec::new(), Compression::new(LEVEL))
+            .finish()
+            .unwrap();
+        assert_eq!(end, LAST_BLOCK);
     }
 
     /// A client that goes away stops the compressor, and so the producer.

@@ -20,7 +20,9 @@
 //! the whole resource, a few namespaces). Only what is the same for every
 //! client is kept: the items and the closing bytes, not the head (it holds
 //! the List's resourceVersion, and for protobuf the lengths around the
-//! items). JSON and protobuf bodies are kept apart ([`ListMedia`]).
+//! items). JSON and protobuf bodies are kept apart ([`ListMedia`]). A kept
+//! body's gzip, for clients that ask for it, is kept beside it
+//! ([`KeptFrames::gzip`]), in the same budget.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -70,7 +72,7 @@ impl ListBodyBudget {
     }
 
     /// Reserves `n` bytes if they fit.
-    fn take(&self, n: usize) -> bool {
+    pub(super) fn take(&self, n: usize) -> bool {
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let Some(after) = used.checked_add(n).filter(|a| *a <= self.limit) else {
@@ -91,7 +93,7 @@ impl ListBodyBudget {
         }
     }
 
-    fn give(&self, n: usize) {
+    pub(super) fn give(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::Relaxed);
         crate::metrics::metrics()
             .list_body_cache_bytes
@@ -143,14 +145,15 @@ impl KeptFrames {
         }
     }
 
-    /// The frames compressed for a gzip response
-    /// ([`compression::spliced`]): made by the first List that asks (the
-    /// others wait for it), `None` if they could not be made or kept.
+    /// The frames compressed for a gzip response (`compression::spliced`):
+    /// made by the first List that asks (the others wait for it), `None` if
+    /// they could not be made or would not fit in the budget.
     pub async fn gzip(&self) -> Option<Arc<GzipItems>> {
         self.gzip
             .get_or_init(|| async {
-                let items = compression::deflate_items(Arc::clone(&self.frames)).await?;
-                self.budget.take(items.bytes()).then(|| Arc::new(items))
+                compression::deflate_items(Arc::clone(&self.frames), &self.budget)
+                    .await
+                    .map(Arc::new)
             })
             .await
             .clone()
@@ -162,14 +165,6 @@ impl std::ops::Deref for KeptFrames {
 
     fn deref(&self) -> &[Bytes] {
         &self.frames
-    }
-}
-
-impl Drop for KeptFrames {
-    fn drop(&mut self) {
-        if let Some(Some(g)) = self.gzip.get() {
-            self.budget.give(g.bytes());
-        }
     }
 }
 

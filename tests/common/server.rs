@@ -187,6 +187,24 @@ impl TestServer {
         (code, v)
     }
 
+    /// The value of one `/metrics` sample, given with its labels and the
+    /// space after them (0 when absent). The registry is the test
+    /// binary's: look at labels only one test moves, or at increases.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .expect("/metrics")
+            .text()
+            .await
+            .expect("/metrics body");
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     pub async fn get_json(&self, path: &str) -> (u16, Value) {
         self.send(reqwest::Method::GET, path, None, None).await
     }
