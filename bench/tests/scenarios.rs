@@ -546,14 +546,13 @@ fn list_get_startup_idle_report_every_figure() {
     assert!(err.contains("--plot draws one run"), "{err}");
 }
 
-#[test]
-fn protobuf_list_counts_every_item() {
-    let dir = tempfile::tempdir().unwrap();
-    let args = [
+/// A short `list` of the proxy alone (600 objects of 512 bytes, 2
+/// iterations) with `extra` options.
+fn small_list<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
         "list",
         "--target",
         "proxy",
-        "--protobuf",
         "-n",
         "600",
         "-s",
@@ -561,7 +560,14 @@ fn protobuf_list_counts_every_item() {
         "--iterations",
         "2",
     ];
-    let r = bench(&args, &dir.path().join("l1-pb.json"));
+    args.extend_from_slice(extra);
+    args
+}
+
+#[test]
+fn protobuf_list_counts_every_item() {
+    let dir = tempfile::tempdir().unwrap();
+    let r = bench(&small_list(&["--protobuf"]), &dir.path().join("l1-pb.json"));
     for t in ["proxy", "proxy_consistent"] {
         let v = &r["results"][t];
         assert_eq!(
@@ -587,21 +593,8 @@ fn protobuf_list_counts_every_item() {
 #[test]
 fn gzip_lists_are_unpacked_and_counted() {
     let dir = tempfile::tempdir().unwrap();
-    for media in [&[][..], &["--protobuf"][..]] {
-        let mut args = vec![
-            "list",
-            "--target",
-            "proxy",
-            "--gzip",
-            "-n",
-            "600",
-            "-s",
-            "512",
-            "--iterations",
-            "2",
-        ];
-        args.extend_from_slice(media);
-        let r = bench(&args, &dir.path().join("l1-gzip.json"));
+    for media in [&["--gzip"][..], &["--gzip", "--protobuf"][..]] {
+        let r = bench(&small_list(media), &dir.path().join("l1-gzip.json"));
         assert_eq!(r["params"]["gzip"], true, "{r:#}");
         for t in ["proxy", "proxy_consistent"] {
             let v = &r["results"][t];
