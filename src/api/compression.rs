@@ -43,7 +43,7 @@ use tokio_stream::StreamExt;
 use tracing::warn;
 
 use super::body::{Body, KeptBody};
-use super::list_body_cache::ListBodyBudget;
+use super::list_body_cache::{ListBodyBudget, Reservation};
 
 /// Bodies up to this size go out as they are (kube-apiserver's
 /// `defaultGzipThresholdBytes`).
@@ -224,22 +224,15 @@ fn counted(source: Source) {
 pub struct GzipItems {
     frames: Box<[Bytes]>,
     crc: Crc,
-    /// Bytes held, and taken from `budget` until dropped (the last
-    /// response written from them holds them too).
-    bytes: usize,
-    budget: Arc<ListBodyBudget>,
+    /// Their bytes in the budget, until the last holder (the kept frames,
+    /// or a response still being written from them) drops them.
+    held: Reservation,
 }
 
 impl GzipItems {
     /// Memory held.
     pub fn bytes(&self) -> usize {
-        self.bytes
-    }
-}
-
-impl Drop for GzipItems {
-    fn drop(&mut self) {
-        self.budget.give(self.bytes);
+        self.held.bytes()
     }
 }
 
@@ -258,9 +251,9 @@ pub async fn deflate_items(
 ) -> Option<GzipItems> {
     let total: usize = frames.iter().map(Bytes::len).sum();
     let reserve = total / RESERVE_DIVISOR;
-    if !budget.take(reserve) {
-        return None;
-    }
+    // Given back by its drop on every early return, and if this future is
+    // dropped at an await (its request gone).
+    let mut held = budget.reserve(reserve)?;
     let slot = slots().acquire().await.ok();
     let made = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, Crc)> {
         let _slot = slot;
@@ -280,22 +273,17 @@ pub async fn deflate_items(
     .await;
     let (out, crc) = match made {
         Ok(Ok(made)) => made,
-        failed => {
-            budget.give(reserve);
-            match failed {
-                Ok(Err(e)) => log_failure(&e),
-                Err(e) => log_failure(&e),
-                Ok(Ok(_)) => {}
-            }
+        Ok(Err(e)) => {
+            log_failure(&e);
+            return None;
+        }
+        Err(e) => {
+            log_failure(&e);
             return None;
         }
     };
     let bytes = out.len();
-    // Settle the reserve with what was made.
-    if bytes <= reserve {
-        budget.give(reserve - bytes);
-    } else if !budget.take(bytes - reserve) {
-        budget.give(reserve);
+    if !held.resize(bytes) {
         return None;
     }
     let out = Bytes::from(out);
@@ -303,12 +291,7 @@ pub async fn deflate_items(
         .step_by(KEPT_GZIP_FRAME_BYTES)
         .map(|at| out.slice(at..(at + KEPT_GZIP_FRAME_BYTES).min(bytes)))
         .collect();
-    Some(GzipItems {
-        frames,
-        crc,
-        bytes,
-        budget: Arc::clone(budget),
-    })
+    Some(GzipItems { frames, crc, held })
 }
 
 /// The deflate stream's end: an empty last block (BFINAL set, fixed
@@ -691,6 +674,21 @@ mod tests {
         let mut want = head.to_vec();
         want.extend_from_slice(&all);
         assert_eq!(gunzip(&bytes), want);
+    }
+
+    /// The budget reserved for a kept gzip is given back when the List
+    /// that makes it goes away midway (the kept frames' first gzip client
+    /// hung up while it was being made).
+    #[tokio::test]
+    async fn a_gzip_dropped_while_made_gives_its_reserve_back() {
+        use crate::api::list_body_cache::ListBodyBudget;
+        let budget = ListBodyBudget::new(64 << 20);
+        let frames: Arc<[Bytes]> = vec![Bytes::from(payload(60_000))].into();
+        let mut making = Box::pin(deflate_items(frames, &budget));
+        assert!(futures::poll!(&mut making).is_pending());
+        assert!(budget.used() > 0, "reserved while it is made");
+        drop(making);
+        assert_eq!(budget.used(), 0);
     }
 
     /// [`LAST_BLOCK`] is what flate2 itself ends a stream with.

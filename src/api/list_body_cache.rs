@@ -72,7 +72,7 @@ impl ListBodyBudget {
     }
 
     /// Reserves `n` bytes if they fit.
-    pub(super) fn take(&self, n: usize) -> bool {
+    fn take(&self, n: usize) -> bool {
         let mut used = self.used.load(Ordering::Relaxed);
         loop {
             let Some(after) = used.checked_add(n).filter(|a| *a <= self.limit) else {
@@ -93,11 +93,55 @@ impl ListBodyBudget {
         }
     }
 
-    pub(super) fn give(&self, n: usize) {
+    fn give(&self, n: usize) {
         self.used.fetch_sub(n, Ordering::Relaxed);
         crate::metrics::metrics()
             .list_body_cache_bytes
             .sub(n as i64);
+    }
+}
+
+/// Bytes taken from a [`ListBodyBudget`], given back when dropped: held
+/// across awaits, so a request dropped midway (its client gone) never
+/// leaves them taken.
+#[derive(Debug)]
+pub struct Reservation {
+    budget: Arc<ListBodyBudget>,
+    bytes: usize,
+}
+
+impl ListBodyBudget {
+    /// `n` bytes if they fit.
+    pub fn reserve(self: &Arc<Self>, n: usize) -> Option<Reservation> {
+        self.take(n).then(|| Reservation {
+            budget: Arc::clone(self),
+            bytes: n,
+        })
+    }
+}
+
+impl Reservation {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    /// Holds `n` bytes instead: gives back the difference, or takes it if
+    /// it fits (`false`, and nothing changed, if it does not).
+    pub fn resize(&mut self, n: usize) -> bool {
+        if n <= self.bytes {
+            self.budget.give(self.bytes - n);
+        } else if !self.budget.take(n - self.bytes) {
+            return false;
+        }
+        self.bytes = n;
+        true
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.budget.give(self.bytes);
     }
 }
 
@@ -748,6 +792,21 @@ mod tests {
         let s2 = snap(2);
         cache.drop_older_than(s2.contents());
         assert!(cache.is_empty());
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn a_reservation_holds_its_bytes_until_dropped_and_resizes_within_the_budget() {
+        let budget = ListBodyBudget::new(100);
+        let mut r = budget.reserve(30).expect("fits");
+        assert!(budget.reserve(71).is_none());
+        assert!(r.resize(10));
+        assert_eq!(budget.used(), 10);
+        assert!(!r.resize(101), "does not fit");
+        assert_eq!((r.bytes(), budget.used()), (10, 10));
+        assert!(r.resize(100));
+        assert_eq!(budget.used(), 100);
+        drop(r);
         assert_eq!(budget.used(), 0);
     }
 
