@@ -183,15 +183,7 @@ async fn corrupt_protobuf_is_skipped_and_counted() {
     assert_eq!(code, 200, "{list}");
     let names = item_names(&list);
     assert_eq!(names, ["good"], "{list}");
-    let metrics = ts
-        .http
-        .get(ts.url("/metrics"))
-        .send()
-        .await
-        .expect("metrics")
-        .text()
-        .await
-        .expect("metrics body");
+    let metrics = ts.metrics_text().await;
     let skipped: f64 = metrics
         .lines()
         .filter(|l| l.starts_with("watchcache_undecodable_values_total") && l.contains("pods"))

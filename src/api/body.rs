@@ -107,11 +107,6 @@ pub struct KeptBody {
 }
 
 impl KeptBody {
-    /// Nothing sent yet.
-    pub(super) fn is_whole(&self) -> bool {
-        self.head.is_some() && self.next == 0
-    }
-
     /// Bytes left to send.
     pub(super) fn len(&self) -> usize {
         self.head.as_ref().map_or(0, Bytes::len)
@@ -254,7 +249,7 @@ mod tests {
         let Body::Kept(k) = &b else {
             panic!("its own variant")
         };
-        assert!(k.is_whole());
+        assert!(k.head.is_some());
         assert_eq!(k.len(), 19);
         let mut got = Vec::new();
         while let Some(f) = b.frame().await {

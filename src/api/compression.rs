@@ -62,6 +62,21 @@ fn slots() -> &'static tokio::sync::Semaphore {
     })
 }
 
+/// `work` on tokio's blocking pool, in one of the [`SLOTS`]. The permit
+/// goes with the work: held until it ends, even if the caller is dropped
+/// meanwhile, so no more than [`SLOTS`] compressions ever run at once.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
+    let slot = slots().acquire().await.ok();
+    tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        work()
+    })
+    .await
+    .map_err(io::Error::other)?
+}
+
 /// Whether the request's `Accept-Encoding` names `gzip` (and does not
 /// refuse it with `q=0`). Like kube-apiserver, `*` does not count: a
 /// client that cannot name gzip is not sent it. Unlike kube-apiserver
@@ -106,9 +121,10 @@ pub fn candidate(resp: &Response<Body>) -> bool {
         && !resp.headers().contains_key(CONTENT_ENCODING)
 }
 
-/// `resp`, gzipped when it is worth it. The caller has checked
-/// [`accepts_gzip`] and [`candidate`]. A streamed body is read until it
-/// passes the threshold or ends, which decides.
+/// `resp`, gzipped when it is worth it; the caller has checked
+/// [`accepts_gzip`]. A response that is not a [`candidate`] comes back as
+/// it is. A streamed body is read until it passes the threshold or ends,
+/// which decides.
 pub async fn compress(resp: Response<Body>) -> Response<Body> {
     if !candidate(&resp) {
         return resp;
@@ -117,23 +133,15 @@ pub async fn compress(resp: Response<Body>) -> Response<Body> {
     let body = match body {
         Body::Full(Some(all)) => {
             let input = all.clone();
-            let Ok(slot) = slots().acquire().await else {
-                return Response::from_parts(parts, Body::full(all));
-            };
-            // The permit goes with the work: it is held until the work
-            // ends, even if this request is dropped meanwhile.
-            match tokio::task::spawn_blocking(move || {
-                let _slot = slot;
-                gzip_all(&input)
-            })
-            .await
-            {
-                Ok(Ok(z)) => {
+            match blocking(move || gzip_all(&input)).await {
+                Ok(z) => {
                     counted(Source::Whole);
                     Body::full(z)
                 }
-                Ok(Err(e)) => return unchanged(parts, all, &e),
-                Err(e) => return unchanged(parts, all, &e),
+                Err(e) => {
+                    log_failure(&e);
+                    return Response::from_parts(parts, Body::full(all));
+                }
             }
         }
         Body::Kept(k) => match kept(k).await {
@@ -178,9 +186,9 @@ async fn stream(mut rest: UnsyncBoxBody<Bytes, Infallible>) -> Result<Body, Body
 /// A List written from kept frames, gzipped: from their kept gzip when
 /// there is one ([`spliced`]), else compressed as a stream.
 async fn kept(k: KeptBody) -> Result<Body, Body> {
-    if k.is_whole()
+    // An unsent body (its head still there) is the whole List.
+    if let Some(head) = &k.head
         && let Some(items) = k.frames.gzip().await
-        && let Some(head) = &k.head
     {
         match spliced(head, items) {
             Ok(body) => {
@@ -254,9 +262,7 @@ pub async fn deflate_items(
     // Given back by its drop on every early return, and if this future is
     // dropped at an await (its request gone).
     let mut held = budget.reserve(reserve)?;
-    let slot = slots().acquire().await.ok();
-    let made = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, Crc)> {
-        let _slot = slot;
+    let made = blocking(move || {
         let mut enc = DeflateEncoder::new(Vec::with_capacity(reserve), Compression::new(LEVEL));
         let mut crc = Crc::new();
         for f in frames.iter() {
@@ -272,11 +278,7 @@ pub async fn deflate_items(
     })
     .await;
     let (out, crc) = match made {
-        Ok(Ok(made)) => made,
-        Ok(Err(e)) => {
-            log_failure(&e);
-            return None;
-        }
+        Ok(made) => made,
         Err(e) => {
             log_failure(&e);
             return None;
@@ -403,30 +405,23 @@ fn gzip_stream(first: Vec<Bytes>, mut rest: UnsyncBoxBody<Bytes, Infallible>) ->
                 () = tx.closed() => return,
             };
             let last = next.is_none();
-            let slot = tokio::select! {
-                slot = slots().acquire() => slot,
+            let round = tokio::select! {
+                round = blocking(move || deflate(enc, &batch, last).map(|d| (d, batch))) => round,
                 () = tx.closed() => return,
             };
-            let Ok(slot) = slot else { return };
-            let round = tokio::task::spawn_blocking(move || {
-                let _slot = slot;
-                deflate(enc, &batch, last).map(|d| (d, batch))
-            })
-            .await;
             let made = match round {
-                Ok(Ok((Deflated::More(e, made), mut used))) => {
+                Ok((Deflated::More(e, made), mut used)) => {
                     enc = e;
                     used.clear();
                     batch = used;
                     made
                 }
-                Ok(Ok((Deflated::Done(made), _))) => {
+                Ok((Deflated::Done(made), _)) => {
                     let _ = tx.send(Bytes::from(made)).await;
                     return;
                 }
                 // The client sees the gzip stream end without its trailer:
                 // an error, never a short body taken for the whole.
-                Ok(Err(e)) => return log_failure(&e),
                 Err(e) => return log_failure(&e),
             };
             if !made.is_empty() && tx.send(Bytes::from(made)).await.is_err() {
@@ -439,18 +434,8 @@ fn gzip_stream(first: Vec<Bytes>, mut rest: UnsyncBoxBody<Bytes, Infallible>) ->
     Body::from_receiver(rx)
 }
 
-fn log_failure(error: &dyn std::fmt::Display) {
+fn log_failure(error: &io::Error) {
     warn!(%error, "gzip of a response failed");
-}
-
-/// A body that could not be compressed goes out as it is.
-fn unchanged(
-    parts: hyper::http::response::Parts,
-    all: Bytes,
-    error: &dyn std::fmt::Display,
-) -> Response<Body> {
-    log_failure(error);
-    Response::from_parts(parts, Body::full(all))
 }
 
 #[cfg(test)]

@@ -187,20 +187,25 @@ impl TestServer {
         (code, v)
     }
 
-    /// The value of one `/metrics` sample, given with its labels and the
-    /// space after them (0 when absent). The registry is the test
-    /// binary's: look at labels only one test moves, or at increases.
-    pub async fn metric(&self, sample: &str) -> f64 {
-        let text = self
-            .http
+    /// The `/metrics` page.
+    pub async fn metrics_text(&self) -> String {
+        self.http
             .get(self.url("/metrics"))
             .send()
             .await
             .expect("/metrics")
             .text()
             .await
-            .expect("/metrics body");
-        text.lines()
+            .expect("/metrics body")
+    }
+
+    /// The value of one `/metrics` sample, given with its labels and the
+    /// space after them (0 when absent). The registry is the test
+    /// binary's: look at labels only one test moves, or at increases.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        self.metrics_text()
+            .await
+            .lines()
             .find_map(|l| l.strip_prefix(sample)?.trim().parse().ok())
             .unwrap_or(0.0)
     }
