@@ -73,6 +73,9 @@ async fn list_on_one_replica_then_watch_on_the_other_sees_every_change_once() {
     let prefix = common::unique_prefix("replicas");
     let a = Daemon::start_default(common::etcd(), &prefix).await;
     let b = Daemon::start_default(common::etcd(), &prefix).await;
+    // Both caches listed (healthz does not wait for them).
+    a.wait_ready().await;
+    b.wait_ready().await;
     let client = reqwest::Client::new();
     for i in 0..5 {
         post(&client, &a, &pod(&format!("before-{i}"), 0)).await;
@@ -113,6 +116,9 @@ async fn a_lagging_replica_waits_instead_of_serving_older_data() {
     let prefix = common::unique_prefix("replicas-lag");
     let a = Daemon::start_default(common::etcd(), &prefix).await;
     let b = Daemon::start_default(common::etcd(), &prefix).await;
+    // Both caches listed (healthz does not wait for them).
+    a.wait_ready().await;
+    b.wait_ready().await;
     let client = reqwest::Client::new();
     let first = post(&client, &a, &pod("p", 0)).await;
     // B is frozen while the object changes through A.

@@ -585,7 +585,10 @@ mod tests {
         ];
         let all: Vec<u8> = frames.concat();
         let budget = ListBodyBudget::new(64 << 20);
-        let kept = Arc::new(KeptFrames::new(frames.clone(), &budget));
+        let kept = Arc::new(KeptFrames::new(
+            frames.clone(),
+            budget.reserve(0).expect("fits"),
+        ));
         let items = kept.gzip().await.expect("made and kept");
         assert!(Arc::ptr_eq(&items, &kept.gzip().await.expect("kept")));
         assert_eq!(budget.used(), items.bytes());
@@ -640,7 +643,10 @@ mod tests {
 
         // No kept frames at all (an empty List's tail is a frame, but the
         // join must not depend on it).
-        let empty = Arc::new(KeptFrames::new(Vec::new(), &budget));
+        let empty = Arc::new(KeptFrames::new(
+            Vec::new(),
+            budget.reserve(0).expect("fits"),
+        ));
         let head = Bytes::from(vec![b'h'; THRESHOLD + 1]);
         let resp = super::super::response(200, "application/json", Body::kept(head.clone(), empty));
         let (parts, bytes) = collect(compress(resp).await).await;
@@ -649,7 +655,7 @@ mod tests {
 
         // Over the budget: not kept, and each List compressed on its own.
         let small = ListBodyBudget::new(1_000);
-        let kept = Arc::new(KeptFrames::new(frames, &small));
+        let kept = Arc::new(KeptFrames::new(frames, small.reserve(0).expect("fits")));
         assert!(kept.gzip().await.is_none());
         assert_eq!(small.used(), 0);
         let head = Bytes::from_static(b"{\"items\":[");

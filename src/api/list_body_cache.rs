@@ -118,6 +118,14 @@ impl ListBodyBudget {
             bytes: n,
         })
     }
+
+    /// None yet: grown with [`Reservation::resize`].
+    fn empty(self: &Arc<Self>) -> Reservation {
+        Reservation {
+            budget: Arc::clone(self),
+            bytes: 0,
+        }
+    }
 }
 
 impl Reservation {
@@ -173,19 +181,22 @@ enum Kept {
 /// storm of client-go informers (which all ask for gzip) costs one
 /// compression, not one per client, as it costs one build. The gzip's
 /// bytes are taken from the same budget; none are kept when they do not
-/// fit (those Lists are compressed each time instead).
+/// fit (those Lists are compressed each time instead). Both are counted
+/// until their last holder is gone: a List still being written from them
+/// keeps them in memory after their entry is dropped.
 pub struct KeptFrames {
     frames: Arc<[Bytes]>,
     gzip: tokio::sync::OnceCell<Option<Arc<GzipItems>>>,
-    budget: Arc<ListBodyBudget>,
+    /// The frames' bytes (the gzip holds its own).
+    held: Reservation,
 }
 
 impl KeptFrames {
-    pub(crate) fn new(frames: Vec<Bytes>, budget: &Arc<ListBodyBudget>) -> KeptFrames {
+    pub(crate) fn new(frames: Vec<Bytes>, held: Reservation) -> KeptFrames {
         KeptFrames {
             frames: frames.into(),
             gzip: tokio::sync::OnceCell::new(),
-            budget: Arc::clone(budget),
+            held,
         }
     }
 
@@ -195,7 +206,7 @@ impl KeptFrames {
     pub async fn gzip(&self) -> Option<Arc<GzipItems>> {
         self.gzip
             .get_or_init(|| async {
-                compression::deflate_items(Arc::clone(&self.frames), &self.budget)
+                compression::deflate_items(Arc::clone(&self.frames), &self.held.budget)
                     .await
                     .map(Arc::new)
             })
@@ -212,27 +223,17 @@ impl std::ops::Deref for KeptFrames {
     }
 }
 
-/// One prefix of one snapshot's contents; its bytes go back to the budget
-/// when it is dropped.
+/// One prefix of one snapshot's contents.
 struct Entry {
     contents: u64,
     prefix: String,
     media: ListMedia,
     kept: Kept,
-    /// Budget bytes held for `kept`'s frames.
-    bytes: usize,
-    budget: Arc<ListBodyBudget>,
 }
 
 impl Entry {
     fn is(&self, contents: u64, prefix: &str, media: ListMedia) -> bool {
         self.contents == contents && self.media == media && self.prefix == prefix
-    }
-}
-
-impl Drop for Entry {
-    fn drop(&mut self) {
-        self.budget.give(self.bytes);
     }
 }
 
@@ -287,8 +288,6 @@ impl ListBodyCache {
                 prefix: prefix.to_string(),
                 media,
                 kept: Kept::Seen,
-                bytes: 0,
-                budget: Arc::clone(&self.budget),
             });
             self.misses.inc();
             return Lookup::Miss(None);
@@ -319,7 +318,7 @@ impl ListBodyCache {
                     media,
                     frames: Vec::new(),
                     pending: BytesMut::new(),
-                    bytes: 0,
+                    held: self.budget.empty(),
                     over: false,
                     finished: false,
                 }))
@@ -343,29 +342,26 @@ impl ListBodyCache {
         }
     }
 
-    /// Recording `r` ended: with its frames (whose `bytes` it took from
-    /// the budget), or without. `retry`: it was abandoned; the next List
-    /// records again. Only the entry's own recording changes it: one
-    /// evicted and made again meanwhile has another (and gets its bytes
-    /// back from this one, never held twice).
-    fn recorded(&self, r: &Recorder, frames: Option<Vec<Bytes>>, retry: bool, bytes: usize) {
+    /// Recording `r` ended: with its frames and the budget they hold, or
+    /// without. `retry`: it was abandoned; the next List records again.
+    /// Only the entry's own recording changes it: one evicted and made
+    /// again meanwhile has another (the frames dropped here give their
+    /// bytes back, never held twice).
+    fn recorded(&self, r: &Recorder, frames: Option<(Vec<Bytes>, Reservation)>, retry: bool) {
         let mut entries = self.entries.lock();
         let own = entries.iter_mut().find(|e| {
             e.is(r.contents, &r.prefix, r.media)
                 && matches!(e.kept, Kept::Recording(id, _) if id == r.id)
         });
         match (own, frames) {
-            (Some(e), Some(f)) => {
-                e.kept = Kept::Frames(Arc::new(KeptFrames::new(f, &self.budget)));
-                let before = std::mem::replace(&mut e.bytes, bytes);
-                self.budget.give(before);
+            (Some(e), Some((f, held))) => {
+                e.kept = Kept::Frames(Arc::new(KeptFrames::new(f, held)));
             }
             (Some(e), None) => {
                 e.kept = if retry { Kept::Seen } else { Kept::Unkept };
-                self.budget.give(bytes);
             }
             // Evicted meanwhile (changed, or pushed out by other prefixes).
-            (None, _) => self.budget.give(bytes),
+            (None, _) => {}
         }
     }
 
@@ -398,10 +394,10 @@ pub enum Lookup {
 }
 
 /// Collects the frames of a body being built; [`Recorder::finish`] keeps
-/// them once the body is complete. The bytes it holds are taken from the
-/// budget as it goes (it stops once they would not fit), so recordings in
-/// progress are bounded too; a recording dropped unfinished (the client
-/// went away) gives them back.
+/// them once the body is complete. The bytes it holds are reserved as it
+/// goes (it stops once they would not fit), so recordings in progress are
+/// bounded too; a recording dropped unfinished (the client went away)
+/// gives them back with its reservation.
 pub struct Recorder {
     cache: Arc<ListBodyCache>,
     id: u64,
@@ -411,7 +407,8 @@ pub struct Recorder {
     frames: Vec<Bytes>,
     /// The frame being regrouped (see [`KEPT_FRAME_BYTES`]).
     pending: BytesMut,
-    bytes: usize,
+    /// The bytes of `frames` and `pending`.
+    held: Reservation,
     /// Would not fit in the budget: recording stopped.
     over: bool,
     finished: bool,
@@ -424,15 +421,14 @@ impl Recorder {
         if self.over {
             return;
         }
-        if !self.cache.budget.take(frame.len()) {
+        if !self.held.resize(self.held.bytes() + frame.len()) {
             // Give back at once what this recording held: it keeps nothing.
             self.over = true;
             self.frames = Vec::new();
             self.pending = BytesMut::new();
-            self.cache.budget.give(std::mem::take(&mut self.bytes));
+            self.held.resize(0);
             return;
         }
-        self.bytes += frame.len();
         if frame.len() >= KEPT_FRAME_BYTES {
             self.end_frame();
             self.frames.push(frame.clone());
@@ -466,20 +462,21 @@ impl Recorder {
     pub fn finish(mut self) {
         self.finished = true;
         self.end_frame();
-        let frames = (!self.over).then(|| std::mem::take(&mut self.frames));
-        let bytes = std::mem::take(&mut self.bytes);
+        let frames = (!self.over).then(|| {
+            let held = std::mem::replace(&mut self.held, self.cache.budget.empty());
+            (std::mem::take(&mut self.frames), held)
+        });
         let cache = Arc::clone(&self.cache);
-        cache.recorded(&self, frames, false, bytes);
+        cache.recorded(&self, frames, false);
     }
 }
 
 impl Drop for Recorder {
     fn drop(&mut self) {
         if !self.finished {
-            let bytes = std::mem::take(&mut self.bytes);
             let retry = !self.over;
             let cache = Arc::clone(&self.cache);
-            cache.recorded(self, None, retry, bytes);
+            cache.recorded(self, None, retry);
         }
     }
 }
@@ -620,10 +617,17 @@ mod tests {
         list(&cache, &s1, "/r/pods/", &[]);
         assert_eq!(list(&cache, &s1, "/r/pods/", &[b"0123456789"]), "recorded");
         assert_eq!(budget.used(), 10);
-        // A change: the next List builds, and the old body is gone.
+        // A List still being written from the body.
+        let Lookup::Hit(writing) = cache.lookup(&s1, "/r/pods/", ListMedia::Json) else {
+            panic!("kept");
+        };
+        // A change: the next List builds, and the old body is gone; its
+        // bytes are counted until the List writing from it is done.
         let s2 = snap(2);
         assert_eq!(list(&cache, &s2, "/r/pods/", &[]), "built");
         assert_eq!(cache.len(), 1);
+        assert_eq!(budget.used(), 10);
+        drop(writing);
         assert_eq!(budget.used(), 0);
         // A List at the older contents (an exact resourceVersion) builds
         // and leaves the newer entries alone.

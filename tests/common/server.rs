@@ -31,7 +31,9 @@ pub struct TestServer {
 pub fn test_config(endpoint: &str, prefix: &str) -> Config {
     let text = common::daemon_config(endpoint, prefix, "");
     let mut cfg = Config::parse(&text, "test").expect("test config parses");
-    cfg.server.consistent_read_timeout_ms = 1_000;
+    // Long enough for a busy CI machine's cache to catch up with a write;
+    // tests of the timeout itself set their own.
+    cfg.server.consistent_read_timeout_ms = 5_000;
     cfg
 }
 
