@@ -647,9 +647,7 @@ async fn compaction_while_disconnected_relists_and_makes_watchers_whole() {
 
     // Cut the reflector off, then make changes it cannot see as events
     // (modify, delete, add) and compact them away.
-    proxy.cut();
-    // Let the forwarding tasks see the cut before the first write.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.cut().await;
     client
         .put(
             format!("{key_prefix}ns1/p0"),

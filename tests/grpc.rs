@@ -1343,7 +1343,7 @@ async fn relist_after_compaction_cancels_cached_watches() {
         .expect("watch");
     read_until(&mut w, |r| r.created()).await;
 
-    proxy.cut();
+    proxy.cut().await;
     put(&mut ec, &format!("{p}b"), "2").await;
     let c = put(&mut ec, &format!("{p}a"), "3").await;
     ec.compact(c, None).await.expect("compact");

@@ -344,7 +344,25 @@ pub struct TcpProxy {
     /// `true` = forwarding; on `false` live connections are dropped and new
     /// ones are closed at once.
     open: tokio::sync::watch::Sender<bool>,
+    /// Forwarded connections still open.
+    live: tokio::sync::watch::Sender<usize>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Counts a forwarded connection as live until dropped.
+struct LiveConnection(tokio::sync::watch::Sender<usize>);
+
+impl LiveConnection {
+    fn new(live: &tokio::sync::watch::Sender<usize>) -> LiveConnection {
+        live.send_modify(|n| *n += 1);
+        LiveConnection(live.clone())
+    }
+}
+
+impl Drop for LiveConnection {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 impl TcpProxy {
@@ -354,14 +372,18 @@ impl TcpProxy {
             .expect("bind proxy");
         let addr = listener.local_addr().expect("proxy addr");
         let (open, _) = tokio::sync::watch::channel(true);
+        let (live, _) = tokio::sync::watch::channel(0usize);
         let open_tx = open.clone();
+        let live_tx = live.clone();
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let mut open_rx = open_tx.subscribe();
                 if !*open_rx.borrow_and_update() {
                     continue; // dropped: the client sees the connection close
                 }
+                let counted = LiveConnection::new(&live_tx);
                 tokio::spawn(async move {
+                    let _counted = counted;
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
@@ -372,7 +394,12 @@ impl TcpProxy {
                 });
             }
         });
-        TcpProxy { addr, open, task }
+        TcpProxy {
+            addr,
+            open,
+            live,
+            task,
+        }
     }
 
     /// The proxy's client URL.
@@ -380,9 +407,15 @@ impl TcpProxy {
         format!("http://{}", self.addr)
     }
 
-    /// Drops every forwarded connection and refuses new ones.
-    pub fn cut(&self) {
+    /// Drops every forwarded connection and refuses new ones; returns once
+    /// every one is closed, so nothing more passes after it.
+    pub async fn cut(&self) {
         self.open.send_replace(false);
+        let mut live = self.live.subscribe();
+        tokio::time::timeout(Duration::from_secs(30), live.wait_for(|n| *n == 0))
+            .await
+            .expect("forwarded connections closed")
+            .expect("the proxy's count");
     }
 
     /// Forwards again.
