@@ -68,7 +68,20 @@ fn slots() -> &'static tokio::sync::Semaphore {
 async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> io::Result<T> + Send + 'static,
 ) -> io::Result<T> {
-    let slot = slots().acquire().await.ok();
+    in_slot(slot().await, work).await
+}
+
+/// A place in the [`SLOTS`], waited for.
+async fn slot() -> Option<tokio::sync::SemaphorePermit<'static>> {
+    // Never closed: `None` cannot happen, and would only mean no bound.
+    slots().acquire().await.ok()
+}
+
+/// `work` on tokio's blocking pool, holding `slot` until it ends.
+async fn in_slot<T: Send + 'static>(
+    slot: Option<tokio::sync::SemaphorePermit<'static>>,
+    work: impl FnOnce() -> io::Result<T> + Send + 'static,
+) -> io::Result<T> {
     tokio::task::spawn_blocking(move || {
         let _slot = slot;
         work()
@@ -249,20 +262,34 @@ impl GzipItems {
 /// a body that will not fit is found out before the work, not after.
 const RESERVE_DIVISOR: usize = 3;
 
-/// [`GzipItems`] of `frames`, made on the blocking pool (in one of the
-/// [`SLOTS`]) and held in `budget`; `None` if they do not fit (then
-/// nothing is compressed when even the reserve does not) or compression
-/// failed (logged).
-pub async fn deflate_items(
-    frames: Arc<[Bytes]>,
-    budget: &Arc<ListBodyBudget>,
-) -> Option<GzipItems> {
+/// What [`deflate_items`] made of a kept body.
+pub enum KeptGzip {
+    Items(GzipItems),
+    /// Will not fit in the budget, or cannot be compressed (logged): not
+    /// tried again for these frames.
+    Never,
+    /// No room in the budget now (others hold it: recordings, other kept
+    /// bodies): a later List tries again.
+    NotNow,
+}
+
+/// [`GzipItems`] of `frames`, made on the blocking pool and held in
+/// `budget`. The reserve is taken once a slot is free, so a List only
+/// waiting to compress holds no budget; and when even the reserve does not
+/// fit, nothing is compressed.
+pub async fn deflate_items(frames: Arc<[Bytes]>, budget: &Arc<ListBodyBudget>) -> KeptGzip {
     let total: usize = frames.iter().map(Bytes::len).sum();
     let reserve = total / RESERVE_DIVISOR;
+    if reserve > budget.limit() {
+        return KeptGzip::Never;
+    }
+    let slot = slot().await;
     // Given back by its drop on every early return, and if this future is
-    // dropped at an await (its request gone).
-    let mut held = budget.reserve(reserve)?;
-    let made = blocking(move || {
+    // dropped at an await.
+    let Some(mut held) = budget.reserve(reserve) else {
+        return KeptGzip::NotNow;
+    };
+    let made = in_slot(slot, move || {
         let mut enc = DeflateEncoder::new(Vec::with_capacity(reserve), Compression::new(LEVEL));
         let mut crc = Crc::new();
         for f in frames.iter() {
@@ -281,19 +308,19 @@ pub async fn deflate_items(
         Ok(made) => made,
         Err(e) => {
             log_failure(&e);
-            return None;
+            return KeptGzip::Never;
         }
     };
     let bytes = out.len();
     if !held.resize(bytes) {
-        return None;
+        return KeptGzip::Never;
     }
     let out = Bytes::from(out);
     let frames = (0..bytes)
         .step_by(KEPT_GZIP_FRAME_BYTES)
         .map(|at| out.slice(at..(at + KEPT_GZIP_FRAME_BYTES).min(bytes)))
         .collect();
-    Some(GzipItems { frames, crc, held })
+    KeptGzip::Items(GzipItems { frames, crc, held })
 }
 
 /// The deflate stream's end: an empty last block (BFINAL set, fixed
@@ -610,6 +637,10 @@ mod tests {
             let mut want = head.to_vec();
             want.extend_from_slice(&all);
             assert_eq!(gunzip(&bytes), want, "head of {} bytes", head.len());
+            // Joined from the kept gzip, not compressed whole (which would
+            // decode the same).
+            let joined = spliced(&head, Arc::clone(&items)).expect("joined");
+            assert_eq!(joined.collect().await.unwrap().to_bytes(), bytes);
 
             // One gzip member and nothing after it (Go's reader would take
             // trailing bytes for another member and fail).
@@ -628,13 +659,20 @@ mod tests {
                     .is_err()
             );
         }
-        drop(kept);
-        assert_eq!(
-            budget.used(),
-            items.bytes(),
-            "held while a response holds them"
-        );
+        // A response partly written from the kept gzip holds its bytes
+        // after the kept frames are gone.
+        let made = items.bytes();
         drop(items);
+        let resp = super::super::response(
+            200,
+            "application/json",
+            Body::kept(Bytes::from_static(b"{"), Arc::clone(&kept)),
+        );
+        let mut writing = compress(resp).await.into_body();
+        assert!(writing.frame().await.is_some());
+        drop(kept);
+        assert_eq!(budget.used(), made, "held while a response holds them");
+        drop(writing);
         assert_eq!(
             budget.used(),
             0,
@@ -680,6 +718,56 @@ mod tests {
         assert!(budget.used() > 0, "reserved while it is made");
         drop(making);
         assert_eq!(budget.used(), 0);
+    }
+
+    /// A kept gzip whose first client goes away midway is still made, once:
+    /// the next List finds it made.
+    #[tokio::test]
+    async fn a_kept_gzip_is_made_even_if_its_first_client_leaves() {
+        use crate::api::list_body_cache::{KeptFrames, ListBodyBudget};
+        let budget = ListBodyBudget::new(64 << 20);
+        let kept = Arc::new(KeptFrames::new(
+            vec![Bytes::from(payload(60_000))],
+            budget.reserve(0).expect("fits"),
+        ));
+        let mut first = Box::pin(kept.gzip());
+        assert!(futures::poll!(&mut first).is_pending());
+        drop(first);
+        let made = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while !kept.gzip_made() {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(made.is_ok(), "made without a client waiting for it");
+        let items = kept.gzip().await.expect("kept");
+        assert_eq!(budget.used(), items.bytes(), "counted once");
+    }
+
+    /// Without room in the budget now, nothing is kept and a later List
+    /// tries again; a gzip that can never fit is not tried again.
+    #[tokio::test]
+    async fn a_kept_gzip_without_room_now_is_tried_again_later() {
+        use crate::api::list_body_cache::{KeptFrames, ListBodyBudget};
+        let frames = vec![Bytes::from(payload(60_000))];
+        let total: usize = frames.iter().map(Bytes::len).sum();
+        let budget = ListBodyBudget::new(total);
+        let kept = Arc::new(KeptFrames::new(
+            frames.clone(),
+            budget.reserve(0).expect("fits"),
+        ));
+        let others = budget.reserve(total).expect("fits");
+        assert!(kept.gzip().await.is_none());
+        assert!(!kept.gzip_made());
+        drop(others);
+        let items = kept.gzip().await.expect("made once there is room");
+        assert_eq!(budget.used(), items.bytes());
+
+        let tiny = ListBodyBudget::new(total / RESERVE_DIVISOR - 1);
+        let never = Arc::new(KeptFrames::new(frames, tiny.reserve(0).expect("fits")));
+        assert!(never.gzip().await.is_none());
+        assert!(never.gzip_made(), "settled: not tried again");
+        assert_eq!(tiny.used(), 0);
     }
 
     /// [`LAST_BLOCK`] is what flate2 itself ends a stream with.

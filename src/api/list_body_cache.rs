@@ -34,7 +34,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use prometheus::IntCounter;
 
-use super::compression::{self, GzipItems};
+use super::compression::{self, GzipItems, KeptGzip};
 use crate::cacher::{ListItems, Snapshot};
 
 /// Entries kept per resource.
@@ -64,6 +64,11 @@ impl ListBodyBudget {
             limit,
             used: AtomicUsize::new(0),
         })
+    }
+
+    /// Bytes that may be kept.
+    pub fn limit(&self) -> usize {
+        self.limit
     }
 
     /// Bytes kept now.
@@ -201,17 +206,40 @@ impl KeptFrames {
     }
 
     /// The frames compressed for a gzip response (`compression::spliced`):
-    /// made by the first List that asks (the others wait for it), `None` if
-    /// they could not be made or would not fit in the budget.
-    pub async fn gzip(&self) -> Option<Arc<GzipItems>> {
-        self.gzip
-            .get_or_init(|| async {
-                compression::deflate_items(Arc::clone(&self.frames), &self.held.budget)
-                    .await
-                    .map(Arc::new)
-            })
-            .await
-            .clone()
+    /// made for the first List that asks (the others wait for it), `None` if
+    /// they cannot be made or will not fit in the budget. Made by a task of
+    /// its own, so a first client that goes away midway does not waste the
+    /// work: the next List finds it made. Without room in the budget now,
+    /// nothing is kept and a later List tries again.
+    pub async fn gzip(self: &Arc<Self>) -> Option<Arc<GzipItems>> {
+        if let Some(made) = self.gzip.get() {
+            return made.clone();
+        }
+        let kept = Arc::clone(self);
+        let making = tokio::spawn(async move {
+            let made = kept
+                .gzip
+                .get_or_try_init(|| async {
+                    match compression::deflate_items(Arc::clone(&kept.frames), &kept.held.budget)
+                        .await
+                    {
+                        KeptGzip::Items(items) => Ok(Some(Arc::new(items))),
+                        KeptGzip::Never => Ok(None),
+                        KeptGzip::NotNow => Err(()),
+                    }
+                })
+                .await;
+            made.ok().cloned().flatten()
+        });
+        making.await.ok().flatten()
+    }
+}
+
+#[cfg(test)]
+impl KeptFrames {
+    /// Whether [`KeptFrames::gzip`] has settled (made, or found never to fit).
+    pub(crate) fn gzip_made(&self) -> bool {
+        self.gzip.initialized()
     }
 }
 
