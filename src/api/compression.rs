@@ -262,33 +262,29 @@ impl GzipItems {
 /// a body that will not fit is found out before the work, not after.
 const RESERVE_DIVISOR: usize = 3;
 
-/// What [`deflate_items`] made of a kept body.
-pub enum KeptGzip {
-    Items(GzipItems),
-    /// Will not fit in the budget, or cannot be compressed (logged): not
-    /// tried again for these frames.
-    Never,
-    /// No room in the budget now (others hold it: recordings, other kept
-    /// bodies): a later List tries again.
-    NotNow,
-}
+/// No room in the budget now (others hold it: recordings, other kept
+/// bodies): a later List tries again.
+#[derive(Debug)]
+pub struct NoRoomNow;
 
 /// [`GzipItems`] of `frames`, made on the blocking pool and held in
-/// `budget`. The reserve is taken once a slot is free, so a List only
-/// waiting to compress holds no budget; and when even the reserve does not
-/// fit, nothing is compressed.
-pub async fn deflate_items(frames: Arc<[Bytes]>, budget: &Arc<ListBodyBudget>) -> KeptGzip {
+/// `budget`; `None` if they will never fit or cannot be made (logged), so
+/// they are not tried again. The reserve is taken once a slot is free, so
+/// a List only waiting to compress holds no budget; and when even the
+/// reserve does not fit, nothing is compressed.
+pub async fn deflate_items(
+    frames: Arc<[Bytes]>,
+    budget: &Arc<ListBodyBudget>,
+) -> Result<Option<GzipItems>, NoRoomNow> {
     let total: usize = frames.iter().map(Bytes::len).sum();
     let reserve = total / RESERVE_DIVISOR;
     if reserve > budget.limit() {
-        return KeptGzip::Never;
+        return Ok(None);
     }
     let slot = slot().await;
     // Given back by its drop on every early return, and if this future is
     // dropped at an await.
-    let Some(mut held) = budget.reserve(reserve) else {
-        return KeptGzip::NotNow;
-    };
+    let mut held = budget.reserve(reserve).ok_or(NoRoomNow)?;
     let made = in_slot(slot, move || {
         let mut enc = DeflateEncoder::new(Vec::with_capacity(reserve), Compression::new(LEVEL));
         let mut crc = Crc::new();
@@ -308,19 +304,19 @@ pub async fn deflate_items(frames: Arc<[Bytes]>, budget: &Arc<ListBodyBudget>) -
         Ok(made) => made,
         Err(e) => {
             log_failure(&e);
-            return KeptGzip::Never;
+            return Ok(None);
         }
     };
     let bytes = out.len();
     if !held.resize(bytes) {
-        return KeptGzip::Never;
+        return Ok(None);
     }
     let out = Bytes::from(out);
     let frames = (0..bytes)
         .step_by(KEPT_GZIP_FRAME_BYTES)
         .map(|at| out.slice(at..(at + KEPT_GZIP_FRAME_BYTES).min(bytes)))
         .collect();
-    KeptGzip::Items(GzipItems { frames, crc, held })
+    Ok(Some(GzipItems { frames, crc, held }))
 }
 
 /// The deflate stream's end: an empty last block (BFINAL set, fixed
@@ -612,10 +608,7 @@ mod tests {
         ];
         let all: Vec<u8> = frames.concat();
         let budget = ListBodyBudget::new(64 << 20);
-        let kept = Arc::new(KeptFrames::new(
-            frames.clone(),
-            budget.reserve(0).expect("fits"),
-        ));
+        let kept = Arc::new(KeptFrames::new(frames.clone(), budget.empty()));
         let items = kept.gzip().await.expect("made and kept");
         assert!(Arc::ptr_eq(&items, &kept.gzip().await.expect("kept")));
         assert_eq!(budget.used(), items.bytes());
@@ -681,10 +674,7 @@ mod tests {
 
         // No kept frames at all (an empty List's tail is a frame, but the
         // join must not depend on it).
-        let empty = Arc::new(KeptFrames::new(
-            Vec::new(),
-            budget.reserve(0).expect("fits"),
-        ));
+        let empty = Arc::new(KeptFrames::new(Vec::new(), budget.empty()));
         let head = Bytes::from(vec![b'h'; THRESHOLD + 1]);
         let resp = super::super::response(200, "application/json", Body::kept(head.clone(), empty));
         let (parts, bytes) = collect(compress(resp).await).await;
@@ -693,7 +683,7 @@ mod tests {
 
         // Over the budget: not kept, and each List compressed on its own.
         let small = ListBodyBudget::new(1_000);
-        let kept = Arc::new(KeptFrames::new(frames, small.reserve(0).expect("fits")));
+        let kept = Arc::new(KeptFrames::new(frames, small.empty()));
         assert!(kept.gzip().await.is_none());
         assert_eq!(small.used(), 0);
         let head = Bytes::from_static(b"{\"items\":[");
@@ -728,7 +718,7 @@ mod tests {
         let budget = ListBodyBudget::new(64 << 20);
         let kept = Arc::new(KeptFrames::new(
             vec![Bytes::from(payload(60_000))],
-            budget.reserve(0).expect("fits"),
+            budget.empty(),
         ));
         let mut first = Box::pin(kept.gzip());
         assert!(futures::poll!(&mut first).is_pending());
@@ -752,10 +742,7 @@ mod tests {
         let frames = vec![Bytes::from(payload(60_000))];
         let total: usize = frames.iter().map(Bytes::len).sum();
         let budget = ListBodyBudget::new(total);
-        let kept = Arc::new(KeptFrames::new(
-            frames.clone(),
-            budget.reserve(0).expect("fits"),
-        ));
+        let kept = Arc::new(KeptFrames::new(frames.clone(), budget.empty()));
         let others = budget.reserve(total).expect("fits");
         assert!(kept.gzip().await.is_none());
         assert!(!kept.gzip_made());
@@ -764,7 +751,7 @@ mod tests {
         assert_eq!(budget.used(), items.bytes());
 
         let tiny = ListBodyBudget::new(total / RESERVE_DIVISOR - 1);
-        let never = Arc::new(KeptFrames::new(frames, tiny.reserve(0).expect("fits")));
+        let never = Arc::new(KeptFrames::new(frames, tiny.empty()));
         assert!(never.gzip().await.is_none());
         assert!(never.gzip_made(), "settled: not tried again");
         assert_eq!(tiny.used(), 0);

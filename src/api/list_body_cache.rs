@@ -34,7 +34,7 @@ use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use prometheus::IntCounter;
 
-use super::compression::{self, GzipItems, KeptGzip};
+use super::compression::{self, GzipItems};
 use crate::cacher::{ListItems, Snapshot};
 
 /// Entries kept per resource.
@@ -129,8 +129,8 @@ impl ListBodyBudget {
         })
     }
 
-    /// None yet: grown with [`Reservation::resize`].
-    fn empty(self: &Arc<Self>) -> Reservation {
+    /// None yet: grown with [`Reservation::grow`].
+    pub(crate) fn empty(self: &Arc<Self>) -> Reservation {
         Reservation {
             budget: Arc::clone(self),
             bytes: 0,
@@ -139,6 +139,12 @@ impl ListBodyBudget {
 }
 
 impl Reservation {
+    /// Holds `n` bytes more if they fit (`false`, and nothing changed, if
+    /// they do not).
+    pub fn grow(&mut self, n: usize) -> bool {
+        self.resize(self.bytes + n)
+    }
+
     /// Bytes held.
     pub fn bytes(&self) -> usize {
         self.bytes
@@ -225,13 +231,9 @@ impl KeptFrames {
             let made = kept
                 .gzip
                 .get_or_try_init(|| async {
-                    match compression::deflate_items(Arc::clone(&kept.frames), &kept.held.budget)
-                        .await
-                    {
-                        KeptGzip::Items(items) => Ok(Some(Arc::new(items))),
-                        KeptGzip::Never => Ok(None),
-                        KeptGzip::NotNow => Err(()),
-                    }
+                    let made =
+                        compression::deflate_items(Arc::clone(&kept.frames), &kept.held.budget);
+                    made.await.map(|items| items.map(Arc::new))
                 })
                 .await;
             made.ok().cloned().flatten()
@@ -386,16 +388,14 @@ impl ListBodyCache {
             e.is(r.contents, &r.prefix, r.media)
                 && matches!(e.kept, Kept::Recording(id, _) if id == r.id)
         });
-        match (own, frames) {
-            (Some(e), Some((f, held))) => {
-                e.kept = Kept::Frames(Arc::new(KeptFrames::new(f, held)));
-            }
-            (Some(e), None) => {
-                e.kept = if retry { Kept::Seen } else { Kept::Unkept };
-            }
-            // Evicted meanwhile (changed, or pushed out by other prefixes).
-            (None, _) => {}
-        }
+        // Evicted meanwhile (changed, or pushed out by other prefixes):
+        // nothing to change.
+        let Some(e) = own else { return };
+        e.kept = match frames {
+            Some((f, held)) => Kept::Frames(Arc::new(KeptFrames::new(f, held))),
+            None if retry => Kept::Seen,
+            None => Kept::Unkept,
+        };
     }
 
     /// Drops what was kept for objects older than `current` (the cache's
@@ -454,7 +454,7 @@ impl Recorder {
         if self.over {
             return;
         }
-        if !self.held.resize(self.held.bytes() + frame.len()) {
+        if !self.held.grow(frame.len()) {
             self.give_up();
             return;
         }
@@ -498,7 +498,7 @@ impl Recorder {
             Bytes::copy_from_slice(&pending)
         } else {
             let room = pending.capacity() - pending.len();
-            if !self.held.resize(self.held.bytes() + room) {
+            if !self.held.grow(room) {
                 self.give_up();
                 return;
             }
