@@ -270,23 +270,27 @@ pub struct NoRoomNow;
 /// [`GzipItems`] of `frames`, made on the blocking pool and held in
 /// `budget`; `None` if they will never fit or cannot be made (logged), so
 /// they are not tried again. The reserve is taken once a slot is free, so
-/// a List only waiting to compress holds no budget; and when even the
-/// reserve does not fit, nothing is compressed.
+/// a List only waiting to compress holds no budget; when even the reserve
+/// does not fit, nothing is compressed; and the output's buffer grows only
+/// as the budget allows ([`CountedVec`]), so a body that compresses badly
+/// is given up as soon as it would not fit.
 pub async fn deflate_items(
     frames: Arc<[Bytes]>,
     budget: &Arc<ListBodyBudget>,
 ) -> Result<Option<GzipItems>, NoRoomNow> {
     let total: usize = frames.iter().map(Bytes::len).sum();
     let reserve = total / RESERVE_DIVISOR;
-    if reserve > budget.limit() {
+    let limit = budget.limit();
+    if reserve > limit {
         return Ok(None);
     }
     let slot = slot().await;
-    // Given back by its drop on every early return, and if this future is
-    // dropped at an await.
-    let mut held = budget.reserve(reserve).ok_or(NoRoomNow)?;
+    // Moved into the work, which gives it back however it ends (it runs on
+    // when this future is dropped, and its buffer with it).
+    let held = budget.reserve(reserve).ok_or(NoRoomNow)?;
+    let budget = Arc::clone(budget);
     let made = in_slot(slot, move || {
-        let mut enc = DeflateEncoder::new(Vec::with_capacity(reserve), Compression::new(LEVEL));
+        let mut enc = DeflateEncoder::new(CountedVec::new(held), Compression::new(LEVEL));
         let mut crc = Crc::new();
         for f in frames.iter() {
             enc.write_all(f)?;
@@ -295,28 +299,81 @@ pub async fn deflate_items(
         // A sync flush: everything out, ending on a byte boundary, the
         // stream left open.
         enc.flush()?;
-        let mut out = std::mem::take(enc.get_mut());
+        let counted = enc.get_mut();
+        let mut out = std::mem::take(&mut counted.out);
+        let mut held = std::mem::replace(&mut counted.held, budget.empty());
         out.shrink_to_fit();
-        Ok((out, crc))
+        // Shrinking always succeeds.
+        held.resize(out.len());
+        Ok(((out, held), crc))
     })
     .await;
-    let (out, crc) = match made {
+    let ((out, held), crc) = match made {
         Ok(made) => made,
-        Err(e) => {
-            log_failure(&e);
-            return Ok(None);
-        }
+        Err(e) => match e.get_ref().and_then(|e| e.downcast_ref::<OutOfRoom>()) {
+            // A body that does not compress well enough to fit.
+            Some(OutOfRoom { wanted }) if *wanted > limit => return Ok(None),
+            Some(OutOfRoom { .. }) => return Err(NoRoomNow),
+            None => {
+                log_failure(&e);
+                return Ok(None);
+            }
+        },
     };
     let bytes = out.len();
-    if !held.resize(bytes) {
-        return Ok(None);
-    }
     let out = Bytes::from(out);
     let frames = (0..bytes)
         .step_by(KEPT_GZIP_FRAME_BYTES)
         .map(|at| out.slice(at..(at + KEPT_GZIP_FRAME_BYTES).min(bytes)))
         .collect();
     Ok(Some(GzipItems { frames, crc, held }))
+}
+
+/// The compressor's output, whose every byte of capacity is held in the
+/// budget before it is allocated: a body that compresses worse than
+/// [`RESERVE_DIVISOR`] grows its buffer (by half each time) only as far as
+/// the budget allows, and is given up as soon as it would not fit, instead
+/// of growing an uncounted buffer up to twice the body's size first.
+struct CountedVec {
+    out: Vec<u8>,
+    /// Holds `out.capacity()` bytes.
+    held: Reservation,
+}
+
+/// What [`CountedVec`] fails a write with when the budget has no room for
+/// the buffer it needs (carried in the `io::Error`, read back by type).
+#[derive(Debug, thiserror::Error)]
+#[error("no room in the List body budget for {wanted} bytes of gzip")]
+struct OutOfRoom {
+    wanted: usize,
+}
+
+impl CountedVec {
+    fn new(held: Reservation) -> CountedVec {
+        CountedVec {
+            out: Vec::with_capacity(held.bytes()),
+            held,
+        }
+    }
+}
+
+impl Write for CountedVec {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let needed = self.out.len() + buf.len();
+        if needed > self.out.capacity() {
+            let wanted = needed.max(self.out.capacity() + self.out.capacity() / 2);
+            if !self.held.resize(wanted) {
+                return Err(io::Error::other(OutOfRoom { wanted }));
+            }
+            self.out.reserve_exact(wanted - self.out.len());
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 /// The deflate stream's end: an empty last block (BFINAL set, fixed
@@ -697,7 +754,8 @@ mod tests {
 
     /// The budget reserved for a kept gzip is given back when the List
     /// that makes it goes away midway (the kept frames' first gzip client
-    /// hung up while it was being made).
+    /// hung up while it was being made): once the compression it started
+    /// ends, since its buffer is held until then.
     #[tokio::test]
     async fn a_gzip_dropped_while_made_gives_its_reserve_back() {
         use crate::api::list_body_cache::ListBodyBudget;
@@ -707,7 +765,13 @@ mod tests {
         assert!(futures::poll!(&mut making).is_pending());
         assert!(budget.used() > 0, "reserved while it is made");
         drop(making);
-        assert_eq!(budget.used(), 0);
+        let back = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while budget.used() != 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(back.is_ok(), "still held: {}", budget.used());
     }
 
     /// A kept gzip whose first client goes away midway is still made, once:
@@ -755,6 +819,88 @@ mod tests {
         assert!(never.gzip().await.is_none());
         assert!(never.gzip_made(), "settled: not tried again");
         assert_eq!(tiny.used(), 0);
+    }
+
+    /// Bytes that deflate cannot shrink (xorshift64), so the output
+    /// outgrows its first reserve.
+    fn noise(n: usize) -> Vec<u8> {
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 24) as u8
+            })
+            .collect()
+    }
+
+    /// The compressor's buffer never holds more than the budget counts,
+    /// and stops growing where the budget ends.
+    #[test]
+    fn the_gzip_buffer_grows_only_as_far_as_the_budget() {
+        use crate::api::list_body_cache::ListBodyBudget;
+        let budget = ListBodyBudget::new(100_000);
+        let mut out = CountedVec::new(budget.reserve(10_000).expect("fits"));
+        let chunk = [7u8; 3_000];
+        let mut written = 0;
+        let err = loop {
+            match out.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) => break e,
+            }
+            assert_eq!(out.out.len(), written);
+            assert_eq!(out.held.bytes(), out.out.capacity(), "every byte counted");
+            assert_eq!(budget.used(), out.held.bytes());
+        };
+        let room = err
+            .get_ref()
+            .and_then(|e| e.downcast_ref::<OutOfRoom>())
+            .expect("out of room, by type");
+        assert!(room.wanted > budget.limit());
+        assert!(out.out.capacity() <= budget.limit());
+        assert!(written > 60_000, "grew past its first reserve: {written}");
+        drop(out);
+        assert_eq!(budget.used(), 0);
+    }
+
+    /// A body that compresses worse than the first reserve is kept when
+    /// the budget has room for it, tried again later when others hold the
+    /// room, and settled as none when it can never fit; the budget counts
+    /// what is kept and nothing is left held.
+    #[tokio::test]
+    async fn a_kept_gzip_that_outgrows_its_reserve() {
+        use crate::api::list_body_cache::{KeptFrames, ListBodyBudget};
+        let frames = vec![Bytes::from(noise(600_000)), Bytes::from(noise(500_000))];
+        let total: usize = frames.iter().map(Bytes::len).sum();
+
+        let roomy = ListBodyBudget::new(4 * total);
+        let kept = Arc::new(KeptFrames::new(frames.clone(), roomy.empty()));
+        let items = kept.gzip().await.expect("fits");
+        assert!(items.bytes() > total / RESERVE_DIVISOR, "{}", items.bytes());
+        assert_eq!(roomy.used(), items.bytes());
+        let head = Bytes::from_static(b"{\"items\":[");
+        let joined = spliced(&head, Arc::clone(&items)).expect("joined");
+        let mut want = head.to_vec();
+        want.extend_from_slice(&frames.concat());
+        assert_eq!(gunzip(&joined.collect().await.unwrap().to_bytes()), want);
+
+        // The reserve fits, the growth does not while others hold room.
+        let shared = ListBodyBudget::new(2 * total);
+        let others = shared.reserve(total).expect("fits");
+        let kept = Arc::new(KeptFrames::new(frames.clone(), shared.empty()));
+        assert!(kept.gzip().await.is_none());
+        assert!(!kept.gzip_made(), "tried again once there is room");
+        assert_eq!(shared.used(), total, "nothing left held");
+        drop(others);
+        assert!(kept.gzip().await.is_some());
+
+        // Never fits: the output alone is more than the whole budget.
+        let small = ListBodyBudget::new(total / 2);
+        let never = Arc::new(KeptFrames::new(frames, small.empty()));
+        assert!(never.gzip().await.is_none());
+        assert!(never.gzip_made(), "settled: not tried again");
+        assert_eq!(small.used(), 0);
     }
 
     /// [`LAST_BLOCK`] is what flate2 itself ends a stream with.
