@@ -176,6 +176,85 @@ async fn http2_prior_knowledge() {
 // ---------------------------------------------------------------------------
 // CRUD
 
+/// Patches whose cost grows faster than their size: a JSON patch of
+/// copies of copies (refused, as kube-apiserver refuses it, before it can
+/// grow the object past memory), too many operations (413), and a strategic
+/// merge patch of long lists (merged by key in one pass, not compared
+/// element by element). Nothing refused is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn patches_whose_cost_grows_faster_than_their_size() {
+    let ts = TestServer::start("patchcost", |_| {}).await;
+    let path = format!("{PODS}/grow");
+    let (c, v) = ts.post_json(PODS, &pod("ns1", "grow")).await;
+    assert_eq!(c, 201, "{v}");
+    let before = ts.etcd_dump().await;
+
+    // Each copy doubles /metadata: 40 would be 2^40 times its size.
+    let copies: Vec<Value> = (0..40)
+        .map(|i| json!({"op": "copy", "from": "/metadata", "path": format!("/metadata/c{i}")}))
+        .collect();
+    let (c, v) = ts
+        .patch_json(&path, "application/json-patch+json", &Value::Array(copies))
+        .await;
+    assert_status(c, &v, 422, "Invalid");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("accumulated size increase of copy"),
+        "{v}"
+    );
+    assert_eq!(ts.etcd_dump().await, before);
+
+    // A few copies within the limit still apply.
+    let (c, v) = ts
+        .patch_json(
+            &path,
+            "application/json-patch+json",
+            &json!([{"op": "copy", "from": "/metadata/labels", "path": "/metadata/annotations"}]),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["metadata"]["annotations"], v["metadata"]["labels"]);
+    let before = ts.etcd_dump().await;
+
+    let many: Vec<Value> = (0..10_001)
+        .map(|_| json!({"op": "test", "path": "/kind", "value": "Pod"}))
+        .collect();
+    let (c, v) = ts
+        .patch_json(&path, "application/json-patch+json", &Value::Array(many))
+        .await;
+    assert_status(c, &v, 413, "RequestEntityTooLarge");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("10000, got 10001"),
+        "{v}"
+    );
+    assert_eq!(ts.etcd_dump().await, before);
+
+    // 60,000 finalizers, reordered: one pass each, well inside the bound
+    // (element-by-element lookups would be billions of comparisons).
+    let n = 60_000;
+    let names: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
+    let patch = json!({"metadata": {
+        "finalizers": names,
+        "$setElementOrder/finalizers": names.iter().rev().collect::<Vec<_>>(),
+    }});
+    let r = tokio::time::timeout(
+        Duration::from_secs(120),
+        ts.patch_json(&path, "application/strategic-merge-patch+json", &patch),
+    )
+    .await;
+    let (c, v) = r.expect("a long strategic merge patch finishes");
+    assert_eq!(c, 200, "{}", &v.to_string()[..300.min(v.to_string().len())]);
+    let f = v["metadata"]["finalizers"].as_array().expect("finalizers");
+    assert_eq!(f.len(), n);
+    assert_eq!(f[0], json!(format!("f{}", n - 1)));
+    assert_eq!(f[n - 1], json!("f0"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn crud_namespaced_core() {
     let ts = TestServer::start("crud", |_| {}).await;

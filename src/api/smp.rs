@@ -9,6 +9,8 @@
 //! `$setElementOrder/<field>`, `$deleteFromPrimitiveList/<field>`,
 //! `$retainKeys`. Directives are never stored.
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::{Map, Value};
 
 const SET_ORDER: &str = "$setElementOrder/";
@@ -76,11 +78,13 @@ pub fn apply(target: &mut Value, patch: &Value) {
         } else if let Some(field) = k.strip_prefix(DELETE_PRIMITIVE)
             && let (Some(gone), Some(Value::Array(list))) = (v.as_array(), t.get_mut(field))
         {
-            list.retain(|x| !gone.contains(x));
+            let gone: HashSet<String> = gone.iter().map(identity).collect();
+            list.retain(|x| !gone.contains(&identity(x)));
         }
     }
     if let Some(Value::Array(keep)) = p.get("$retainKeys") {
-        t.retain(|k, _| keep.iter().any(|x| x.as_str() == Some(k)));
+        let keep: HashSet<&str> = keep.iter().filter_map(Value::as_str).collect();
+        t.retain(|k, _| keep.contains(k.as_str()));
     }
 }
 
@@ -114,26 +118,52 @@ fn merge_object_list(
     let replace = items.iter().any(|i| {
         i.get("$patch").and_then(Value::as_str) == Some("replace") && i.get(field).is_none()
     });
-    let mut result = if replace { Vec::new() } else { existing };
+    // Deleted elements are left as `None` until the end, so positions in
+    // `at` stay valid: each patch item costs one hash lookup, not a scan of
+    // the list (a patch of n items on a list of n would be n^2).
+    let mut result: Vec<Option<Value>> = if replace {
+        Vec::new()
+    } else {
+        existing.into_iter().map(Some).collect()
+    };
+    let mut at: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, e) in result.iter().enumerate() {
+        if let Some(k) = e.as_ref().and_then(|e| e.get(field)) {
+            at.entry(identity(k)).or_default().push(i);
+        }
+    }
     for item in items {
         let Some(m) = item.as_object() else {
-            result.push(item.clone());
+            result.push(Some(item.clone()));
             continue;
         };
         let Some(key) = m.get(field) else {
             if !replace {
-                result.push(stripped(item));
+                result.push(Some(stripped(item)));
             }
             continue;
         };
-        let pos = result.iter().position(|e| e.get(field) == Some(key));
-        match (m.get("$patch").and_then(Value::as_str), pos) {
-            (Some("delete"), _) => result.retain(|e| e.get(field) != Some(key)),
-            (Some("replace"), Some(i)) => result[i] = stripped(item),
-            (_, Some(i)) => apply(&mut result[i], item),
-            (_, None) => result.push(stripped(item)),
+        let id = identity(key);
+        let first = at.get(&id).and_then(|p| p.first().copied());
+        match (m.get("$patch").and_then(Value::as_str), first) {
+            (Some("delete"), _) => {
+                for i in at.remove(&id).unwrap_or_default() {
+                    result[i] = None;
+                }
+            }
+            (Some("replace"), Some(i)) => result[i] = Some(stripped(item)),
+            (_, Some(i)) => {
+                if let Some(e) = &mut result[i] {
+                    apply(e, item);
+                }
+            }
+            (_, None) => {
+                at.entry(id).or_default().push(result.len());
+                result.push(Some(stripped(item)));
+            }
         }
     }
+    let mut result: Vec<Value> = result.into_iter().flatten().collect();
     if let Some(order) = order {
         reorder(&mut result, order, Some(&ListKey::Field(field.to_string())));
     }
@@ -145,9 +175,10 @@ fn merge_primitive_list(
     items: &[Value],
     order: Option<&Vec<Value>>,
 ) -> Vec<Value> {
+    let mut seen: HashSet<String> = existing.iter().map(identity).collect();
     let mut result = existing;
     for i in items {
-        if !result.contains(i) {
+        if seen.insert(identity(i)) {
             result.push(i.clone());
         }
     }
@@ -158,20 +189,58 @@ fn merge_primitive_list(
 }
 
 /// Sorts `list` so elements named in `order` come first, in that order;
-/// the others keep their relative order after them.
+/// the others keep their relative order after them. Each element's place
+/// is looked up once (not per comparison, not by a scan of `order`).
 fn reorder(list: &mut [Value], order: &[Value], key: Option<&ListKey>) {
-    let ident = |v: &Value| -> Option<Value> {
+    let ident = |v: &Value| -> Option<String> {
         match key {
-            Some(ListKey::Field(f)) => v.get(f.as_str()).cloned(),
-            _ => Some(v.clone()),
+            Some(ListKey::Field(f)) => v.get(f.as_str()).map(identity),
+            _ => Some(identity(v)),
         }
     };
-    let wanted: Vec<Value> = order.iter().filter_map(ident).collect();
-    list.sort_by_key(|v| {
+    let mut wanted: HashMap<String, usize> = HashMap::new();
+    for (i, id) in order.iter().filter_map(ident).enumerate() {
+        wanted.entry(id).or_insert(i);
+    }
+    list.sort_by_cached_key(|v| {
         ident(v)
-            .and_then(|id| wanted.iter().position(|w| *w == id))
+            .and_then(|id| wanted.get(&id).copied())
             .unwrap_or(usize::MAX)
     });
+}
+
+/// A string equal for two values when they are equal as
+/// `serde_json::Value`s (object keys in sorted order; only `0.0` and
+/// `-0.0` differ here), to hash them.
+fn identity(v: &Value) -> String {
+    fn write(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut fields: Vec<_> = m.iter().collect();
+                fields.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                out.push('{');
+                for (k, v) in fields {
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(v, out);
+                    out.push(',');
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for v in a {
+                    write(v, out);
+                    out.push(',');
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(v, &mut out);
+    out
 }
 
 /// `v` without any `$` directive keys.
@@ -235,5 +304,74 @@ mod tests {
         let mut v = json!({"a": 1});
         apply(&mut v, &json!([1]));
         assert_eq!(v, json!([1]));
+    }
+
+    #[test]
+    fn merge_keys_compare_as_values() {
+        assert_eq!(
+            identity(&json!({"a": 1, "b": [1, "x"]})),
+            identity(&json!({"b": [1, "x"], "a": 1}))
+        );
+        for (x, y) in [
+            (json!(1), json!(1.0)),
+            (json!("1"), json!(1)),
+            (json!({"a": 1}), json!({"a": 2})),
+            (json!([1, 2]), json!([2, 1])),
+            (json!({"a,": 1}), json!({"a": ",1"})),
+        ] {
+            assert_ne!(x == y, identity(&x) != identity(&y), "{x} {y}");
+        }
+    }
+
+    /// Long lists merge element by element, keep duplicates the list
+    /// already had, and follow the order given.
+    #[test]
+    fn long_lists_merge_by_key() {
+        let n = 20_000;
+        let existing: Vec<Value> = (0..n)
+            .map(|i| json!({"name": format!("c{i}"), "v": i}))
+            .collect();
+        let mut v = json!({"containers": existing, "tags": (0..n).collect::<Vec<_>>()});
+        let items: Vec<Value> = (0..n)
+            .rev()
+            .map(|i| json!({"name": format!("c{i}"), "w": i}))
+            .chain([
+                json!({"name": "c0", "$patch": "delete"}),
+                json!({"name": "new"}),
+            ])
+            .collect();
+        let order: Vec<Value> = (1..n)
+            .rev()
+            .map(|i| json!({"name": format!("c{i}")}))
+            .collect();
+        let patch = json!({
+            "containers": items,
+            "$setElementOrder/containers": order,
+            "tags": [n, 0, 1],
+            "$setElementOrder/tags": (0..=n).rev().collect::<Vec<_>>(),
+            "$deleteFromPrimitiveList/tags": [5],
+        });
+        apply(&mut v, &patch);
+        let c = v["containers"].as_array().unwrap();
+        assert_eq!(c.len(), n);
+        for (at, i) in (1..n).rev().enumerate() {
+            assert_eq!(c[at], json!({"name": format!("c{i}"), "v": i, "w": i}));
+        }
+        assert_eq!(c[n - 1], json!({"name": "new"}), "unordered last");
+        let tags = v["tags"].as_array().unwrap();
+        assert_eq!(tags.len(), n);
+        assert_eq!(tags[0], json!(n));
+        assert!(!tags.contains(&json!(5)));
+        assert_eq!(tags[n - 1], json!(0));
+
+        let mut v = json!({"c": [{"name": "a", "v": 1}, {"name": "a", "v": 2}, {"name": "b"}]});
+        apply(
+            &mut v,
+            &json!({"c": [{"name": "a", "w": 3}, {"name": "b", "$patch": "delete"}], "$setElementOrder/c": [{"name": "a"}]}),
+        );
+        assert_eq!(
+            v,
+            json!({"c": [{"name": "a", "v": 1, "w": 3}, {"name": "a", "v": 2}]})
+        );
     }
 }

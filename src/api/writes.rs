@@ -515,6 +515,60 @@ enum PatchKind {
     Json(json_patch::Patch),
 }
 
+/// kube-apiserver's `maxJSONPatchOperations`: more get 413.
+const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
+
+/// Applies a JSON patch (RFC 6902) to `doc`, a copy: on an error it is
+/// dropped, so no undo is kept. A `copy` duplicates a subtree, so a few
+/// dozen copies of a copy would grow a small object past any memory; like
+/// kube-apiserver (`jsonpatch.AccumulatedCopySizeLimit`, set to the request
+/// body limit), the bytes all copies add are summed and the patch is
+/// refused (422) once they pass `copy_limit`.
+fn apply_json_patch(
+    doc: &mut Value,
+    ops: &[json_patch::PatchOperation],
+    copy_limit: usize,
+) -> Result<(), ApiStatus> {
+    let mut copied = 0usize;
+    for (i, op) in ops.iter().enumerate() {
+        if let json_patch::PatchOperation::Copy(c) = op
+            && let Some(from) = doc.pointer(c.from.as_str())
+        {
+            copied = copied.saturating_add(json_size(from));
+            if copied > copy_limit {
+                return Err(ApiStatus::invalid(format!(
+                    "the JSON patch could not be applied: Unable to complete the copy, the accumulated size increase of copy is {copied}, exceeding the limit {copy_limit}"
+                )));
+            }
+        }
+        json_patch::patch_unsafe(doc, std::slice::from_ref(op)).map_err(|e| {
+            ApiStatus::invalid(format!(
+                "the JSON patch could not be applied: operation '/{i}' failed at path '{}': {}",
+                e.path, e.kind
+            ))
+        })?;
+    }
+    Ok(())
+}
+
+/// The length of `v` as compact JSON, without writing it out.
+fn json_size(v: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Count(0);
+    // Writing a `Value` to a sink that never fails cannot fail.
+    let _ = serde_json::to_writer(&mut n, v);
+    n.0
+}
+
 pub(crate) async fn patch(
     state: &State,
     target: &Target<'_>,
@@ -533,11 +587,15 @@ pub(crate) async fn patch(
         Some("application/strategic-merge-patch+json") => PatchKind::Strategic(parse_json(&body)?),
         Some("application/json-patch+json") => {
             let v = parse_json(&body)?;
-            PatchKind::Json(
-                serde_json::from_value(v).map_err(|e| {
-                    ApiStatus::bad_request(format!("the JSON patch is malformed: {e}"))
-                })?,
-            )
+            let p: json_patch::Patch = serde_json::from_value(v)
+                .map_err(|e| ApiStatus::bad_request(format!("the JSON patch is malformed: {e}")))?;
+            if p.0.len() > MAX_JSON_PATCH_OPERATIONS {
+                return Err(ApiStatus::too_large(format!(
+                    "The allowed maximum operations in a JSON patch is {MAX_JSON_PATCH_OPERATIONS}, got {}",
+                    p.0.len()
+                )));
+            }
+            PatchKind::Json(p)
         }
         other => {
             return Err(ApiStatus::unsupported_media_type(format!(
@@ -565,9 +623,9 @@ pub(crate) async fn patch(
         match &kind {
             PatchKind::Merge(p) => json_patch::merge(&mut doc, p),
             PatchKind::Strategic(p) => super::smp::apply(&mut doc, p),
-            PatchKind::Json(p) => json_patch::patch(&mut doc, p).map_err(|e| {
-                ApiStatus::invalid(format!("the JSON patch could not be applied: {e}"))
-            })?,
+            PatchKind::Json(p) => {
+                apply_json_patch(&mut doc, &p.0, state.config.server.max_body_bytes)?
+            }
         }
         if !doc.is_object() {
             return Err(ApiStatus::invalid("the patched object is not a JSON object").into());
