@@ -458,9 +458,9 @@ impl WatchCache {
         }
     }
 
-    /// Events from `cursor` on (all of them, routed or not).
-    pub(crate) fn read_all(&self, cursor: u64) -> Result<Events, Gone> {
-        self.history.read().read_from(cursor, usize::MAX)
+    /// Up to `max` events from `cursor` on (all of them, routed or not).
+    pub(crate) fn read_all(&self, cursor: u64, max: usize) -> Result<Events, Gone> {
+        self.history.read().read_from(cursor, max)
     }
 
     /// Events of `route` from `cursor` on. The returned cursor is past the
@@ -470,16 +470,25 @@ impl WatchCache {
     /// joined a young route) first gets every retained event up to the
     /// route's creation, which the route never logged; the watcher's own
     /// filter drops what is not its business.
-    pub(crate) fn read_route(&self, route: &Route, cursor: u64) -> Result<(Events, u64), Gone> {
+    pub(crate) fn read_route(
+        &self,
+        route: &Route,
+        cursor: u64,
+        max: usize,
+    ) -> Result<(Events, u64), Gone> {
         if cursor < route.created_seq {
             let mut out: Events = self
                 .history
                 .read()
-                .read_from(cursor, usize::MAX)?
+                .read_from(cursor, max)?
                 .into_iter()
                 .take_while(|ev| ev.seq < route.created_seq)
                 .collect();
-            let (more, next) = self.read_route(route, route.created_seq)?;
+            if out.len() == max {
+                let next = out.last().map_or(cursor, |ev| ev.seq + 1);
+                return Ok((out, next));
+            }
+            let (more, next) = self.read_route(route, route.created_seq, max - out.len())?;
             out.extend(more);
             return Ok((out, next));
         }
@@ -491,7 +500,7 @@ impl WatchCache {
         let read = route.with_seqs_from(cursor, |seqs| {
             let mut out = Events::new();
             let mut next = cursor;
-            for s in seqs {
+            for s in seqs.take(max) {
                 out.push(Arc::clone(hist.get(s)?));
                 next = s + 1;
             }
@@ -572,6 +581,64 @@ mod tests {
         let cache = Arc::new(WatchCache::new(codec(), "pods".into(), cap));
         cache.init(Vec::new(), 10);
         cache
+    }
+
+    /// A watcher far behind (a replay from an old RV, through a route
+    /// created after the events) takes its backlog in bounded chunks, every
+    /// event once and in order, and gets no bookmark before it has caught
+    /// up (a bookmark's RV says every event up to it was sent).
+    #[tokio::test(start_paused = true)]
+    async fn a_replay_from_far_behind_comes_in_bounded_chunks() {
+        use crate::cacher::watcher::MAX_CHUNK_BYTES;
+        let n = 5_000;
+        let cache = new_cache(n);
+        let c = codec();
+        let pad = "x".repeat(300);
+        let mut biggest = 0;
+        for i in 0..n as i64 {
+            // Every other event on the watched node, some of them large.
+            let node = if i % 2 == 0 { "n1" } else { "n2" };
+            let name = if i % 7 == 0 {
+                format!("p{i}-{pad}")
+            } else {
+                format!("p{i}")
+            };
+            let ch = put(&c, &name, node, 11 + i);
+            biggest = biggest.max(ch.new.as_ref().map_or(0, |o| o.wire.len()));
+            cache.apply(vec![ch], 11 + i, false);
+        }
+        let mut p = params(true, None);
+        p.bookmark_interval = Duration::from_secs(60);
+        let mut w = watch(&cache, "spec.nodeName=n1", WatchStart::After(10), p);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let mut seen = Vec::new();
+        let mut chunks = 0;
+        while seen.len() < n / 2 {
+            let Some(WatchChunk::Data(b)) = w.next().await else {
+                panic!("data expected");
+            };
+            assert!(
+                b.len() <= MAX_CHUNK_BYTES + biggest + 100,
+                "{} bytes",
+                b.len()
+            );
+            chunks += 1;
+            for (ty, _, rv) in lines(Some(WatchChunk::Data(b))) {
+                assert_eq!(ty, "ADDED", "no bookmark before caught up");
+                seen.push(rv.parse::<i64>().expect("rv"));
+            }
+        }
+        assert!(chunks > 2, "{chunks} chunks");
+        let want: Vec<i64> = (0..n as i64)
+            .filter(|i| i % 2 == 0)
+            .map(|i| 11 + i)
+            .collect();
+        assert_eq!(seen, want);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let last = lines(w.next().await);
+        assert_eq!(last.len(), 1);
+        assert_eq!(last[0].0, "BOOKMARK");
+        assert_eq!(last[0].2, (10 + n as i64).to_string());
     }
 
     #[tokio::test(start_paused = true)]

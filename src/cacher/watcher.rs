@@ -280,7 +280,7 @@ impl Watcher {
                 let r = if self.params.allow_bookmarks {
                     self.bookmark(&mut buf, now)
                 } else {
-                    self.drain(&mut buf, Some(now))
+                    self.drain(&mut buf, Some(now)).map(|_| ())
                 };
                 if let Err(e) = r {
                     self.done = false;
@@ -294,7 +294,7 @@ impl Watcher {
                     self.next_bookmark = now + self.params.bookmark_interval;
                     self.bookmark(&mut buf, now)
                 }
-                _ => self.drain(&mut buf, now),
+                _ => self.drain(&mut buf, now).map(|_| ()),
             };
             if let Err(e) = drained {
                 return Poll::Ready(self.fail(buf, e));
@@ -478,13 +478,14 @@ impl Watcher {
         (!buf.is_empty()).then(|| buf.freeze())
     }
 
-    /// Appends every available event for this watcher to `buf`.
-    fn drain(&mut self, buf: &mut Chunk, now: Option<Instant>) -> Result<(), CacherError> {
+    /// Appends the available events for this watcher to `buf`, up to about
+    /// [`MAX_CHUNK_BYTES`]; `Ok(true)` if more are left for the next chunk.
+    fn drain(&mut self, buf: &mut Chunk, now: Option<Instant>) -> Result<bool, CacherError> {
         if !self
             .cache
             .may_have_events(self.route.as_deref(), self.cursor)
         {
-            return Ok(());
+            return Ok(false);
         }
         // Events read from the route's own log need no matching when the
         // route implies the selection (a replay from before the route was
@@ -495,14 +496,14 @@ impl Watcher {
                 .as_ref()
                 .is_some_and(|r| self.cursor >= r.created_seq);
         let events = match &self.route {
-            Some(route) => match self.cache.read_route(route, self.cursor) {
+            Some(route) => match self.cache.read_route(route, self.cursor, MAX_READ_EVENTS) {
                 Ok((evs, next)) => {
                     self.cursor = next;
                     evs
                 }
                 Err(g) => return Err(self.expired(g)),
             },
-            None => match self.cache.read_all(self.cursor) {
+            None => match self.cache.read_all(self.cursor, MAX_READ_EVENTS) {
                 Ok(evs) => {
                     self.cursor += evs.len() as u64;
                     evs
@@ -511,7 +512,7 @@ impl Watcher {
             },
         };
         if events.is_empty() {
-            return Ok(());
+            return Ok(false);
         }
         let now = now.unwrap_or_else(Instant::now);
         let mut sent = 0u64;
@@ -520,8 +521,17 @@ impl Watcher {
         // histogram: a local recorder per chunk cost an allocation and a
         // reference-count round trip per delivery (a chunk is usually one
         // event).
-        for ev in events {
-            let Some(ty) = convert(&self.predicate, &ev, selected) else {
+        // A full read may have left more behind it.
+        let mut more = events.len() == MAX_READ_EVENTS;
+        for ev in events.iter() {
+            if buf.len() >= MAX_CHUNK_BYTES {
+                // The rest in the next chunk, once the connection has
+                // taken this one.
+                self.cursor = ev.seq;
+                more = true;
+                break;
+            }
+            let Some(ty) = convert(&self.predicate, ev, selected) else {
                 self.last_rv = self.last_rv.max(ev.rv);
                 continue;
             };
@@ -549,14 +559,17 @@ impl Watcher {
         if sent > 0 {
             stats.dispatched(sent);
         }
-        Ok(())
+        Ok(more)
     }
 
     /// Drains, then appends a bookmark at the newest RV the watcher has
     /// provably seen everything up to.
     fn bookmark(&mut self, buf: &mut Chunk, now: Instant) -> Result<(), CacherError> {
         let snap = self.cache.current();
-        self.drain(buf, Some(now))?;
+        if self.drain(buf, Some(now))? {
+            // Not caught up: no RV is provably complete yet.
+            return Ok(());
+        }
         let rv = snap.rv.max(self.last_rv);
         if rv > 0 {
             self.last_rv = rv;
@@ -566,6 +579,18 @@ impl Watcher {
         Ok(())
     }
 }
+
+/// Bytes of events in one chunk, about (one event past it at most): a
+/// watcher far behind (a replay from an old resourceVersion) takes the rest
+/// in later chunks, as its connection takes them, instead of copying its
+/// whole backlog into one buffer for the connection to hold. The backlog
+/// stays in the shared history, counted by the sweeper's
+/// `watch_max_buffered_bytes`.
+pub(crate) const MAX_CHUNK_BYTES: usize = 256 * 1024;
+
+/// Events read from the history per chunk at most, so a watcher far behind
+/// does not take a reference to its whole backlog for every chunk.
+const MAX_READ_EVENTS: usize = 1024;
 
 /// A chunk being built. One event's shared bytes go out as they are (no
 /// per-watcher copy or allocation, the common case under steady load);
@@ -596,6 +621,10 @@ impl Chunk {
 
     fn is_empty(&self) -> bool {
         self.one.is_none() && self.many.is_empty()
+    }
+
+    fn len(&self) -> usize {
+        self.one.as_ref().map_or(self.many.len(), Bytes::len)
     }
 
     fn freeze(self) -> Bytes {
