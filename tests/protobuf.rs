@@ -236,6 +236,20 @@ async fn protobuf_storage_encoding_writes_kube_apiserver_protobuf() {
         stored.1
     );
 
+    // A dry-run create answers the object it would store, as JSON.
+    let before = ts.etcd_dump().await;
+    let (code, dry) = ts
+        .post_json(
+            &format!("{pods}?dryRun=All"),
+            &api_support::pod("ns1", "dry"),
+        )
+        .await;
+    assert_eq!(code, 201, "{dry}");
+    assert_eq!(dry["kind"], "Pod");
+    assert_eq!(dry["metadata"]["name"], "dry");
+    assert!(dry["metadata"]["uid"].is_string(), "{dry}");
+    assert_eq!(ts.etcd_dump().await, before);
+
     // update with the uid as precondition (what kubectl replace sends)
     let mut next = created.clone();
     next["spec"]["nodeName"] = json!("node-2");

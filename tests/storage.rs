@@ -359,7 +359,28 @@ async fn delete_checks_preconditions_and_returns_the_deleted_object() {
         )
         .await
         .unwrap();
-    assert_eq!(deleted, created);
+    // The object as it was, at the delete's own revision: there just
+    // before it, gone at it.
+    assert!(deleted.mod_revision > created.mod_revision);
+    assert_eq!(
+        StoredObject {
+            mod_revision: created.mod_revision,
+            ..deleted.clone()
+        },
+        created
+    );
+    let mut raw = raw_client(common::etcd()).await;
+    let at = |rev| etcd_client::GetOptions::new().with_revision(rev);
+    let before = raw
+        .get(key.as_str(), Some(at(deleted.mod_revision - 1)))
+        .await
+        .unwrap();
+    assert_eq!(before.kvs().len(), 1);
+    let after = raw
+        .get(key.as_str(), Some(at(deleted.mod_revision)))
+        .await
+        .unwrap();
+    assert!(after.kvs().is_empty());
     assert!(raw_get(common::etcd(), &key).await.is_none());
     let err = s
         .delete(&key, &Preconditions::none(), &w)

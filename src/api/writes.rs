@@ -223,7 +223,13 @@ fn to_bytes(res: &Resource, obj: &Value) -> Result<Bytes, ApiStatus> {
 /// `metadata.resourceVersion` = mod_revision (none for a dry-run create).
 fn stored_response(code: u16, res: &Resource, stored: &StoredObject) -> Response<Body> {
     if stored.mod_revision == 0 {
-        return json_response(code, stored.value.clone());
+        // A dry-run create: the value it would store, which may be
+        // protobuf (`storage_encoding`), served as JSON like any other;
+        // no resourceVersion, as nothing was written.
+        return match crate::object::parse_stored_value(&stored.key, &stored.value) {
+            Ok(v) => json_value(code, &v),
+            Err(_) => json_response(code, stored.value.clone()),
+        };
     }
     match res.cacher.codec().decode(
         &stored.key,

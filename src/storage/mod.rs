@@ -1051,7 +1051,10 @@ impl Storage {
     }
 
     /// Deletes `key` if `preconditions` hold against the current object and
-    /// returns the deleted object. CAS on mod_revision: if the object changed
+    /// returns the deleted object at the delete's revision (its
+    /// `mod_revision` is the delete's, as kube-apiserver's etcd3 store
+    /// decodes it: a watch from the answer's resourceVersion does not
+    /// replay the delete; a dry run answers it as it is). CAS on mod_revision: if the object changed
     /// between read and delete, preconditions are checked again on the fresh
     /// state and the delete retried (bounded by `max_update_retries`).
     pub async fn delete(
@@ -1080,6 +1083,7 @@ impl Storage {
                 let mut kv = self.kv.clone();
                 let resp = self.call("delete", 0, kv.txn(txn)).await?;
                 if resp.succeeded() {
+                    state.mod_revision = header_revision(resp.header())?;
                     debug!(rev = state.mod_revision, "deleted");
                     return Ok(state);
                 }
