@@ -114,7 +114,6 @@ pub fn update_status(err: UpdateError, what: &What) -> ApiStatus {
 /// A request whose [`RequestInfo`](super::RequestInfo) cannot be resolved.
 pub fn request_info_status(err: &RequestInfoError) -> ApiStatus {
     match err {
-        RequestInfoError::InvalidWatch { .. } => ApiStatus::bad_request(err.to_string()),
         RequestInfoError::NoResource { path } => ApiStatus::not_found(format!(
             "the server could not find the requested resource ({path})"
         )),

@@ -93,15 +93,9 @@ impl Query {
         self.pairs().any(|(k, _)| k == key)
     }
 
-    /// A boolean parameter: absent or empty -> false; otherwise one of the
-    /// spellings [`parse_bool`] accepts; anything else -> 400.
-    pub fn bool(&self, key: &str) -> Result<bool, ApiStatus> {
-        match self.get(key) {
-            None | Some("") => Ok(false),
-            Some(v) => parse_bool(v).ok_or_else(|| {
-                ApiStatus::bad_request(format!("invalid value {v:?} for boolean parameter {key}"))
-            }),
-        }
+    /// A boolean parameter: absent -> false; sent -> [`list_option_bool`].
+    pub fn bool(&self, key: &str) -> bool {
+        self.get(key).is_some_and(list_option_bool)
     }
 
     /// `resourceVersion`: absent or empty -> None; a non-negative integer otherwise.
@@ -178,16 +172,14 @@ impl Query {
     }
 }
 
-/// A boolean as Go's `strconv.ParseBool` reads it (`1 t T TRUE true True` /
-/// `0 f F FALSE false False`), the one spelling rule for every boolean
-/// parameter (`watch`, `allowWatchBookmarks`, ...): the request's verb and
-/// its routing never disagree on what `?watch=True` means.
-pub fn parse_bool(v: &str) -> Option<bool> {
-    match v {
-        "1" | "t" | "T" | "TRUE" | "true" | "True" => Some(true),
-        "0" | "f" | "F" | "FALSE" | "false" | "False" => Some(false),
-        _ => None,
-    }
+/// A boolean query parameter as kube-apiserver decodes `ListOptions`
+/// (apimachinery's `Convert_Slice_string_To_bool`): only `0` and `false`
+/// (any case) are false; anything else sent, even an empty value
+/// (`?watch`, `?watch=`), is true. One rule for every boolean parameter
+/// (`watch`, `allowWatchBookmarks`, `sendInitialEvents`), so the request's
+/// verb and its routing never disagree on what a value means.
+pub fn list_option_bool(v: &str) -> bool {
+    !(v == "0" || v.eq_ignore_ascii_case("false"))
 }
 
 /// Parses a resourceVersion string (query or DeleteOptions).
@@ -343,19 +335,18 @@ mod tests {
         let q = Query::parse(Some(
             "watch=1&resourceVersion=5&limit=10&labelSelector=app%3Dweb&timeoutSeconds=3&dryRun=All",
         ));
-        assert!(q.bool("watch").unwrap());
+        assert!(q.bool("watch"));
         assert_eq!(q.resource_version().unwrap(), Some(5));
         assert_eq!(q.limit().unwrap(), Some(10));
         assert_eq!(q.get("labelSelector"), Some("app=web"));
         assert_eq!(q.timeout().unwrap(), Some(Duration::from_secs(3)));
         assert!(q.dry_run().unwrap());
         let bad = Query::parse(Some(
-            "resourceVersion=x&limit=-1&timeoutSeconds=z&watch=maybe&dryRun=Some",
+            "resourceVersion=x&limit=-1&timeoutSeconds=z&dryRun=Some",
         ));
         assert_eq!(bad.resource_version().unwrap_err().code, 400);
         assert_eq!(bad.limit().unwrap_err().code, 400);
         assert_eq!(bad.timeout().unwrap_err().code, 400);
-        assert_eq!(bad.bool("watch").unwrap_err().code, 400);
         assert_eq!(bad.dry_run().unwrap_err().code, 400);
         assert_eq!(
             Query::parse(Some("resourceVersion=-3"))
@@ -367,19 +358,21 @@ mod tests {
     }
 
     #[test]
-    fn booleans_are_go_parse_bool() {
-        for t in ["1", "t", "T", "TRUE", "true", "True"] {
-            assert_eq!(parse_bool(t), Some(true), "{t}");
+    fn booleans_are_kubernetes_list_options() {
+        for t in [
+            "1", "t", "T", "TRUE", "true", "True", "", "yes", "2", " false", "f",
+        ] {
+            assert!(list_option_bool(t), "{t:?}");
         }
-        for f in ["0", "f", "F", "FALSE", "false", "False"] {
-            assert_eq!(parse_bool(f), Some(false), "{f}");
+        for f in ["0", "false", "False", "FALSE", "fAlSe"] {
+            assert!(!list_option_bool(f), "{f:?}");
         }
-        for bad in ["", "yes", "tRUE", "2", " true", "on"] {
-            assert_eq!(parse_bool(bad), None, "{bad:?}");
-        }
-        // Absent and empty are false, not an error.
-        assert!(!Query::parse(Some("watch=")).bool("watch").unwrap());
-        assert!(!Query::parse(None).bool("watch").unwrap());
+        // Sent without a value is true; absent is false.
+        assert!(Query::parse(Some("watch=")).bool("watch"));
+        assert!(Query::parse(Some("watch")).bool("watch"));
+        assert!(Query::parse(Some("a=1&watch&b=2")).bool("watch"));
+        assert!(!Query::parse(None).bool("watch"));
+        assert!(!Query::parse(Some("watches=1")).bool("watch"));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use super::connection::ConnectionHandle;
 use super::errors::cacher_status;
 use super::k8s::{Target, json_value};
 use super::list_body_cache::{ListMedia, Lookup, list_frames};
-use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, wants_table};
+use super::params::{PROTOBUF, PROTOBUF_WATCH, Query, list_option_bool, wants_table};
 use super::protobuf::{self, ProtobufList};
 use super::table::{self, IncludeObject};
 use super::watch_stream::WatchStreamParams;
@@ -401,11 +401,8 @@ pub(crate) async fn watch(
         field_selector,
         resource_version: query.resource_version()?,
         resource_version_match: query.resource_version_match()?,
-        allow_bookmarks: query.bool("allowWatchBookmarks")?,
-        send_initial_events: match query.get("sendInitialEvents") {
-            None | Some("") => None,
-            Some(_) => Some(query.bool("sendInitialEvents")?),
-        },
+        allow_bookmarks: query.bool("allowWatchBookmarks"),
+        send_initial_events: query.get("sendInitialEvents").map(list_option_bool),
         timeout,
     };
     let permit = acquire_watch_slot(state)?;

@@ -21,7 +21,7 @@ use std::borrow::Cow;
 use hyper::Method;
 use smallvec::SmallVec;
 
-use super::params::{Query, parse_bool};
+use super::params::{Query, list_option_bool};
 
 /// Path prefixes of resource requests (`APIPrefixes`).
 const API_PREFIXES: [&str; 2] = ["api", "apis"];
@@ -78,12 +78,6 @@ const INLINE_SEGMENTS: usize = 10;
 /// answered without routing (see `super::errors` for its `Status`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestInfoError {
-    /// `?watch=` is not a boolean (see [`parse_bool`]).
-    #[error("invalid value {value:?} for boolean parameter watch")]
-    InvalidWatch {
-        /// The value sent.
-        value: String,
-    },
     /// A special verb (`/api/v1/watch`) with nothing after it.
     #[error("unable to determine kind and namespace from url {path}")]
     NoResource {
@@ -98,7 +92,6 @@ impl RequestInfoError {
     /// other than false is a watch there).
     pub fn metric_verb(&self) -> &'static str {
         match self {
-            RequestInfoError::InvalidWatch { .. } => "watch",
             RequestInfoError::NoResource { .. } => "other",
         }
     }
@@ -210,12 +203,7 @@ impl RequestInfo {
 
         // No name and a GET: a list, or a watch when ?watch= says so.
         if verb_from_method && info.name.is_none() && info.verb == "get" {
-            let watch = match query.get("watch") {
-                None | Some("") => false,
-                Some(v) => parse_bool(v).ok_or_else(|| RequestInfoError::InvalidWatch {
-                    value: v.to_string(),
-                })?,
-            };
+            let watch = query.get("watch").is_some_and(list_option_bool);
             info.verb = Cow::Borrowed(if watch { "watch" } else { "list" });
         }
         if info.name.is_none() && info.verb == "delete" {
@@ -413,7 +401,7 @@ mod tests {
             (M::GET, "/api/v1/namespaces", "list", "", "v1", None, "namespaces", None, None),
             (M::GET, "/api/v1/namespaces/ns1", "get", "", "v1", Some("ns1"), "namespaces", Some("ns1"), None),
             (M::PUT, "/api/v1/namespaces/ns1/finalize", "update", "", "v1", Some("ns1"), "namespaces", Some("ns1"), Some("finalize")),
-            // watch variants: every ParseBool spelling of true is a watch
+            // watch variants: anything sent but 0 and false is a watch
             (M::GET, "/api/v1/namespaces/ns1/pods?watch=true", "watch", "", "v1", Some("ns1"), "pods", None, None),
             (M::GET, "/api/v1/pods?watch=True", "watch", "", "v1", None, "pods", None, None),
             (M::GET, "/api/v1/pods?watch=TRUE", "watch", "", "v1", None, "pods", None, None),
@@ -424,7 +412,12 @@ mod tests {
             (M::GET, "/api/v1/pods?watch=false", "list", "", "v1", None, "pods", None, None),
             (M::GET, "/api/v1/pods?watch=False", "list", "", "v1", None, "pods", None, None),
             (M::GET, "/api/v1/pods?watch=0", "list", "", "v1", None, "pods", None, None),
-            (M::GET, "/api/v1/pods?watch=", "list", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=FALSE", "list", "", "v1", None, "pods", None, None),
+            // Anything else sent is true, even nothing (apimachinery's rule).
+            (M::GET, "/api/v1/pods?watch=", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=yes", "watch", "", "v1", None, "pods", None, None),
+            (M::GET, "/api/v1/pods?watch=f", "watch", "", "v1", None, "pods", None, None),
             // the first value counts, as in Kubernetes
             (M::GET, "/api/v1/pods?watch=0&watch=1", "list", "", "v1", None, "pods", None, None),
             // an item GET stays a get, watch or not
@@ -513,22 +506,15 @@ mod tests {
 
     #[test]
     fn unresolvable_requests() {
-        assert_eq!(
-            info(Method::GET, "/api/v1/pods?watch=maybe"),
-            Err(RequestInfoError::InvalidWatch {
-                value: "maybe".into()
-            })
-        );
-        assert_eq!(
-            info(Method::GET, "/api/v1/pods?watch=yes").map_err(|e| e.metric_verb()),
-            Err("watch")
-        );
         assert!(matches!(
             info(Method::GET, "/api/v1/watch"),
             Err(RequestInfoError::NoResource { .. })
         ));
-        // A bad watch value on an item GET or a write does not matter.
-        assert!(info(Method::GET, "/api/v1/nodes/n?watch=maybe").is_ok());
+        // A watch value on an item GET or a write does not matter.
+        assert_eq!(
+            info(Method::GET, "/api/v1/nodes/n?watch=maybe").map(|i| i.verb().to_string()),
+            Ok("get".into())
+        );
         assert!(info(Method::POST, "/api/v1/nodes?watch=maybe").is_ok());
     }
 
