@@ -415,14 +415,17 @@ async fn read_created(stream: &mut etcd_client::WatchStream, n: usize) -> Vec<Wa
     .await
 }
 
-/// Asks for progress and reads up to the answer: the events' revisions go to
-/// `received`, and the answer's revision with how many events came before
-/// it to `answers`. Returns the answer's revision.
+/// Asks for progress twice back to back (etcd answers the front's forwarded
+/// requests twice: neither answer may reach the client raw) and reads up to
+/// an answer: the events' revisions go to `received`, and the answer's
+/// revision with how many events came before it to `answers`. Returns the
+/// answer's revision. A second answer is read by the next round.
 async fn progress_round(
     s: &mut etcd_client::WatchStream,
     received: &mut Vec<i64>,
     answers: &mut Vec<(i64, usize)>,
 ) -> i64 {
+    s.request_progress().await.expect("progress");
     s.request_progress().await.expect("progress");
     let got = read_until(s, is_progress).await;
     for r in &got {

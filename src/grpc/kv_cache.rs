@@ -453,6 +453,12 @@ impl KvCache {
         self.changes.send_modify(|g| *g += 1);
     }
 
+    /// A ready, empty cache at `rev`, as after a list (for other modules' tests).
+    #[cfg(test)]
+    pub(crate) fn reset_for_test(&self, rev: i64) {
+        self.reset(KvMap::new(), rev, 0);
+    }
+
     /// One etcd watch from the cache's revision + 1 until it ends; `Ok` on shutdown.
     async fn watch(
         &self,

@@ -51,6 +51,11 @@ const FILTER_NOPUT: i32 = 0;
 const FILTER_NODELETE: i32 = 1;
 /// etcd's watch id of stream-wide answers (progress) and failed creations.
 const INVALID_WATCH_ID: i64 = -1;
+/// Responses a stream queues (`pending`) before it stops taking etcd's
+/// answers and the client's requests: a client that stops reading then
+/// holds back etcd (its watch stream's flow control), not the front's
+/// memory. One step adds at most one response, or one batch when empty.
+const MAX_PENDING: usize = 16;
 
 #[derive(Debug, Clone)]
 pub struct WatchService {
@@ -67,21 +72,7 @@ impl PbWatchService for WatchService {
     ) -> Result<Response<Self::WatchStream>, Status> {
         let (tx, rx) = mpsc::channel(OUT_BUFFER);
         let md = req.metadata().clone();
-        let stream = ClientStream {
-            front: Arc::clone(&self.front),
-            md,
-            out: tx,
-            pending: VecDeque::new(),
-            watches: Vec::new(),
-            rr: 0,
-            forwarded: HashMap::new(),
-            handing_over: HashSet::new(),
-            upstream: None,
-            next_id: 0,
-            progress: None,
-            awaiting_created: None,
-            max_sent: 0,
-        };
+        let stream = ClientStream::new(Arc::clone(&self.front), md, tx);
         tokio::spawn(stream.run(req.into_inner()));
         Ok(Response::new(ReceiverStream::new(rx).boxed()))
     }
@@ -102,6 +93,10 @@ struct CachedWatch {
     fragment: bool,
     progress_notify: bool,
     last_sent: Instant,
+    /// The highest revision the client was already told about for this
+    /// watch before the ring served it (etcd's events of a handed-over
+    /// watch): progress notifications never go back behind it.
+    notified_rev: i64,
 }
 
 impl CachedWatch {
@@ -153,6 +148,10 @@ struct ClientStream {
     /// Handed over to a cache; etcd's answers for them (until its
     /// `canceled`) are dropped: the ring delivers those events.
     handing_over: HashSet<i64>,
+    /// Forwarded watches the client canceled, until etcd's `canceled`:
+    /// etcd's answers in flight for them are dropped (the client asked for
+    /// no more), its `canceled` passed on once.
+    canceling: HashSet<i64>,
     upstream: Option<UpstreamWatch>,
     next_id: i64,
     progress: Option<PendingProgress>,
@@ -173,7 +172,33 @@ impl Drop for ClientStream {
 }
 
 impl ClientStream {
-    async fn run(mut self, mut requests: Streaming<PbWatchRequest>) {
+    fn new(
+        front: Arc<Front>,
+        md: MetadataMap,
+        out: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    ) -> ClientStream {
+        ClientStream {
+            front,
+            md,
+            out,
+            pending: VecDeque::new(),
+            watches: Vec::new(),
+            rr: 0,
+            forwarded: HashMap::new(),
+            handing_over: HashSet::new(),
+            canceling: HashSet::new(),
+            upstream: None,
+            next_id: 0,
+            progress: None,
+            awaiting_created: None,
+            max_sent: 0,
+        }
+    }
+
+    async fn run<S>(mut self, mut requests: S)
+    where
+        S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin,
+    {
         let mut changes = self.front.changes.subscribe();
         // Checked ten times per interval, so a notification is late by a
         // tenth of it at most.
@@ -192,6 +217,9 @@ impl ClientStream {
                 return;
             }
             let has_out = !self.pending.is_empty();
+            // Full: only the client's reading (which drains `pending`) and
+            // what adds nothing to it go on; etcd and the client wait.
+            let room = self.pending.len() < MAX_PENDING;
             // The select only borrows fields; the step is handled after it.
             let step = tokio::select! {
                 _ = self.front.shutdown.cancelled() => Step::End,
@@ -204,13 +232,13 @@ impl ClientStream {
                     }
                     Err(_) => Step::End, // the client is gone
                 },
-                req = requests.message(), if requests_open && self.awaiting_created.is_none() => match req {
-                    Ok(Some(r)) => Step::Request(r),
-                    Ok(None) => Step::RequestsEnded,
-                    Err(_) => Step::End, // the client broke the stream
+                req = requests.next(), if room && requests_open && self.awaiting_created.is_none() => match req {
+                    Some(Ok(r)) => Step::Request(r),
+                    None => Step::RequestsEnded,
+                    Some(Err(_)) => Step::End, // the client broke the stream
                 },
                 _ = self.out.closed() => Step::End, // the client is gone
-                up = recv_upstream(&mut self.upstream) => Step::Upstream(up),
+                up = recv_upstream(&mut self.upstream), if room => Step::Upstream(up),
                 _ = changes.changed() => Step::Continue,
                 _ = notify_tick.tick() => Step::Tick,
             };
@@ -358,7 +386,13 @@ impl ClientStream {
                     };
                     self.pending.push_back(canceled);
                     Ok(())
-                } else if self.forwarded.contains_key(&c.watch_id) {
+                } else if let Some(spec) = self.forwarded.get_mut(&c.watch_id) {
+                    // No handover once the client canceled: an event
+                    // answer in flight would bring the watch back.
+                    *spec = None;
+                    if !self.canceling.insert(c.watch_id) {
+                        return Ok(()); // asked already; etcd answers once
+                    }
                     self.send_upstream(PbWatchRequest {
                         request_union: Some(PbWatchRequestUnion::CancelRequest(c)),
                     })
@@ -437,6 +471,7 @@ impl ClientStream {
             fragment: c.fragment,
             progress_notify: c.progress_notify,
             last_sent: Instant::now(),
+            notified_rev: 0,
         })
     }
 
@@ -511,17 +546,27 @@ impl ClientStream {
             }
             return None;
         }
+        if self.canceling.contains(&resp.watch_id) {
+            if !resp.canceled {
+                return None;
+            }
+            self.canceling.remove(&resp.watch_id);
+        }
         let is_progress = resp.watch_id == INVALID_WATCH_ID
             && resp.events.is_empty()
             && !resp.created
             && !resp.canceled;
-        if is_progress
-            && let Some(PendingProgress {
+        if is_progress {
+            // Never passed on: etcd's revision says nothing of the cached
+            // watches. Kept only for the answer being assembled (a second
+            // answer to requests sent back to back is dropped).
+            if let Some(PendingProgress {
                 upstream: Some(rev @ None),
                 ..
             }) = &mut self.progress
-        {
-            *rev = Some(resp.header.as_ref().map(|h| h.revision).unwrap_or(0));
+            {
+                *rev = Some(resp.header.as_ref().map(|h| h.revision).unwrap_or(0));
+            }
             return None;
         }
         for e in &resp.events {
@@ -585,7 +630,10 @@ impl ClientStream {
         );
         self.forwarded.remove(&id);
         self.handing_over.insert(id);
-        self.watches.push(w);
+        self.watches.push(CachedWatch {
+            notified_rev: from - 1,
+            ..w
+        });
         move_watch(&self.front);
         let mut cancel = PbWatchRequestUnion::CancelRequest(Default::default());
         if let PbWatchRequestUnion::CancelRequest(c) = &mut cancel {
@@ -749,16 +797,23 @@ impl ClientStream {
     }
 
     /// etcd's periodic progress notification of `progress_notify` watches
-    /// that are up to date and sent nothing for the interval.
+    /// that are up to date and sent nothing for the interval. At most what
+    /// fits in `pending`: the others are due at a later tick.
     fn progress_notify(&mut self) {
         let now = Instant::now();
         let every = self.front.progress_notify_interval;
+        let room = MAX_PENDING.saturating_sub(self.pending.len());
         let mut out = Vec::new();
         for w in &mut self.watches {
+            if out.len() >= room {
+                break;
+            }
             if !w.progress_notify || now.duration_since(w.last_sent) < every {
                 continue;
             }
-            if let Read::UpToDate { revision } = w.cache.read(w.cursor, 1, 0) {
+            if let Read::UpToDate { revision } = w.cache.read(w.cursor, 1, 0)
+                && revision >= w.notified_rev
+            {
                 w.last_sent = now;
                 out.push((w.id, revision));
             }
@@ -919,5 +974,291 @@ where
                 None => Status::unimplemented("").into_http(),
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicI64;
+
+    use tokio_util::sync::CancellationToken;
+
+    use super::*;
+    use crate::config::EtcdConfig;
+    use crate::grpc::auth::AuthGate;
+    use crate::grpc::kv_cache::HeaderSource;
+    use crate::grpc::upstream::Upstream;
+    use crate::storage::Storage;
+
+    /// A client stream of a front with one ready cache of `/c/` at
+    /// revision 10, its etcd stream replaced by channels the test holds.
+    struct Harness {
+        stream: ClientStream,
+        cache: Arc<KvCache>,
+        /// What the client receives.
+        out: mpsc::Receiver<Result<PbWatchResponse, Status>>,
+        /// What the stream asks etcd.
+        to_etcd: mpsc::Receiver<PbWatchRequest>,
+        /// etcd's answers; holds `etcd_buffer` of them.
+        from_etcd: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    }
+
+    async fn harness(etcd_buffer: usize, notify_every: Duration) -> Harness {
+        // The client is lazy and never dialled: no test reaches etcd.
+        let cfg = EtcdConfig {
+            endpoints: vec!["http://127.0.0.1:1".to_string()],
+            ..EtcdConfig::default()
+        };
+        let storage = Storage::connect(&cfg).await.expect("lazy etcd client");
+        let changes = Arc::new(tokio::sync::watch::Sender::new(0u64));
+        let headers = Arc::new(HeaderSource::default());
+        let cache = Arc::new(KvCache::new(
+            "/c/",
+            100,
+            Arc::clone(&changes),
+            Arc::clone(&headers),
+        ));
+        cache.reset_for_test(10);
+        let upstream = Upstream::new(storage.channel());
+        let front = Arc::new(Front {
+            caches: vec![Arc::clone(&cache)],
+            auth: Arc::new(AuthGate::new(upstream.clone())),
+            upstream,
+            storage,
+            headers,
+            changes,
+            consistent_read_timeout: Duration::from_millis(100),
+            progress_notify_interval: notify_every,
+            shutdown: CancellationToken::new(),
+            coalesce_writes: false,
+            watchers_cached: AtomicI64::new(0),
+            watchers_forwarded: AtomicI64::new(0),
+        });
+        let (out_tx, out) = mpsc::channel(OUT_BUFFER);
+        let (req_tx, to_etcd) = mpsc::channel(64);
+        let (from_etcd, responses) = mpsc::channel(etcd_buffer);
+        let mut stream = ClientStream::new(front, MetadataMap::new(), out_tx);
+        stream.upstream = Some(UpstreamWatch {
+            requests: req_tx,
+            responses,
+        });
+        Harness {
+            stream,
+            cache,
+            out,
+            to_etcd,
+            from_etcd,
+        }
+    }
+
+    fn spec(key: &str, start_revision: i64) -> CreateSpec {
+        CreateSpec {
+            key: key.as_bytes().to_vec(),
+            range_end: Vec::new(),
+            start_revision,
+            prev_kv: false,
+            filters: Vec::new(),
+            fragment: false,
+            progress_notify: true,
+        }
+    }
+
+    fn put(key: &str, value: Vec<u8>, rev: i64) -> PbEvent {
+        PbEvent {
+            r#type: PUT,
+            kv: Some(PbKeyValue {
+                key: key.as_bytes().to_vec(),
+                value,
+                mod_revision: rev,
+                create_revision: rev,
+                version: 1,
+                lease: 0,
+            }),
+            prev_kv: None,
+        }
+    }
+
+    /// etcd's answer for watch `id` with one event at `rev`.
+    fn event_answer(id: i64, key: &str, rev: i64) -> PbWatchResponse {
+        PbWatchResponse {
+            header: Some(PbResponseHeader {
+                revision: rev,
+                ..Default::default()
+            }),
+            watch_id: id,
+            events: vec![put(key, b"v".to_vec(), rev)],
+            ..Default::default()
+        }
+    }
+
+    fn progress_answer(rev: i64) -> PbWatchResponse {
+        PbWatchResponse {
+            header: Some(PbResponseHeader {
+                revision: rev,
+                ..Default::default()
+            }),
+            watch_id: INVALID_WATCH_ID,
+            ..Default::default()
+        }
+    }
+
+    fn request(r: PbWatchRequestUnion) -> PbWatchRequest {
+        PbWatchRequest {
+            request_union: Some(r),
+        }
+    }
+
+    fn cancel(id: i64) -> PbWatchRequest {
+        let mut c = PbWatchRequestUnion::CancelRequest(Default::default());
+        if let PbWatchRequestUnion::CancelRequest(r) = &mut c {
+            r.watch_id = id;
+        }
+        request(c)
+    }
+
+    fn progress_request() -> PbWatchRequest {
+        request(PbWatchRequestUnion::ProgressRequest(Default::default()))
+    }
+
+    fn create(key: &str) -> PbWatchRequest {
+        let mut c = PbWatchRequestUnion::CreateRequest(Default::default());
+        if let PbWatchRequestUnion::CreateRequest(r) = &mut c {
+            r.key = key.as_bytes().to_vec();
+        }
+        request(c)
+    }
+
+    /// With the clock paused, a sleep ends only once every task waits: the
+    /// stream took all it will take.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_holds_back_etcd() {
+        const N: usize = 100;
+        let mut h = harness(2 * N, Duration::from_secs(600)).await;
+        let (client, requests) = mpsc::channel(8);
+        let from_etcd = h.from_etcd.clone();
+        tokio::spawn(h.stream.run(ReceiverStream::new(requests).map(Ok)));
+        client.send(create("/x/a")).await.expect("stream runs");
+        let asked = h.to_etcd.recv().await.expect("creation sent to etcd");
+        assert!(matches!(
+            asked.request_union,
+            Some(PbWatchRequestUnion::CreateRequest(_))
+        ));
+        let created = PbWatchResponse {
+            watch_id: 0,
+            created: true,
+            ..Default::default()
+        };
+        from_etcd.send(Ok(created)).await.expect("stream runs");
+        let got = h.out.recv().await.expect("created").expect("ok");
+        assert!(got.created);
+        // etcd has N large answers ready; the client reads nothing.
+        for i in 0..N {
+            let mut r = event_answer(0, "/x/a", 11 + i as i64);
+            r.events[0].kv.as_mut().expect("kv").value = vec![b'x'; 64 * 1024];
+            from_etcd.try_send(Ok(r)).expect("room for every answer");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let taken = N - (2 * N - from_etcd.capacity());
+        assert!(
+            taken <= MAX_PENDING + OUT_BUFFER,
+            "took {taken} of etcd's answers for a client that reads nothing"
+        );
+        // Reading again takes the rest, in order.
+        for i in 0..N {
+            let r = tokio::time::timeout(Duration::from_secs(60), h.out.recv())
+                .await
+                .expect("no deadlock")
+                .expect("stream open")
+                .expect("ok");
+            let rev = r.events[0].kv.as_ref().map(|kv| kv.mod_revision);
+            assert_eq!(rev, Some(11 + i as i64));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_second_progress_answer_from_etcd_is_not_passed_on() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        // A cached watch behind the cache (an event at 11 not read yet)
+        // and a forwarded one.
+        let w = s.place(1, spec("/c/a", 0)).expect("cached watch");
+        s.watches.push(w);
+        s.forwarded.insert(2, None);
+        h.cache.apply(vec![put("/c/a", b"1".to_vec(), 11)], 11);
+        // Two requests back to back: etcd is asked (and answers) twice.
+        s.handle(progress_request()).await.expect("handled");
+        s.handle(progress_request()).await.expect("handled");
+        for _ in 0..2 {
+            assert!(matches!(
+                h.to_etcd.try_recv().map(|r| r.request_union),
+                Ok(Some(PbWatchRequestUnion::ProgressRequest(_)))
+            ));
+        }
+        assert!(s.on_upstream(progress_answer(20)).is_none());
+        assert!(s.on_upstream(progress_answer(20)).is_none());
+        assert!(s.pending.is_empty(), "etcd's answers are not passed on");
+        // The answer: after the event, at the cached watch's revision.
+        assert!(s.next_events());
+        assert!(!s.next_events());
+        assert!(s.answer_progress().is_none());
+        let revs: Vec<(usize, i64)> = s
+            .pending
+            .iter()
+            .map(|r| (r.events.len(), r.header.as_ref().map_or(0, |h| h.revision)))
+            .collect();
+        assert_eq!(revs, vec![(1, 11), (0, 11)]);
+        assert!(s.progress.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_canceled_forwarded_watch_is_not_handed_over() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        // A forwarded watch catching up over the cached range.
+        h.cache.apply(vec![put("/c/a", b"1".to_vec(), 11)], 12);
+        s.forwarded.insert(5, Some(spec("/c/a", 11)));
+        s.handle(cancel(5)).await.expect("handled");
+        s.handle(cancel(5)).await.expect("handled");
+        assert!(matches!(
+            h.to_etcd.try_recv().map(|r| r.request_union),
+            Ok(Some(PbWatchRequestUnion::CancelRequest(c))) if c.watch_id == 5
+        ));
+        assert!(h.to_etcd.try_recv().is_err(), "etcd is asked once");
+        // etcd's event in flight reaches the ring: no handover, not passed on.
+        assert!(s.on_upstream(event_answer(5, "/c/a", 11)).is_none());
+        assert!(s.watches.is_empty(), "not resurrected as a cached watch");
+        assert!(s.pending.is_empty(), "no events after the cancel");
+        // etcd's `canceled`, once.
+        let canceled = PbWatchResponse {
+            watch_id: 5,
+            canceled: true,
+            ..Default::default()
+        };
+        assert!(s.on_upstream(canceled).is_none());
+        let got: Vec<(i64, bool)> = s.pending.iter().map(|r| (r.watch_id, r.canceled)).collect();
+        assert_eq!(got, vec![(5, true)]);
+        assert!(s.forwarded.is_empty() && s.canceling.is_empty());
+    }
+
+    #[tokio::test]
+    async fn progress_notify_never_goes_behind_a_handed_over_watch() {
+        let mut h = harness(8, Duration::ZERO).await;
+        let s = &mut h.stream;
+        s.forwarded.insert(5, Some(spec("/c/a", 5)));
+        // etcd, ahead of the cache (at 10), sent the event at 15.
+        let cancel = s.on_upstream(event_answer(5, "/c/a", 15));
+        assert!(cancel.is_some(), "handed over to the ring");
+        assert_eq!(s.watches.len(), 1);
+        s.pending.clear();
+        s.progress_notify();
+        assert!(s.pending.is_empty(), "10 would go back behind 15");
+        h.cache.apply(Vec::new(), 16);
+        s.progress_notify();
+        let got: Vec<(i64, i64)> = s
+            .pending
+            .iter()
+            .map(|r| (r.watch_id, r.header.as_ref().map_or(0, |h| h.revision)))
+            .collect();
+        assert_eq!(got, vec![(5, 16)]);
     }
 }
