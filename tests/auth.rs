@@ -40,7 +40,7 @@ rules:
 - apiGroups: [""]
   resources: [nodes]
   resourceNames: [node-1]
-  verbs: [get, update, patch]
+  verbs: [get, update, patch, list, watch]
 - apiGroups: [example.com]
   resources: ["*"]
   verbs: ["*"]
@@ -337,6 +337,36 @@ async fn kubectl_with_certificates_tokens_and_rbac() {
     );
     let err = k_bob.fail(&["get", "nodes"]).await;
     assert!(err.contains("cannot list resource \"nodes\""), "{err}");
+    // A list or watch limited to node-1 by its field selector is a request
+    // for node-1 (resourceNames), as kube-apiserver authorizes it: what
+    // `kubectl get node node-1 -w` and one-object informers send.
+    let one = "/api/v1/nodes?fieldSelector=metadata.name%3Dnode-1";
+    let (code, body) = s.req(&bob, "GET", one, None).await;
+    assert_eq!(code, 200, "{body}");
+    let items = json_of(&body)["items"].clone();
+    assert_eq!(items.as_array().map(Vec::len), Some(1), "{body}");
+    assert_eq!(items[0]["metadata"]["name"], "node-1");
+    let (code, body) = s
+        .req(
+            &bob,
+            "GET",
+            &format!("{one}&watch=1&timeoutSeconds=1"),
+            None,
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let first = json_of(body.lines().next().unwrap_or_default());
+    assert_eq!(first["type"], "ADDED", "{body}");
+    assert_eq!(first["object"]["metadata"]["name"], "node-1");
+    let (code, body) = s
+        .req(
+            &bob,
+            "GET",
+            "/api/v1/nodes?fieldSelector=metadata.name%3Dnode-2",
+            None,
+        )
+        .await;
+    assert_eq!(code, 403, "{body}");
     let manifest = k_bob.write_file("w.json", &widget("team-c", "w1").to_string());
     k_bob.run(&["create", "-f", &manifest]).await;
     k_bob

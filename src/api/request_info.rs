@@ -61,6 +61,11 @@ pub struct RequestInfo {
     name: Option<Span>,
     /// `{resource}[/{name}[/{subresource}/...]]`; `None` without parts.
     parts: Option<Span>,
+    /// The name a list or watch is limited to by `fieldSelector=metadata.name=X`:
+    /// authorized as a request for that name, so RBAC `resourceNames` let
+    /// `kubectl get pod web -w` and single-object informers through, as in
+    /// kube-apiserver. Not a routing name: such a request stays a list.
+    selected_name: Option<String>,
 }
 
 /// A byte range of [`RequestInfo::path`].
@@ -116,6 +121,7 @@ impl RequestInfo {
             subresource: None,
             name: None,
             parts: None,
+            selected_name: None,
         };
         let all = segments(path);
         let seg = |s: Span| &path[s.start..s.end];
@@ -205,6 +211,10 @@ impl RequestInfo {
         if verb_from_method && info.name.is_none() && info.verb == "get" {
             let watch = query.get("watch").is_some_and(list_option_bool);
             info.verb = Cow::Borrowed(if watch { "watch" } else { "list" });
+            info.selected_name = query
+                .get("fieldSelector")
+                .and_then(crate::object::selector::exact_name)
+                .filter(|n| is_path_segment_name(n));
         }
         if info.name.is_none() && info.verb == "delete" {
             info.verb = Cow::Borrowed("deletecollection");
@@ -262,6 +272,12 @@ impl RequestInfo {
     /// The object's name if the path names one.
     pub fn name(&self) -> Option<&str> {
         self.name.map(|s| self.at(s))
+    }
+
+    /// The name a list or watch is limited to by its field selector
+    /// (`metadata.name=X`), for authorization only.
+    pub fn selected_name(&self) -> Option<&str> {
+        self.selected_name.as_deref()
     }
 
     /// The path parts from the resource on:
@@ -345,6 +361,12 @@ fn segments(path: &str) -> SmallVec<[Span; INLINE_SEGMENTS]> {
     }
     out.push(Span { start: from, end });
     out
+}
+
+/// apimachinery's `path.IsValidPathSegmentName`: a name that could be a
+/// path segment (not `.` or `..`, no `/` or `%`), and not empty.
+fn is_path_segment_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '%'])
 }
 
 #[cfg(test)]

@@ -249,7 +249,7 @@ pub(crate) fn attributes(info: &RequestInfo) -> Attributes<'_> {
         api_version: info.api_version(),
         resource: info.resource(),
         subresource: info.subresource().unwrap_or_default(),
-        name: info.name().unwrap_or_default(),
+        name: info.name().or(info.selected_name()).unwrap_or_default(),
     }
 }
 
@@ -278,6 +278,48 @@ mod tests {
             ("list", "ns1", "pods", true)
         );
         assert_eq!(attrs("GET", "/api/v1/pods?watch=true").verb, "watch");
+        // A list or watch limited to one name is authorized for that name.
+        for (uri, verb, name) in [
+            (
+                "/api/v1/namespaces/ns1/pods?fieldSelector=metadata.name%3Dweb",
+                "list",
+                "web",
+            ),
+            (
+                "/api/v1/pods?watch=1&fieldSelector=spec.nodeName%3Dn,metadata.name%3D%3Dweb",
+                "watch",
+                "web",
+            ),
+            (
+                "/api/v1/pods?fieldSelector=metadata.name%21%3Dweb",
+                "list",
+                "",
+            ),
+            (
+                "/api/v1/pods?fieldSelector=metadata.name%3Da%2Fb",
+                "list",
+                "",
+            ),
+            ("/api/v1/pods?fieldSelector=metadata.name%3D..", "list", ""),
+            (
+                "/api/v1/pods?fieldSelector=metadata.name%3Dweb,bad",
+                "list",
+                "",
+            ),
+            (
+                "/api/v1/pods?fieldSelector=metadata.name%3Da%5C%2Cb",
+                "list",
+                "a,b",
+            ),
+            (
+                "/api/v1/watch/pods?fieldSelector=metadata.name%3Dweb",
+                "watch",
+                "",
+            ),
+        ] {
+            let a = attrs("GET", uri);
+            assert_eq!((a.verb, a.name), (verb, name), "{uri}");
+        }
         let a = attrs("GET", "/apis/apps/v1/namespaces/ns1/deployments/web/status");
         assert_eq!(
             (a.api_group, a.name, a.subresource, a.verb),

@@ -664,6 +664,24 @@ impl fmt::Display for FieldSelector {
     }
 }
 
+/// The value `fieldSelector` pins `metadata.name` to (its first `=` or
+/// `==` term on it), read as kube-apiserver's `RequestInfoFactory` does:
+/// any field is allowed here, and a selector that does not parse has none.
+pub fn exact_name(selector: &str) -> Option<String> {
+    let mut name = None;
+    for term in split_terms(selector) {
+        if term.is_empty() {
+            continue;
+        }
+        let (lhs, op, rhs) = split_term(term)?;
+        let value = unescape_field_value(rhs).ok()?;
+        if name.is_none() && lhs == FIELD_NAME && op != FieldOp::NotEquals {
+            name = Some(value);
+        }
+    }
+    name
+}
+
 /// A selector's terms as they are written: comma-separated, in its order.
 fn write_terms<T: fmt::Display>(f: &mut fmt::Formatter<'_>, terms: &[T]) -> fmt::Result {
     for (i, t) in terms.iter().enumerate() {
