@@ -557,15 +557,11 @@ impl Cacher {
                 self.wait_for_plan(&read).await?;
                 watch_cache::WatchStart::Now
             }
-            WatchPlan::After(n) => {
-                if !self.wait_for_rv(n).await {
-                    return Err(CacherError::TooLargeResourceVersion {
-                        requested: n,
-                        current: self.cache.resource_version(),
-                    });
-                }
-                watch_cache::WatchStart::After(n)
-            }
+            // No wait for an N ahead of the cache: as in kube-apiserver, the
+            // watch opens at once and sends the events after N as they
+            // come (a lagging replica's client waits on an open stream, not
+            // on a 504 that client-go would answer with a relist).
+            WatchPlan::After(n) => watch_cache::WatchStart::After(n),
         };
         let params = watcher::WatcherParams {
             api_version: Arc::clone(self.codec.api_version()),

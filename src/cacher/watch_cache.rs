@@ -583,6 +583,25 @@ mod tests {
         cache
     }
 
+    /// A watch from an RV ahead of the cache opens at once and sends only
+    /// the events after that RV, as they come.
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_from_ahead_of_the_cache_starts_after_its_rv() {
+        let cache = new_cache(100);
+        let c = codec();
+        let mut w = watch(&cache, "", WatchStart::After(13), params(false, None));
+        for rv in 11..=15 {
+            cache.apply(vec![put(&c, &format!("p{rv}"), "n1", rv)], rv, false);
+        }
+        let got = lines(w.next().await);
+        let rvs: Vec<&str> = got.iter().map(|(_, _, rv)| rv.as_str()).collect();
+        assert_eq!(rvs, ["14", "15"]);
+        assert_eq!(w.resource_version(), 15);
+        // A watch from the cache's own RV or before it replays as before.
+        let mut from = watch(&cache, "", WatchStart::After(12), params(false, None));
+        assert_eq!(lines(from.next().await).len(), 3);
+    }
+
     /// A watcher far behind (a replay from an old RV, through a route
     /// created after the events) takes its backlog in bounded chunks, every
     /// event once and in order, and gets no bookmark before it has caught

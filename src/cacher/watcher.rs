@@ -117,6 +117,11 @@ pub struct Watcher {
     /// Send kube-apiserver's protobuf watch frames instead of JSON lines
     /// ([`Watcher::use_protobuf`]).
     protobuf: bool,
+    /// Events up to this RV are not sent: a watch from an RV ahead of the
+    /// cache (the client listed on a replica further along) starts after
+    /// it, as kube-apiserver's cache watcher does, instead of replaying
+    /// what the client already has. 0 for every other watch.
+    skip_through: i64,
 }
 
 impl std::fmt::Debug for Watcher {
@@ -161,6 +166,7 @@ impl Watcher {
             external_timer: false,
             time_due: false,
             protobuf: false,
+            skip_through: 0,
         };
         match start {
             WatchStart::Initial { end_bookmark } => {
@@ -171,7 +177,12 @@ impl Watcher {
                 }));
             }
             WatchStart::Now => {}
-            WatchStart::After(n) => w.last_rv = n,
+            WatchStart::After(n) => {
+                w.last_rv = n;
+                if n > snapshot.rv {
+                    w.skip_through = n;
+                }
+            }
         }
         match cursor {
             Ok(c) => w.cursor = c,
@@ -530,6 +541,9 @@ impl Watcher {
                 self.cursor = ev.seq;
                 more = true;
                 break;
+            }
+            if ev.rv <= self.skip_through {
+                continue;
             }
             let Some(ty) = convert(&self.predicate, ev, selected) else {
                 self.last_rv = self.last_rv.max(ev.rv);
