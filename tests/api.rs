@@ -504,6 +504,18 @@ async fn crud_cluster_scoped_and_non_core() {
     assert_eq!(v["spec"]["size"], 2);
     let (c, _) = ts.delete_json(&format!("{base}/w1"), None).await;
     assert_eq!(c, 200);
+    // Gone: the Status names the group too, as kube-apiserver's does.
+    let (c, v) = ts.get_json(&format!("{base}/w1")).await;
+    assert_status(c, &v, 404, "NotFound");
+    assert_eq!(v["message"], r#"widgets.example.com "w1" not found"#);
+    assert_eq!(
+        (
+            &v["details"]["name"],
+            &v["details"]["group"],
+            &v["details"]["kind"]
+        ),
+        (&json!("w1"), &json!("example.com"), &json!("widgets"))
+    );
     // wrong apiVersion in the body -> 400
     let bad = json!({"apiVersion": "v1", "kind": "Widget", "metadata": {"name": "w2"}});
     let (c, v) = ts.post_json(base, &bad).await;
@@ -881,13 +893,21 @@ async fn too_large_resource_version_is_504() {
         );
         let v: Value = r.json().await.unwrap();
         assert_status(504, &v, 504, "Timeout");
+        // kube-apiserver's NewTooLargeResourceVersionError, which client-go's
+        // IsTooLargeResourceVersion recognises by its cause.
         assert!(
             v["message"]
                 .as_str()
                 .unwrap()
-                .contains("Too large resource version"),
+                .starts_with("Timeout: Too large resource version: "),
             "{v}"
         );
+        assert_eq!(
+            v["details"]["causes"],
+            json!([{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}])
+        );
+        assert_eq!(v["details"]["retryAfterSeconds"], 1);
+        assert!(v["details"].get("group").is_none(), "core: no group");
     }
 }
 

@@ -41,7 +41,9 @@ impl What {
 
     fn details(&self, status: ApiStatus) -> ApiStatus {
         match &self.name {
-            Some(n) => status.with_details(n.clone(), self.plural.clone()),
+            Some(n) => status
+                .with_details(n.clone(), self.plural.clone())
+                .with_group(&self.group),
             None => status,
         }
     }
@@ -128,9 +130,12 @@ pub fn cacher_status(err: CacherError, what: &What) -> ApiStatus {
             what.describe()
         ))),
         CacherError::Expired(m) => ApiStatus::expired(m),
+        // kube-apiserver's NewTooLargeResourceVersionError: a Timeout whose
+        // cause client-go's IsTooLargeResourceVersion looks for.
         CacherError::TooLargeResourceVersion { requested, current } => ApiStatus::timeout(format!(
-            "Too large resource version: {requested}, current: {current}"
+            "Timeout: Too large resource version: {requested}, current: {current}"
         ))
+        .with_cause("ResourceVersionTooLarge", "Too large resource version")
         .with_retry_after(RETRY_AFTER_SECS),
         CacherError::NotReady => ApiStatus::too_many_requests(
             format!("the watch cache of {} is not ready yet", what.plural),

@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 
-use crate::object::wire::{Status, StatusDetails};
+use crate::object::wire::{Status, StatusCause, StatusDetails};
 
 /// A failure answer: HTTP code, Kubernetes reason, message and optional
 /// `Retry-After` seconds.
@@ -20,8 +20,9 @@ pub struct ApiStatus {
     /// Answered with `Connection: close` (HTTP/1.x): the request's body was
     /// left unread, so the connection cannot carry another request.
     pub close_connection: bool,
-    /// `details` of the Status (name, kind), when known.
-    pub details: Option<(String, String)>,
+    /// `details` of the Status (name, group, kind, causes), when known;
+    /// `retryAfterSeconds` comes from `retry_after`.
+    pub details: Option<StatusDetails>,
 }
 
 impl ApiStatus {
@@ -110,29 +111,47 @@ impl ApiStatus {
     }
 
     pub fn with_details(mut self, name: impl Into<String>, kind: impl Into<String>) -> ApiStatus {
-        self.details = Some((name.into(), kind.into()));
+        let d = self.details.get_or_insert_with(StatusDetails::default);
+        d.name = Some(name.into());
+        d.kind = Some(kind.into());
+        self
+    }
+
+    /// `details.group`, for a resource outside the core group.
+    pub fn with_group(mut self, group: &str) -> ApiStatus {
+        if !group.is_empty() {
+            self.details
+                .get_or_insert_with(StatusDetails::default)
+                .group = Some(group.to_string());
+        }
+        self
+    }
+
+    /// One `details.causes` entry (`reason` is Kubernetes' cause type).
+    pub fn with_cause(mut self, reason: &str, message: &str) -> ApiStatus {
+        self.details
+            .get_or_insert_with(StatusDetails::default)
+            .causes
+            .push(StatusCause {
+                reason: reason.to_string(),
+                message: message.to_string(),
+                field: String::new(),
+            });
         self
     }
 
     /// The `Status` object (the object layer renders it).
     pub fn status(&self) -> Status {
-        let mut status = Status::failure(self.code, self.reason, self.message.clone());
-        let (name, kind) = match &self.details {
-            Some((n, k)) => (Some(n.clone()), Some(k.clone())),
-            None => (None, None),
-        };
-        let retry_after_seconds = self
+        let status = Status::failure(self.code, self.reason, self.message.clone());
+        let mut details = self.details.clone().unwrap_or_default();
+        details.retry_after_seconds = self
             .retry_after
             .map(|s| u32::try_from(s).unwrap_or(u32::MAX));
-        if name.is_some() || retry_after_seconds.is_some() {
-            status = status.with_details(StatusDetails {
-                name,
-                kind,
-                retry_after_seconds,
-                ..StatusDetails::default()
-            });
+        if details == StatusDetails::default() {
+            status
+        } else {
+            status.with_details(details)
         }
-        status
     }
 
     /// The `Status` object as bytes.
