@@ -21,8 +21,9 @@ pub struct ApiStatus {
     /// left unread, so the connection cannot carry another request.
     pub close_connection: bool,
     /// `details` of the Status (name, group, kind, causes), when known;
-    /// `retryAfterSeconds` comes from `retry_after`.
-    pub details: Option<StatusDetails>,
+    /// `retryAfterSeconds` comes from `retry_after`. Boxed: most failures
+    /// have none, and every `Result<_, ApiStatus>` carries the room.
+    pub details: Option<Box<StatusDetails>>,
 }
 
 impl ApiStatus {
@@ -111,7 +112,7 @@ impl ApiStatus {
     }
 
     pub fn with_details(mut self, name: impl Into<String>, kind: impl Into<String>) -> ApiStatus {
-        let d = self.details.get_or_insert_with(StatusDetails::default);
+        let d = self.details.get_or_insert_with(Box::default);
         d.name = Some(name.into());
         d.kind = Some(kind.into());
         self
@@ -120,9 +121,7 @@ impl ApiStatus {
     /// `details.group`, for a resource outside the core group.
     pub fn with_group(mut self, group: &str) -> ApiStatus {
         if !group.is_empty() {
-            self.details
-                .get_or_insert_with(StatusDetails::default)
-                .group = Some(group.to_string());
+            self.details.get_or_insert_with(Box::default).group = Some(group.to_string());
         }
         self
     }
@@ -130,7 +129,7 @@ impl ApiStatus {
     /// One `details.causes` entry (`reason` is Kubernetes' cause type).
     pub fn with_cause(mut self, reason: &str, message: &str) -> ApiStatus {
         self.details
-            .get_or_insert_with(StatusDetails::default)
+            .get_or_insert_with(Box::default)
             .causes
             .push(StatusCause {
                 reason: reason.to_string(),
@@ -143,7 +142,7 @@ impl ApiStatus {
     /// The `Status` object (the object layer renders it).
     pub fn status(&self) -> Status {
         let status = Status::failure(self.code, self.reason, self.message.clone());
-        let mut details = self.details.clone().unwrap_or_default();
+        let mut details = self.details.as_deref().cloned().unwrap_or_default();
         details.retry_after_seconds = self
             .retry_after
             .map(|s| u32::try_from(s).unwrap_or(u32::MAX));
