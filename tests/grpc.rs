@@ -1537,6 +1537,76 @@ async fn a_watch_from_now_starts_after_acknowledged_writes() {
     }
 }
 
+/// A progress answer on a stream of cached watches is at least etcd's
+/// revision when the request came, as etcd's own (kube-apiserver's
+/// consistent reads from its watch cache wait for that revision), even
+/// when the cached prefix is idle and etcd moved on elsewhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_on_an_idle_cached_prefix_reaches_etcds_revision() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("idleprogress");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut s = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    read_created(&mut s, 1).await;
+    // Outside every cached prefix: no cache sees this write.
+    let written = put(&mut ec, &format!("{prefix}/outside/x"), "1").await;
+    s.request_progress().await.expect("progress");
+    // A generous bound only as a hang guard: the answer must not wait for
+    // the caches' own idle progress either.
+    let got = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let r = s
+                .message()
+                .await
+                .expect("watch message")
+                .expect("stream open");
+            if is_progress(&r) {
+                return r.header().map(|h| h.revision()).unwrap_or(0);
+            }
+        }
+    })
+    .await
+    .expect("a progress answer");
+    assert!(
+        got >= written,
+        "progress answered at {got}, behind etcd's {written} at the request"
+    );
+}
+
+/// A serializable Range right after the client's own write through the
+/// front shows that write, as etcd (one member) does, even when the
+/// cache has not applied it yet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_get_after_a_write_through_the_front_sees_it() {
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("ryw");
+    let key = format!("{prefix}/pods/ns/a");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let serializable = || Some(etcd_client::GetOptions::new().with_serializable());
+    for i in 0..200 {
+        let value = format!("v{i}");
+        let rev = put(&mut fc, &key, value.as_str()).await;
+        let got = fc.get(key.as_str(), serializable()).await.expect("get");
+        let seen: Vec<(&[u8], i64)> = got
+            .kvs()
+            .iter()
+            .map(|kv| (kv.value(), kv.mod_revision()))
+            .collect();
+        assert_eq!(
+            seen,
+            [(value.as_bytes(), rev)],
+            "round {i}: the write at {rev} is missing"
+        );
+    }
+}
+
 // ---- etcd auth (`auth enable`) -------------------------------------------
 
 /// A call's error as (gRPC code, message), to compare the front with etcd.

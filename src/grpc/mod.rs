@@ -85,6 +85,21 @@ impl Front {
             .find(|c| c.contains_range(key, range_end))
     }
 
+    /// A write through the front to `[key, range_end)` was acknowledged at
+    /// `revision`: serializable reads of the caches it touched wait for it.
+    pub(crate) fn note_write(&self, key: &[u8], range_end: &[u8], revision: i64) {
+        for c in self.caches.iter().filter(|c| c.overlaps(key, range_end)) {
+            c.note_write(revision);
+        }
+    }
+
+    /// A write through the front to keys it cannot tell (a lease's).
+    pub(crate) fn note_write_anywhere(&self, revision: i64) {
+        for c in &self.caches {
+            c.note_write(revision);
+        }
+    }
+
     /// The highest revision any cache is at.
     pub(crate) fn revision(&self) -> i64 {
         self.caches.iter().map(|c| c.revision()).max().unwrap_or(0)
@@ -238,7 +253,7 @@ impl GrpcServer {
         );
         let lease = PbLeaseServer::new(passthrough::LeaseService {
             upstream: front.upstream.clone(),
-            shutdown: front.shutdown.clone(),
+            front: Arc::clone(&front),
         });
         let maintenance = PbMaintenanceServer::new(passthrough::MaintenanceService {
             upstream: front.upstream.clone(),

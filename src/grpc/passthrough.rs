@@ -1,6 +1,9 @@
 //! The services the front passes to etcd unchanged: Lease, Maintenance and
 //! Cluster (so `etcdctl lease grant`, `put --lease`, `endpoint status`,
-//! `member list` work against the front), request and answer untouched.
+//! `member list` work against the front), request and answer untouched (a
+//! lease revoke's revision is noted for serializable reads, see [`super::kv`]).
+
+use std::sync::Arc;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
@@ -8,6 +11,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use etcd_client::proto::*;
 
+use super::Front;
 use super::upstream::Upstream;
 
 /// A client's request stream as a plain stream of messages, ending at the
@@ -47,16 +51,31 @@ macro_rules! passthrough {
 #[derive(Debug, Clone)]
 pub struct LeaseService {
     pub(crate) upstream: Upstream,
-    /// Ends open keep-alive streams when the front shuts down.
-    pub(crate) shutdown: tokio_util::sync::CancellationToken,
+    /// Told of revokes (they delete the lease's keys); its shutdown ends
+    /// open keep-alive streams.
+    pub(crate) front: Arc<Front>,
 }
 
 passthrough! {
     impl PbLeaseService for LeaseService {
         lease_grant(PbLeaseGrantRequest) -> PbLeaseGrantResponse = "/etcdserverpb.Lease/LeaseGrant";
-        lease_revoke(PbLeaseRevokeRequest) -> PbLeaseRevokeResponse = "/etcdserverpb.Lease/LeaseRevoke";
         lease_time_to_live(PbLeaseTimeToLiveRequest) -> PbLeaseTimeToLiveResponse = "/etcdserverpb.Lease/LeaseTimeToLive";
         lease_leases(PbLeaseLeasesRequest) -> PbLeaseLeasesResponse = "/etcdserverpb.Lease/LeaseLeases";
+    }
+
+    async fn lease_revoke(
+        &self,
+        req: Request<PbLeaseRevokeRequest>,
+    ) -> Result<Response<PbLeaseRevokeResponse>, Status> {
+        let resp: Response<PbLeaseRevokeResponse> = self
+            .upstream
+            .unary("/etcdserverpb.Lease/LeaseRevoke", req)
+            .await?;
+        // The lease's keys are gone at this revision, wherever they were.
+        if let Some(h) = &resp.get_ref().header {
+            self.front.note_write_anywhere(h.revision);
+        }
+        Ok(resp)
     }
 
     type LeaseKeepAliveStream = BoxStream<'static, Result<PbLeaseKeepAliveResponse, Status>>;
@@ -74,7 +93,7 @@ passthrough! {
                 messages(req.into_inner()),
             )
             .await?;
-        let shutdown = self.shutdown.clone().cancelled_owned();
+        let shutdown = self.front.shutdown.clone().cancelled_owned();
         Ok(Response::new(up.into_inner().take_until(shutdown).boxed()))
     }
 }

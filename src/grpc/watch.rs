@@ -123,6 +123,8 @@ enum Step {
     Request(PbWatchRequest),
     Upstream(Option<Result<PbWatchResponse, Status>>),
     Tick,
+    /// A progress answer's catch-up took too long.
+    CatchUpExpired,
 }
 
 /// A progress request not answered yet.
@@ -131,6 +133,19 @@ struct PendingProgress {
     upstream: Option<Option<i64>>,
     /// The client's request, to ask etcd again.
     request: PbWatchRequest,
+    /// The revision the cached watches wait for before the answer.
+    catch_up: Option<CatchUp>,
+}
+
+/// etcd answers a progress request with its current revision; cached
+/// watches wait (bounded) for their caches to get there, so the answer is
+/// not behind etcd's (kube-apiserver's consistent reads wait for that).
+#[derive(Debug, Clone, Copy)]
+struct CatchUp {
+    /// etcd's revision when the request came.
+    revision: i64,
+    /// After this, the answer is the revision the caches reached.
+    deadline: Instant,
 }
 
 struct ClientStream {
@@ -220,6 +235,11 @@ impl ClientStream {
             // Full: only the client's reading (which drains `pending`) and
             // what adds nothing to it go on; etcd and the client wait.
             let room = self.pending.len() < MAX_PENDING;
+            let catch_up_deadline = self
+                .progress
+                .as_ref()
+                .and_then(|p| p.catch_up)
+                .map(|c| c.deadline);
             // The select only borrows fields; the step is handled after it.
             let step = tokio::select! {
                 _ = self.front.shutdown.cancelled() => Step::End,
@@ -241,6 +261,7 @@ impl ClientStream {
                 up = recv_upstream(&mut self.upstream), if room => Step::Upstream(up),
                 _ = changes.changed() => Step::Continue,
                 _ = notify_tick.tick() => Step::Tick,
+                _ = sleep_until_some(catch_up_deadline) => Step::CatchUpExpired,
             };
             match step {
                 Step::End => return,
@@ -266,6 +287,11 @@ impl ClientStream {
                 }
                 Step::Upstream(None) => self.upstream = None,
                 Step::Tick => self.progress_notify(),
+                Step::CatchUpExpired => {
+                    if let Some(p) = &mut self.progress {
+                        p.catch_up = None;
+                    }
+                }
             }
         }
     }
@@ -411,21 +437,63 @@ impl ClientStream {
                     self.send_upstream(request.clone()).await?;
                     Some(None)
                 };
+                let catch_up = self.catch_up().await;
                 // A second request before the first is answered is answered
                 // with it (etcd, asked again, may answer now: it ignores a
-                // request while one of its watches catches up).
+                // request while one of its watches catches up), at etcd's
+                // revision at the later one, by the first one's deadline.
                 match &mut self.progress {
                     Some(pp) => {
                         if !matches!(pp.upstream, Some(Some(_))) {
                             pp.upstream = upstream;
                         }
+                        if let Some(new) = catch_up {
+                            pp.catch_up = Some(match pp.catch_up {
+                                Some(old) => CatchUp {
+                                    revision: old.revision.max(new.revision),
+                                    ..old
+                                },
+                                None => new,
+                            });
+                        }
                     }
-                    None => self.progress = Some(PendingProgress { upstream, request }),
+                    None => {
+                        self.progress = Some(PendingProgress {
+                            upstream,
+                            request,
+                            catch_up,
+                        })
+                    }
                 }
                 Ok(())
             }
             None => Ok(()),
         }
+    }
+
+    /// What the cached watches of a progress request wait for: etcd's
+    /// current revision, each of their caches asked for progress so an
+    /// idle prefix gets there too. `None` without cached watches, or when
+    /// etcd's revision is not known in time (the answer is then what the
+    /// caches reached, as before).
+    async fn catch_up(&self) -> Option<CatchUp> {
+        if self.watches.is_empty() {
+            return None;
+        }
+        let timeout = self.front.consistent_read_timeout;
+        let deadline = Instant::now() + timeout;
+        let revision = tokio::time::timeout(timeout, self.front.storage.fresh_revision())
+            .await
+            .ok()?
+            .ok()?;
+        let mut asked: Vec<&Arc<KvCache>> = Vec::new();
+        for w in &self.watches {
+            if w.cache.revision() < revision && !asked.iter().any(|c| Arc::ptr_eq(c, &w.cache)) {
+                w.cache.request_progress();
+                asked.push(&w.cache);
+            }
+        }
+        Some(CatchUp { revision, deadline })
     }
 
     /// etcd's answer to a creation it refuses.
@@ -744,7 +812,8 @@ impl ClientStream {
     }
 
     /// Answers a pending progress request once every cached watch is up to
-    /// date and etcd answered for the forwarded ones: the revision is the
+    /// date, at etcd's revision of the request (see [`CatchUp`]), and etcd
+    /// answered for the forwarded ones: the revision is the
     /// lowest one every watch of the stream has been sent up to, and never
     /// behind an event already sent (else the caches are asked for
     /// progress, or etcd asked again: `Some(request)` to send it).
@@ -766,6 +835,11 @@ impl ClientStream {
                 }
                 _ => return None,
             }
+        }
+        if let (Some(c), Some(t)) = (cached, p.catch_up)
+            && c < t.revision
+        {
+            return None; // the caches are catching up (`CatchUpExpired` ends it)
         }
         let rev = match (upstream_rev, cached) {
             (Some(u), Some(c)) => u.min(c),
@@ -840,6 +914,14 @@ struct CreateSpec {
     filters: Vec<i32>,
     fragment: bool,
     progress_notify: bool,
+}
+
+/// Sleeps until `deadline`; never without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
 }
 
 async fn recv_upstream(up: &mut Option<UpstreamWatch>) -> Option<Result<PbWatchResponse, Status>> {
@@ -1208,6 +1290,73 @@ mod tests {
             .collect();
         assert_eq!(revs, vec![(1, 11), (0, 11)]);
         assert!(s.progress.is_none());
+    }
+
+    /// A progress request that found etcd at `revision`.
+    fn pending_progress(revision: i64, wait: Duration) -> PendingProgress {
+        PendingProgress {
+            upstream: None,
+            request: progress_request(),
+            catch_up: Some(CatchUp {
+                revision,
+                deadline: Instant::now() + wait,
+            }),
+        }
+    }
+
+    fn answered(s: &ClientStream) -> Vec<i64> {
+        s.pending
+            .iter()
+            .filter(|r| r.watch_id == INVALID_WATCH_ID)
+            .map(|r| r.header.as_ref().map_or(0, |h| h.revision))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn progress_waits_for_the_caches_to_reach_etcds_revision() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        let w = s.place(1, spec("/c/a", 0)).expect("cached watch");
+        s.watches.push(w);
+        // etcd was at 20 when the client asked; the idle cache is at 10.
+        s.progress = Some(pending_progress(20, Duration::from_secs(600)));
+        assert!(!s.next_events());
+        assert!(s.answer_progress().is_none());
+        assert!(answered(s).is_empty(), "not answered behind etcd's 20");
+        // The cache's progress from etcd.
+        h.cache.apply(Vec::new(), 21);
+        assert!(!s.next_events());
+        assert!(s.answer_progress().is_none());
+        assert_eq!(answered(s), [21]);
+        assert!(s.progress.is_none());
+    }
+
+    /// A cache that does not catch up in time delays the answer, bounded:
+    /// then it is what the cache reached.
+    #[tokio::test(start_paused = true)]
+    async fn progress_waits_for_the_caches_only_until_the_deadline() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let quiet = CreateSpec {
+            progress_notify: false,
+            ..spec("/c/a", 0)
+        };
+        let w = h.stream.place(1, quiet).expect("cached watch");
+        h.stream.watches.push(w);
+        h.stream.progress = Some(pending_progress(20, Duration::from_secs(3)));
+        let asked = Instant::now();
+        let (_client, requests) = mpsc::channel::<PbWatchRequest>(1);
+        tokio::spawn(h.stream.run(ReceiverStream::new(requests).map(Ok)));
+        let got = tokio::time::timeout(Duration::from_secs(3600), h.out.recv())
+            .await
+            .expect("answered")
+            .expect("stream open")
+            .expect("ok");
+        assert_eq!(got.watch_id, INVALID_WATCH_ID);
+        assert_eq!(got.header.map(|h| h.revision), Some(10));
+        assert!(
+            asked.elapsed() >= Duration::from_secs(3),
+            "after the deadline"
+        );
     }
 
     #[tokio::test]
