@@ -800,17 +800,43 @@ const EXAMPLE_CONFIG: &str = include_str!("../config/watchcache.toml");
 
 fn parse_message(e: &toml::de::Error, text: &str) -> String {
     // toml's message names unknown and missing keys ("unknown field `x`");
-    // for type errors the key is only in the source line, so quote that line.
+    // for type errors the key is only in the source line, so quote the
+    // line's key, never its value: the line may hold the etcd password
+    // (`passwd = "..."` misspelt), and the error goes to the logs.
     let msg = e.message().trim().replace('\n', " ");
     match e.span() {
         Some(span) => {
             let start = span.start.min(text.len());
             let line_no = text[..start].matches('\n').count() + 1;
             let line = text.lines().nth(line_no - 1).unwrap_or("").trim();
-            format!("line {line_no}: `{line}`: {msg}")
+            match line.split_once('=') {
+                Some((key, value)) => format!(
+                    "line {line_no}: `{} = ...`: {}",
+                    key.trim(),
+                    redact(&msg, value)
+                ),
+                None if line.starts_with('[') => format!("line {line_no}: `{line}`: {msg}"),
+                None => format!("line {line_no}: {msg}"),
+            }
         }
         None => msg,
     }
+}
+
+/// `msg` with each `quoted` part that is taken from `value` replaced by
+/// `...` (toml quotes a wrongly typed value: "invalid type: integer `N`").
+fn redact(msg: &str, value: &str) -> String {
+    msg.split('`')
+        .enumerate()
+        .map(|(i, part)| {
+            if i % 2 == 1 && !part.is_empty() && value.contains(part) {
+                "..."
+            } else {
+                part
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("`")
 }
 
 /// Upper bound of every `*_ms` setting: one year.
@@ -1025,6 +1051,26 @@ indexes = ["spec.nodeName"]
         assert_eq!(cfg.resources[0].history_capacity, 10_000);
         assert_eq!(cfg.etcd.prefix, "/registry");
         assert_eq!(cfg.server.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+    }
+
+    /// A bad line is named by its key, never quoted whole: the value may be
+    /// the etcd password, and the message goes to the logs.
+    #[test]
+    fn parse_errors_never_quote_a_value() {
+        let etcd = "[etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\n";
+        for (bad, key) in [
+            (format!("{etcd}passwd = \"s3cret-a\"\n"), "passwd"),
+            (format!("{etcd}password = 13371337\n"), "password"),
+            (format!("{etcd}password = \"s3cret-b\n"), "password"),
+        ] {
+            let msg = Config::parse(&bad, "test.toml")
+                .expect_err("rejected")
+                .to_string();
+            assert!(msg.contains(key), "names the key: {msg}");
+            for secret in ["s3cret", "13371337"] {
+                assert!(!msg.contains(secret), "quotes a value: {msg}");
+            }
+        }
     }
 
     #[test]

@@ -99,7 +99,15 @@ fn parse_interval(s: &str) -> Result<std::time::Duration, String> {
     if s.trim() == "0" {
         return Ok(std::time::Duration::ZERO);
     }
-    humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 5m, 30s, 0)"))
+    let d = humantime::parse_duration(s).map_err(|e| format!("{e} (e.g. 5m, 30s, 0)"))?;
+    // The setting is in whole seconds, where 0 means off: `500ms` must not
+    // turn the check off by rounding down.
+    if d.subsec_nanos() != 0 {
+        return Err(format!(
+            "{s:?} is not a whole number of seconds (e.g. 5m, 30s, 0)"
+        ));
+    }
+    Ok(d)
 }
 
 fn init_tracing(format: LogFormat) {
@@ -287,6 +295,17 @@ async fn daemon_main() -> Result<()> {
         }
     };
 
+    // The security files (serving certificate, client CA, token file, RBAC
+    // policy) are read first, before etcd is dialled: a bad one stops
+    // start-up (exit 2) naming its file, whatever state etcd is in.
+    let security = match watchcache::api::Security::from_config(&cfg.server) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("watchcache: invalid configuration: {e}");
+            std::process::exit(2);
+        }
+    };
+
     // Dev mode: the private etcd lives as long as this (main) thread, which
     // started it; it is killed and its data dir removed when `_etcd` drops.
     let _etcd = if cli.dev {
@@ -338,14 +357,28 @@ async fn daemon_main() -> Result<()> {
     info!(listen = %listener.local_addr()?, resources = cfg.resources.len(), "watchcache listening");
     let grpc_listener = match cfg.grpc_listen_addr() {
         Ok(None) => None,
-        Ok(Some(addr)) => Some(
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding {addr} (grpc_listen)"))?,
-        ),
+        Ok(Some(addr)) => {
+            // The front is plain gRPC and passes writes, maintenance and
+            // member calls to etcd over this daemon's own connection: where
+            // etcd's only access control is the client certificate
+            // (`--client-cert-auth`, auth off, as kubeadm sets it up),
+            // anyone who reaches the front holds that certificate's rights.
+            let lends_cert = cfg.etcd.tls.as_ref().is_some_and(|t| t.cert_file.is_some());
+            if !addr.ip().is_loopback() && lends_cert && cfg.etcd.username.is_none() {
+                tracing::warn!(
+                    %addr,
+                    "the etcd gRPC front listens on a non-loopback address and reaches etcd with this daemon's client certificate: unless etcd's own authentication is on, anyone who can reach the front can write to etcd with that certificate's rights; bind grpc_listen to loopback or restrict access to it"
+                );
+            }
+            Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding {addr} (grpc_listen)"))?,
+            )
+        }
         Err(m) => bail!("grpc_listen: {m}"),
     };
-    run(cfg, tls, transformer, listener, grpc_listener).await
+    run(cfg, tls, transformer, security, listener, grpc_listener).await
 }
 
 /// Loads `[etcd.tls]` for `https://` endpoints and checks one handshake,
@@ -372,6 +405,7 @@ async fn run(
     cfg: Config,
     tls: Option<Arc<EtcdTls>>,
     transformer: Option<Arc<EncryptionTransformer>>,
+    security: watchcache::api::Security,
     listener: tokio::net::TcpListener,
     grpc_listener: Option<tokio::net::TcpListener>,
 ) -> Result<()> {
@@ -394,7 +428,7 @@ async fn run(
         let front = GrpcServer::new(&cfg, storage.clone());
         tokio::spawn(front.serve(l, stop.clone().cancelled_owned()))
     });
-    let server = Server::new(cfg, storage)?;
+    let server = Server::with_security(cfg, storage, security);
     server.serve(listener, stop.cancelled_owned()).await?;
     if let Some(g) = grpc {
         match g.await {

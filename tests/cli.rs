@@ -66,6 +66,36 @@ fn invalid_config_stops_startup_naming_file_and_field() {
     }
 }
 
+/// The security files are read before etcd is dialled: a missing RBAC
+/// policy stops start-up naming it, even with an etcd that cannot be
+/// reached (its error would otherwise come first and hide this one).
+#[test]
+fn a_bad_security_file_is_named_before_etcd_is_dialled() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("etcd-ca.pem");
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let text = format!(
+        r#"listen = "127.0.0.1:0"
+[etcd]
+endpoints = ["https://127.0.0.1:1"]
+[etcd.tls]
+ca_file = "{}"
+[server.authorization]
+mode = "RBAC"
+policy_files = ["/nonexistent/policy.yaml"]
+[[resources]]
+version = "v1"
+kind = "Pod"
+plural = "pods"
+namespaced = true
+"#,
+        ca.display()
+    );
+    let (code, stderr) = run_with_config(&text);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("/nonexistent/policy.yaml"), "{stderr}");
+}
+
 #[test]
 fn missing_config_file_and_bad_override() {
     let out = watchcache()
@@ -133,13 +163,16 @@ async fn dev_mode_serves_healthz_and_cleans_up() {
 
 #[test]
 fn a_bad_consistency_check_interval_stops_startup_naming_the_flag() {
-    let out = watchcache()
-        .args(["--dev", "--consistency-check-interval", "often"])
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--consistency-check-interval"), "{err}");
+    // `500ms` would round down to 0, which turns the check off.
+    for bad in ["often", "500ms", "1s 500ms"] {
+        let out = watchcache()
+            .args(["--dev", "--consistency-check-interval", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("--consistency-check-interval"), "{bad}: {err}");
+    }
     let help = watchcache().arg("--help").output().unwrap();
     assert!(String::from_utf8_lossy(&help.stdout).contains("--consistency-check-interval"));
 }

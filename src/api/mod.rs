@@ -131,6 +131,13 @@ impl Server {
     /// resource. Must be called inside a tokio runtime.
     pub fn new(config: Config, storage: Storage) -> Result<Server, ApiError> {
         let security = Security::from_config(&config.server)?;
+        Ok(Server::with_security(config, storage, security))
+    }
+
+    /// [`Server::new`] with the security files already read (the daemon
+    /// reads them before it connects anywhere, so a bad one stops start-up
+    /// at once).
+    pub fn with_security(config: Config, storage: Storage, security: Security) -> Server {
         let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
         let max_watches = config.server.max_watches.min(Semaphore::MAX_PERMITS);
         let list_body_budget = ListBodyBudget::new(config.server.list_body_cache_bytes);
@@ -174,7 +181,7 @@ impl Server {
             Arc::clone(&server.state.watch_streams),
             server.state.shutdown.clone(),
         ));
-        Ok(server)
+        server
     }
 
     /// The shared state (config, storage, cachers).
