@@ -47,10 +47,17 @@ impl UserInfo {
         self.name == ANONYMOUS_USER
     }
 
-    /// Adds `system:authenticated` (kube's group adder on every authenticator
-    /// except anonymous).
+    /// Adds `system:authenticated` as kube's `AuthenticatedGroupAdder` does:
+    /// not to `system:anonymous` nor to a user already in
+    /// `system:unauthenticated` (a token or certificate may name either, and
+    /// then must not get what authenticated users get).
     fn authenticated(mut self) -> UserInfo {
-        if !self.groups.iter().any(|g| g == AUTHENTICATED_GROUP) {
+        let skip = self.name == ANONYMOUS_USER
+            || self
+                .groups
+                .iter()
+                .any(|g| g == AUTHENTICATED_GROUP || g == UNAUTHENTICATED_GROUP);
+        if !skip {
             self.groups.push(AUTHENTICATED_GROUP.into());
         }
         self
@@ -369,6 +376,37 @@ mod tests {
                 .unwrap()
                 .is_anonymous()
         );
+    }
+
+    /// kube's AuthenticatedGroupAdder: a credential for `system:anonymous`
+    /// or for a user in `system:unauthenticated` does not add the group.
+    #[test]
+    fn authenticated_group_skips_anonymous_and_unauthenticated() {
+        let tokens = token_file::TokenFile::parse(
+            "t1,system:anonymous,u1\nt2,bob,u2,system:unauthenticated\nt3,carol,u3,system:authenticated\n",
+            "tokens.csv",
+        )
+        .unwrap();
+        let a = Authenticator::new(None, Some(tokens), false);
+        let groups = |token: &[u8]| a.authenticate(&None, Some(token)).unwrap().groups.clone();
+        assert!(groups(b"Bearer t1").is_empty());
+        assert_eq!(groups(b"Bearer t2"), [UNAUTHENTICATED_GROUP]);
+        assert_eq!(groups(b"Bearer t3"), [AUTHENTICATED_GROUP]);
+        let cert = |name: &str, groups: &[&str]| {
+            let user = UserInfo {
+                name: name.into(),
+                uid: String::new(),
+                groups: groups.iter().map(|g| g.to_string()).collect(),
+            };
+            let id = Authenticator::connection_identity(Some(Ok(user)));
+            a.authenticate(&id, None).unwrap().groups.clone()
+        };
+        assert_eq!(cert(ANONYMOUS_USER, &["dev"]), ["dev"]);
+        assert_eq!(
+            cert("dave", &[UNAUTHENTICATED_GROUP, "dev"]),
+            [UNAUTHENTICATED_GROUP, "dev"]
+        );
+        assert_eq!(cert("dave", &["dev"]), ["dev", AUTHENTICATED_GROUP]);
     }
 
     #[test]

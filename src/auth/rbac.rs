@@ -16,6 +16,10 @@
 //! Kubernetes' bootstrap roles that make a cluster usable are built in
 //! ([`BOOTSTRAP_POLICY`]); a file object with the same name replaces one.
 //! ClusterRole aggregation rules are not evaluated.
+//!
+//! Unknown fields are refused outside `metadata`, as `kubectl apply`'s strict
+//! validation does: a misspelt `resourceNames` would otherwise drop the
+//! restriction and allow every name.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -46,9 +50,10 @@ pub enum RbacError {
     },
 }
 
-/// One rule of a Role or ClusterRole.
+/// One rule of a Role or ClusterRole. Unknown fields are refused: an
+/// ignored typo (`resourceName:`) would widen the rule.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct PolicyRule {
     #[serde(default)]
     pub verbs: Vec<String>,
@@ -63,7 +68,7 @@ pub struct PolicyRule {
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct Subject {
     pub kind: String,
     #[serde(default)]
@@ -74,7 +79,7 @@ pub struct Subject {
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RoleRef {
     #[serde(default)]
     pub api_group: String,
@@ -82,6 +87,8 @@ pub struct RoleRef {
     pub name: String,
 }
 
+/// Lenient: objects exported from a cluster carry labels, annotations, uid,
+/// resourceVersion, managedFields and more, none of which change a grant.
 #[derive(Debug, Clone, Default, Deserialize)]
 struct Metadata {
     #[serde(default)]
@@ -91,8 +98,10 @@ struct Metadata {
 }
 
 /// The fields of every supported kind; which are required depends on `kind`.
+/// Unknown fields are refused (a typo of `rules` or `subjects` would
+/// otherwise pass unnoticed).
 #[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct Document {
     #[serde(default)]
     api_version: String,
@@ -106,6 +115,11 @@ struct Document {
     subjects: Option<Vec<Subject>>,
     #[serde(default)]
     role_ref: Option<RoleRef>,
+    /// ClusterRole; accepted but not evaluated (a cluster's aggregated
+    /// roles already list the aggregated rules).
+    #[serde(default)]
+    #[allow(dead_code)]
+    aggregation_rule: Option<serde::de::IgnoredAny>,
     /// `kind: List`.
     #[serde(default)]
     items: Option<Vec<Document>>,
@@ -225,15 +239,24 @@ impl Policy {
     /// Like [`Policy::load`] from `(text, file name)` pairs.
     pub fn parse(sources: &[(&str, &str)]) -> Result<Policy, RbacError> {
         let mut policy = Policy::default();
-        policy.add_text(BOOTSTRAP_POLICY, "bootstrap policy", true)?;
+        // One set for all files: a second file's `view` silently replacing
+        // the first's would be as surprising as within one file.
+        let mut names = Names::default();
+        policy.add_text(BOOTSTRAP_POLICY, "bootstrap policy", true, &mut names)?;
         for (text, file) in sources {
-            policy.add_text(text, file, false)?;
+            policy.add_text(text, file, false, &mut names)?;
         }
         policy.warn_dangling();
         Ok(policy)
     }
 
-    fn add_text(&mut self, text: &str, file: &str, bootstrap: bool) -> Result<(), RbacError> {
+    fn add_text(
+        &mut self,
+        text: &str,
+        file: &str,
+        bootstrap: bool,
+        names: &mut Names,
+    ) -> Result<(), RbacError> {
         // Typed, not via a generic value: a field declared as a string stays
         // a string (`namespace: n` is not YAML 1.1's `false`).
         let docs: Vec<Document> =
@@ -241,9 +264,8 @@ impl Policy {
                 file: file.to_string(),
                 message: e.to_string(),
             })?;
-        let mut names = Names::default();
         for (i, doc) in docs.into_iter().enumerate() {
-            self.add_document(doc, file, i + 1, bootstrap, &mut names)?;
+            self.add_document(doc, file, i + 1, bootstrap, names)?;
         }
         Ok(())
     }
@@ -294,12 +316,22 @@ impl Policy {
         } else {
             String::new()
         };
-        let key = (doc.kind.clone(), ns.clone(), doc.metadata.name.clone());
-        if !bootstrap && !names.seen.insert(key.clone()) {
-            return Err(invalid(
-                what,
-                "defined twice (names are unique per kind and namespace)".into(),
-            ));
+        if !bootstrap {
+            let key = (doc.kind.clone(), ns.clone(), doc.metadata.name.clone());
+            match names.seen.entry(key) {
+                std::collections::hash_map::Entry::Occupied(first) => {
+                    let (first_file, first_doc) = first.get();
+                    return Err(invalid(
+                        what,
+                        format!(
+                            "defined twice, first in {first_file} document {first_doc} (names are unique per kind and namespace across the policy files)"
+                        ),
+                    ));
+                }
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert((file.to_string(), n));
+                }
+            }
         }
         let name = doc.metadata.name;
         match doc.kind.as_str() {
@@ -483,9 +515,11 @@ impl Policy {
     }
 }
 
+/// The objects the policy files defined so far, by (kind, namespace, name),
+/// with the file and document that defined them.
 #[derive(Default)]
 struct Names {
-    seen: std::collections::HashSet<(String, String, String)>,
+    seen: HashMap<(String, String, String), (String, usize)>,
 }
 
 fn applies_to(s: &Subject, user: &UserInfo, binding_namespace: &str) -> bool {
@@ -896,5 +930,93 @@ items:
         .unwrap_err()
         .to_string();
         assert!(e.contains("document 2 (Role \"r\")"), "{e}");
+    }
+
+    #[test]
+    fn misspelt_fields_are_refused() {
+        let role = "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {name: r, namespace: n}\nrules:\n- apiGroups: [\"\"]\n  resources: [pods]\n  resourceName: [web]\n  verbs: [get]\n";
+        let e = Policy::parse(&[(role, "roles.yaml")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("roles.yaml"), "{e}");
+        assert!(e.contains("resourceName"), "{e}");
+        let binding = "apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {name: b, namespace: n}\n";
+        for (text, field) in [
+            (
+                format!(
+                    "{binding}subjects: [{{kind: User, nmae: alice}}]\nroleRef: {{kind: Role, name: r}}\n"
+                ),
+                "nmae",
+            ),
+            (
+                format!(
+                    "{binding}subjects: [{{kind: User, name: alice}}]\nroleRef: {{kind: Role, name: r, namespace: n}}\n"
+                ),
+                "namespace",
+            ),
+            (
+                format!(
+                    "{binding}subject: [{{kind: User, name: alice}}]\nroleRef: {{kind: Role, name: r}}\n"
+                ),
+                "subject",
+            ),
+        ] {
+            let e = Policy::parse(&[(text.as_str(), "bindings.yaml")])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("bindings.yaml"), "{e}");
+            assert!(e.contains(&format!("`{field}`")), "want {field:?} in {e}");
+        }
+    }
+
+    /// What `kubectl get -o yaml` prints still loads: metadata is lenient and
+    /// a ClusterRole may carry an aggregationRule.
+    #[test]
+    fn exported_objects_load() {
+        let text = r#"
+apiVersion: v1
+kind: List
+metadata: {resourceVersion: ""}
+items:
+- apiVersion: rbac.authorization.k8s.io/v1
+  kind: ClusterRole
+  metadata:
+    name: view
+    uid: 0b6c4d6e-0000-0000-0000-000000000000
+    resourceVersion: "42"
+    creationTimestamp: "2024-01-01T00:00:00Z"
+    labels: {kubernetes.io/bootstrapping: rbac-defaults}
+    annotations: {rbac.authorization.kubernetes.io/autoupdate: "true"}
+  aggregationRule:
+    clusterRoleSelectors:
+    - matchLabels: {rbac.authorization.k8s.io/aggregate-to-view: "true"}
+  rules:
+  - {apiGroups: [""], resources: [pods], verbs: [get]}
+"#;
+        let p = Policy::parse(&[(text, "export.yaml")]).unwrap();
+        assert!(p.cluster_roles.contains_key("view"));
+    }
+
+    #[test]
+    fn names_are_unique_across_files() {
+        let view = "apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata: {name: view}\nrules: []\n";
+        let e = Policy::parse(&[(view, "a.yaml"), (view, "b.yaml")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("b.yaml: "), "{e}");
+        assert!(e.contains("a.yaml"), "{e}");
+        assert!(e.contains("defined twice"), "{e}");
+        // Other kinds and namespaces are other names.
+        let role = |ns: &str| {
+            format!(
+                "apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: view, namespace: {ns}}}\n"
+            )
+        };
+        let (r1, r2) = (role("n1"), role("n2"));
+        Policy::parse(&[(view, "a.yaml"), (&r1, "b.yaml"), (&r2, "c.yaml")]).unwrap();
+        let e = Policy::parse(&[(&r1, "b.yaml"), (view, "a.yaml"), (&r1, "c.yaml")])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("c.yaml: ") && e.contains("b.yaml"), "{e}");
     }
 }

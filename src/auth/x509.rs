@@ -107,7 +107,10 @@ impl CertAuthenticator {
     }
 }
 
-/// User = subject CN, groups = subject O entries.
+/// User = subject CN, groups = subject O entries. With several CNs the
+/// last counts: Go's `pkix.Name.FillFromRDNSequence` overwrites CommonName
+/// per attribute, so kube-apiserver sees the last one, and a certificate
+/// must name the same user here. Every O is a group, in order, as there.
 fn subject_user(cert: &CertificateDer<'_>) -> Result<Option<UserInfo>, AuthnError> {
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
         .map_err(|e| AuthnError::InvalidCertificate(e.to_string()))?;
@@ -117,7 +120,7 @@ fn subject_user(cert: &CertificateDer<'_>) -> Result<Option<UserInfo>, AuthnErro
             .map(String::from)
             .map_err(|e| AuthnError::InvalidCertificate(format!("subject: {e}")))
     };
-    let name = match subject.iter_common_name().next() {
+    let name = match subject.iter_common_name().last() {
         Some(cn) => text(cn)?,
         None => return Ok(None),
     };
@@ -246,6 +249,30 @@ mod tests {
             Some(Err(AuthnError::InvalidCertificate(_)))
         ));
         assert!(auth.authenticate(&[]).is_none());
+    }
+
+    /// Two CN attributes (rcgen keeps one per DnType, so the second is
+    /// spelt as a custom type with the CN OID): the user is the last, as
+    /// kube-apiserver sees it; two O attributes are both groups.
+    #[test]
+    fn last_common_name_is_the_user() {
+        let (ca_der, issuer) = ca("test-ca");
+        let auth = CertAuthenticator::from_certs(vec![ca_der], "ca.pem").unwrap();
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, "alice");
+        p.distinguished_name.push(DnType::OrganizationName, "dev");
+        p.distinguished_name
+            .push(DnType::CustomDnType(vec![2, 5, 4, 3]), "system:admin");
+        p.distinguished_name
+            .push(DnType::CustomDnType(vec![2, 5, 4, 10]), "ops");
+        p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, &issuer).unwrap().der().clone();
+        let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).unwrap();
+        assert_eq!(parsed.subject().iter_common_name().count(), 2);
+        let user = auth.authenticate(&[cert]).unwrap().unwrap();
+        assert_eq!(user.name, "system:admin");
+        assert_eq!(user.groups, ["dev", "ops"]);
     }
 
     #[test]

@@ -182,8 +182,10 @@ impl Chain {
         }
     }
 
-    /// Every provider whose prefix the value has is tried in order; the
-    /// first that reads it wins (kube-apiserver's prefixTransformers). The
+    /// Every provider whose prefix the value has is tried in order, going on
+    /// after a failure; the first that reads it wins (kube-apiserver's
+    /// prefixTransformers). Prefixes can overlap (key names `k` and `k:1`,
+    /// or one name twice), so the first match is not necessarily the key. The
     /// flag is staleness: a provider other than the first (the write key)
     /// read it, so a write now would store different bytes.
     fn decrypt(&self, key: &str, value: &Bytes) -> Result<(Bytes, bool), TransformError> {
@@ -227,7 +229,9 @@ fn stored_with(value: &[u8]) -> String {
     if !value.starts_with(ENCRYPTED_PREFIX) {
         return String::new();
     }
-    // k8s:enc:<provider>:v1:<name>: has five ':' before the data.
+    // k8s:enc:<provider>:v1:<name>: has five ':' before the data (a key
+    // name with its own ':' shows up to its first one: the data that follows
+    // cannot tell where a name ends).
     let mut colons = 0;
     let end = value
         .iter()
@@ -621,28 +625,16 @@ fn build_provider(p: &ProviderEntry, at: &str) -> Result<Vec<Arc<Provider>>, (St
         return Err((at, "at least one key is required".into()));
     }
     let mut out = Vec::with_capacity(keys.keys.len());
-    let mut names = std::collections::HashSet::new();
     for (k, key) in keys.keys.iter().enumerate() {
         let at = format!("{at}[{k}]");
+        // kube-apiserver's only rule for a key name (validateKey): any
+        // other name, `:`, spaces and duplicates included, is valid there,
+        // and a config it accepts must start (and read its data) here too.
+        // Reads cope with prefixes that overlap: every match is tried.
         if key.name.is_empty() {
             return Err((
                 format!("{at}.name"),
                 "name is a mandatory field for a key".into(),
-            ));
-        }
-        if key.name.contains(':') || !key.name.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err((
-                format!("{at}.name"),
-                format!(
-                    "invalid key name {:?}: printable ASCII without ':'",
-                    key.name
-                ),
-            ));
-        }
-        if !names.insert(key.name.clone()) {
-            return Err((
-                format!("{at}.name"),
-                format!("duplicate key name {:?}", key.name),
             ));
         }
         if key.secret.is_empty() {

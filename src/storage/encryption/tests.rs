@@ -276,6 +276,91 @@ fn key_not_configured_is_no_matching_provider() {
     assert_eq!(err.reason(), "no_matching_provider");
 }
 
+/// kube-apiserver's only rule for a key name is that it is not empty
+/// (validateKey); the name goes into the prefix as is.
+#[test]
+fn key_names_kube_apiserver_accepts() {
+    let secret = base64::engine::general_purpose::STANDARD.encode([5u8; 32]);
+    let key = "/registry/secrets/ns/x";
+    let t = transformer(&config(&provider("aescbc", "k:1", &secret)));
+    let stored = write(&t, key, b"{\"a\":1}");
+    assert!(stored.starts_with(b"k8s:enc:aescbc:v1:k:1:"));
+    assert_eq!(read(&t, key, &stored).unwrap(), b"{\"a\":1}");
+    // A value kube-apiserver wrote: the aescbc vector under that name (CBC
+    // does not bind the prefix, so only the prefix changes).
+    let cbc = vectors()
+        .into_iter()
+        .find(|v| v.provider == "aescbc")
+        .unwrap();
+    let old_prefix = format!("k8s:enc:aescbc:v1:{}:", cbc.key_name);
+    let body = &cbc.stored()[old_prefix.len()..];
+    let t = transformer(&config(&provider("aescbc", "key:2024-01-01", &cbc.secret)));
+    let stored = [&b"k8s:enc:aescbc:v1:key:2024-01-01:"[..], body].concat();
+    assert_eq!(read(&t, &cbc.etcd_key, &stored).unwrap(), cbc.plaintext());
+    for name in ["my key", "cl\u{e9}"] {
+        let t = transformer(&config(&provider("aesgcm", name, &secret)));
+        let prefix = format!("k8s:enc:aesgcm:v1:{name}:");
+        assert!(
+            write(&t, key, b"{}").starts_with(prefix.as_bytes()),
+            "{name}"
+        );
+    }
+}
+
+/// Overlapping prefixes (`k` and `k:1`) and a name used twice: every
+/// provider whose prefix matches is tried in order, past failures, as
+/// kube-apiserver's prefixTransformers do.
+#[test]
+fn every_matching_prefix_is_tried() {
+    let a = base64::engine::general_purpose::STANDARD.encode([5u8; 32]);
+    let b = base64::engine::general_purpose::STANDARD.encode([6u8; 32]);
+    let key = "/registry/secrets/ns/x";
+    let by_k1 = write(
+        &transformer(&config(&provider("aesgcm", "k:1", &b))),
+        key,
+        b"one",
+    );
+    let t = transformer(&config(&format!(
+        "{}{}",
+        provider("aesgcm", "k", &a),
+        provider("aesgcm", "k:1", &b)
+    )));
+    assert_eq!(read(&t, key, &by_k1).unwrap(), b"one");
+    assert!(stale(&t, key, &by_k1));
+    // The same name in two provider entries, and twice in one key list.
+    let dup = transformer(&config(&format!(
+        "{}{}",
+        provider("aesgcm", "dup", &a),
+        provider("aesgcm", "dup", &b)
+    )));
+    let dup_keys = transformer(&config(&format!(
+        "      - aesgcm:\n          keys:\n            - {{name: dup, secret: {a}}}\n            - {{name: dup, secret: {b}}}\n"
+    )));
+    let by_second = write(
+        &transformer(&config(&provider("aesgcm", "dup", &b))),
+        key,
+        b"two",
+    );
+    for t in [&dup, &dup_keys] {
+        assert_eq!(read(t, key, &by_second).unwrap(), b"two");
+        assert!(stale(t, key, &by_second));
+        let by_first = write(t, key, b"three");
+        assert_eq!(read(t, key, &by_first).unwrap(), b"three");
+        assert!(!stale(t, key, &by_first));
+    }
+    // Neither key: the failure of a matching key is reported.
+    let other = base64::engine::general_purpose::STANDARD.encode([7u8; 32]);
+    let by_other = write(
+        &transformer(&config(&provider("aesgcm", "dup", &other))),
+        key,
+        b"four",
+    );
+    assert_eq!(
+        read(&dup, key, &by_other).unwrap_err().reason(),
+        "decrypt_failed"
+    );
+}
+
 #[test]
 fn identity_reads_plain_and_writes_plain() {
     let v = &vectors()[0];
