@@ -127,6 +127,14 @@ enum Step {
     CatchUpExpired,
 }
 
+/// A creation etcd has not answered yet.
+struct AwaitingCreated {
+    id: i64,
+    /// `next_id` before an auto-assigned `id`: etcd refusing the creation
+    /// gives it back, as etcd assigns an id only to a watch it creates.
+    prev_next_id: Option<i64>,
+}
+
 /// A progress request not answered yet.
 struct PendingProgress {
     /// Forwarded watches exist: etcd was asked too; its revision once answered.
@@ -173,7 +181,12 @@ struct ClientStream {
     /// A creation forwarded to etcd and not answered yet: later requests
     /// wait, so `created` answers keep the order of the requests (clients
     /// such as clientv3 match them in order).
-    awaiting_created: Option<i64>,
+    awaiting_created: Option<AwaitingCreated>,
+    /// The forwarded watch whose fragmented response is partly queued:
+    /// until its last fragment nothing else is queued, as clientv3 drops a
+    /// response for another watch while it assembles one, and discards the
+    /// fragments it has on a `created` or `canceled`.
+    open_fragment: Option<i64>,
     /// The highest event revision sent on this stream: a progress answer
     /// never goes back behind it.
     max_sent: i64,
@@ -206,6 +219,7 @@ impl ClientStream {
             next_id: 0,
             progress: None,
             awaiting_created: None,
+            open_fragment: None,
             max_sent: 0,
         }
     }
@@ -223,7 +237,13 @@ impl ClientStream {
         // until it goes away.
         let mut requests_open = true;
         loop {
-            if self.pending.is_empty()
+            // Mid-fragment nothing else is queued (see `open_fragment`):
+            // cached events stay in the ring, requests unread, progress
+            // pending; etcd's fragments are still taken while there is
+            // room, and the client's reading makes room.
+            let held = self.open_fragment.is_some();
+            if !held
+                && self.pending.is_empty()
                 && !self.next_events()
                 && let Some(again) = self.answer_progress()
                 && let Err(status) = self.send_upstream(again).await
@@ -252,7 +272,7 @@ impl ClientStream {
                     }
                     Err(_) => Step::End, // the client is gone
                 },
-                req = requests.next(), if room && requests_open && self.awaiting_created.is_none() => match req {
+                req = requests.next(), if room && !held && requests_open && self.awaiting_created.is_none() => match req {
                     Some(Ok(r)) => Step::Request(r),
                     None => Step::RequestsEnded,
                     Some(Err(_)) => Step::End, // the client broke the stream
@@ -285,7 +305,17 @@ impl ClientStream {
                     let _ = self.out.send(Err(status)).await;
                     return;
                 }
-                Step::Upstream(None) => self.upstream = None,
+                Step::Upstream(None) => {
+                    self.upstream = None;
+                    if held {
+                        // The rest of the response never comes: the client
+                        // cannot complete it, and resumes after an error.
+                        let status = Status::unavailable("etcd's watch stream ended mid-fragment");
+                        let _ = self.out.send(Err(status)).await;
+                        return;
+                    }
+                }
+                Step::Tick if held => {} // due again at the next tick
                 Step::Tick => self.progress_notify(),
                 Step::CatchUpExpired => {
                     if let Some(p) = &mut self.progress {
@@ -309,6 +339,16 @@ impl ClientStream {
     async fn handle(&mut self, req: PbWatchRequest) -> Result<(), Status> {
         match req.request_union {
             Some(PbWatchRequestUnion::CreateRequest(mut c)) => {
+                if c.key.is_empty() {
+                    c.key = vec![0]; // etcd: the smallest key
+                }
+                // Checked before an id is assigned, as etcd's
+                // `watchStream.Watch` does: a refused creation uses none.
+                if !matches!(c.range_end.as_slice(), [] | [0]) && c.key >= c.range_end {
+                    self.failed_create("mvcc: watcher range is empty");
+                    return Ok(());
+                }
+                let mut prev_next_id = None;
                 let id = if c.watch_id != 0 {
                     if self.id_in_use(c.watch_id) {
                         self.failed_create("mvcc: duplicate watch ID provided on the WatchStream");
@@ -316,19 +356,13 @@ impl ClientStream {
                     }
                     c.watch_id
                 } else {
+                    prev_next_id = Some(self.next_id);
                     while self.id_in_use(self.next_id) {
                         self.next_id += 1;
                     }
                     self.next_id += 1;
                     self.next_id - 1
                 };
-                if c.key.is_empty() {
-                    c.key = vec![0]; // etcd: the smallest key
-                }
-                if !matches!(c.range_end.as_slice(), [] | [0]) && c.key >= c.range_end {
-                    self.failed_create("mvcc: watcher range is empty");
-                    return Ok(());
-                }
                 let mut spec = CreateSpec {
                     key: c.key.clone(),
                     range_end: c.range_end.clone(),
@@ -393,7 +427,7 @@ impl ClientStream {
                 // etcd serves it: same request, our id.
                 c.watch_id = id;
                 self.forwarded.insert(id, cacheable.then_some(spec));
-                self.awaiting_created = Some(id);
+                self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
                 count_watch(&self.front, "etcd", 1);
                 self.send_upstream(PbWatchRequest {
                     request_union: Some(PbWatchRequestUnion::CreateRequest(c)),
@@ -428,6 +462,11 @@ impl ClientStream {
                 }
             }
             Some(PbWatchRequestUnion::ProgressRequest(p)) => {
+                // etcd's `progressIfSync` over no watchers sends nothing.
+                let canceled_all = self.forwarded.keys().all(|id| self.canceling.contains(id));
+                if self.watches.is_empty() && canceled_all {
+                    return Ok(());
+                }
                 let request = PbWatchRequest {
                     request_union: Some(PbWatchRequestUnion::ProgressRequest(p)),
                 };
@@ -643,13 +682,16 @@ impl ClientStream {
             }
         }
         if resp.created
-            && let Some(id) = self.awaiting_created.take()
+            && let Some(AwaitingCreated { id, prev_next_id }) = self.awaiting_created.take()
             && resp.watch_id != id
         {
             // etcd refused it (id -1) or chose another id (our 0 = "auto").
             let spec = self.forwarded.remove(&id).flatten();
             if resp.canceled {
                 count_watch(&self.front, "etcd", -1);
+                if let Some(n) = prev_next_id {
+                    self.next_id = n;
+                }
             } else {
                 self.forwarded.insert(resp.watch_id, spec);
             }
@@ -658,6 +700,11 @@ impl ClientStream {
             count_watch(&self.front, "etcd", -1);
         }
         let handover = self.handover_point(&resp);
+        if resp.fragment {
+            self.open_fragment = Some(resp.watch_id);
+        } else if self.open_fragment == Some(resp.watch_id) {
+            self.open_fragment = None; // its last fragment
+        }
         self.pending.push_back(resp);
         let (id, from) = handover?;
         self.hand_over(id, from)
@@ -735,7 +782,8 @@ impl ClientStream {
                             watch_id: w.id,
                             canceled: true,
                             compact_revision,
-                            cancel_reason: "mvcc: required revision has been compacted".to_string(),
+                            // etcd's compaction cancel has no reason, only
+                            // `compact_revision` (clientv3 reads that).
                             ..Default::default()
                         };
                         self.pending.push_back(resp);
@@ -1409,5 +1457,219 @@ mod tests {
             .map(|r| (r.watch_id, r.header.as_ref().map_or(0, |h| h.revision)))
             .collect();
         assert_eq!(got, vec![(5, 16)]);
+    }
+
+    /// A creation of `key` from `start_revision`, ids auto-assigned.
+    fn create_from(key: &str, range_end: &str, start_revision: i64) -> PbWatchRequest {
+        let mut c = PbWatchRequestUnion::CreateRequest(Default::default());
+        if let PbWatchRequestUnion::CreateRequest(r) = &mut c {
+            r.key = key.as_bytes().to_vec();
+            r.range_end = range_end.as_bytes().to_vec();
+            r.start_revision = start_revision;
+        }
+        request(c)
+    }
+
+    /// Fragment `n` of etcd's response for watch 5 at revision 20.
+    fn fragment(n: usize, last: bool) -> PbWatchResponse {
+        PbWatchResponse {
+            fragment: !last,
+            ..event_answer(5, &format!("/x/{n}"), 20)
+        }
+    }
+
+    /// Lets the spawned stream take all it will (the clock is paused).
+    async fn settle() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    async fn next_out(
+        out: &mut mpsc::Receiver<Result<PbWatchResponse, Status>>,
+    ) -> PbWatchResponse {
+        tokio::time::timeout(Duration::from_secs(3600), out.recv())
+            .await
+            .expect("an answer")
+            .expect("stream open")
+            .expect("ok")
+    }
+
+    /// clientv3 drops a response for another watch (or its partial
+    /// fragments, on a `canceled`) while assembling a fragmented one: a
+    /// cached event and a `canceled` that become due between etcd's
+    /// fragments wait for the last one.
+    #[tokio::test(start_paused = true)]
+    async fn a_fragmented_upstream_response_reaches_the_client_whole() {
+        let mut h = harness(8, Duration::from_secs(1_000_000)).await;
+        for (id, key) in [(1, "/c/a"), (3, "/c/z")] {
+            let w = h.stream.place(id, spec(key, 11)).expect("cached watch");
+            h.stream.watches.push(w);
+        }
+        h.stream.forwarded.insert(5, None);
+        let (client, requests) = mpsc::channel(8);
+        tokio::spawn(h.stream.run(ReceiverStream::new(requests).map(Ok)));
+        h.from_etcd
+            .send(Ok(fragment(0, false)))
+            .await
+            .expect("runs");
+        settle().await;
+        h.cache.apply(vec![put("/c/a", b"1".to_vec(), 11)], 11);
+        settle().await;
+        client.send(cancel(3)).await.expect("runs");
+        settle().await;
+        h.from_etcd
+            .send(Ok(fragment(1, false)))
+            .await
+            .expect("runs");
+        settle().await;
+        h.from_etcd.send(Ok(fragment(2, true))).await.expect("runs");
+        let mut got = Vec::new();
+        for _ in 0..5 {
+            let r = next_out(&mut h.out).await;
+            got.push((r.watch_id, r.fragment, r.canceled, r.events.len()));
+        }
+        assert_eq!(
+            got[..3],
+            [
+                (5, true, false, 1),
+                (5, true, false, 1),
+                (5, false, false, 1)
+            ],
+            "the fragments back to back: {got:?}"
+        );
+        got[3..].sort();
+        assert_eq!(got[3..], [(1, false, false, 1), (3, false, true, 0)]);
+    }
+
+    /// A fragmented response etcd never finishes holds nothing back forever:
+    /// the client gets an error (and resumes its watches).
+    #[tokio::test(start_paused = true)]
+    async fn etcds_stream_ending_mid_fragment_ends_the_client_stream() {
+        let Harness {
+            mut stream,
+            cache,
+            mut out,
+            to_etcd: _to_etcd,
+            from_etcd,
+        } = harness(8, Duration::from_secs(1_000_000)).await;
+        let w = stream.place(1, spec("/c/a", 11)).expect("cached watch");
+        stream.watches.push(w);
+        stream.forwarded.insert(5, None);
+        let (_client, requests) = mpsc::channel::<PbWatchRequest>(1);
+        tokio::spawn(stream.run(ReceiverStream::new(requests).map(Ok)));
+        from_etcd.send(Ok(fragment(0, false))).await.expect("runs");
+        settle().await;
+        drop(from_etcd);
+        cache.apply(vec![put("/c/a", b"1".to_vec(), 11)], 11);
+        assert!(next_out(&mut out).await.fragment);
+        let end = tokio::time::timeout(Duration::from_secs(3600), out.recv())
+            .await
+            .expect("not held forever")
+            .expect("stream open");
+        assert!(end.is_err(), "an error, not the cached event: {end:?}");
+    }
+
+    /// etcd's compaction cancel (`syncWatchers` -> `sendLoop`) carries
+    /// `compact_revision` and no `cancel_reason`.
+    #[tokio::test]
+    async fn a_watch_the_ring_overran_is_canceled_as_etcd_cancels_it() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        let w = s.place(1, spec("/c/a", 11)).expect("cached watch");
+        s.watches.push(w);
+        let events = (11..=210)
+            .map(|rev| put("/c/a", b"v".to_vec(), rev))
+            .collect();
+        h.cache.apply(events, 210);
+        assert!(s.next_events());
+        let got: Vec<(i64, bool, i64, &str)> = s
+            .pending
+            .iter()
+            .map(|r| {
+                (
+                    r.watch_id,
+                    r.canceled,
+                    r.compact_revision,
+                    r.cancel_reason.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(got, vec![(1, true, 111, "")]);
+    }
+
+    /// etcd's `progressIfSync` over no watchers sends nothing; a watch the
+    /// client canceled does not count.
+    #[tokio::test]
+    async fn a_progress_request_without_watches_is_not_answered() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.handle(progress_request()).await.expect("handled");
+        s.forwarded.insert(5, None);
+        s.canceling.insert(5);
+        s.handle(progress_request()).await.expect("handled");
+        assert!(!s.next_events());
+        assert!(s.answer_progress().is_none());
+        assert!(s.pending.is_empty(), "no answer");
+        assert!(s.progress.is_none());
+        assert!(h.to_etcd.try_recv().is_err(), "etcd is not asked");
+    }
+
+    /// The id of the creation the stream sent etcd last.
+    fn sent_create_id(to_etcd: &mut mpsc::Receiver<PbWatchRequest>) -> Option<i64> {
+        match to_etcd.try_recv().ok()?.request_union? {
+            PbWatchRequestUnion::CreateRequest(c) => Some(c.watch_id),
+            _ => None,
+        }
+    }
+
+    /// etcd checks the range before it assigns an id: a refused creation
+    /// does not use one up.
+    #[tokio::test]
+    async fn an_empty_range_uses_up_no_watch_id() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.handle(create_from("/x/b", "/x/a", 0))
+            .await
+            .expect("handled");
+        let got: Vec<(i64, bool, bool)> = s
+            .pending
+            .iter()
+            .map(|r| (r.watch_id, r.created, r.canceled))
+            .collect();
+        assert_eq!(got, vec![(-1, true, true)]);
+        s.handle(create_from("/x/a", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(0));
+        assert_eq!(s.awaiting_created.as_ref().map(|a| a.id), Some(0));
+    }
+
+    /// A forwarded creation etcd refuses (its auth, say) gives its
+    /// auto-assigned id back.
+    #[tokio::test]
+    async fn a_creation_etcd_refuses_uses_up_no_watch_id() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.handle(create_from("/x/a", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(0));
+        let created = PbWatchResponse {
+            watch_id: 0,
+            created: true,
+            ..Default::default()
+        };
+        assert!(s.on_upstream(created).is_none());
+        s.handle(create_from("/x/b", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(1));
+        let refused = PbWatchResponse {
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: "etcdserver: permission denied".to_string(),
+            ..Default::default()
+        };
+        assert!(s.on_upstream(refused).is_none());
+        s.handle(create_from("/x/c", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(1), "1 again");
+        assert_eq!(
+            s.forwarded.keys().copied().collect::<HashSet<_>>(),
+            HashSet::from([0, 1])
+        );
     }
 }
