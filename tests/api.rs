@@ -176,6 +176,66 @@ async fn http2_prior_knowledge() {
 // ---------------------------------------------------------------------------
 // CRUD
 
+/// A PUT at a resourceVersion that changes nothing is still a compare-and-
+/// swap: when the cached object says that version is current but etcd has
+/// moved on, the answer is 409, as kube-apiserver's GuaranteedUpdate
+/// re-reads before trusting a no-op on a cached object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_no_op_update_on_a_stale_cache_is_a_conflict() {
+    let ts = TestServer::start("noopstale", |_| {}).await;
+    let path = format!("{PODS}/stale");
+    let (c, v1) = ts.post_json(PODS, &pod("ns1", "stale")).await;
+    assert_eq!(c, 201, "{v1}");
+    let rv1 = rv_of(&v1);
+    let (c, v2) = ts
+        .patch_json(
+            &path,
+            "application/merge-patch+json",
+            &json!({"metadata": {"labels": {"moved": "on"}}}),
+        )
+        .await;
+    assert_eq!(c, 200, "{v2}");
+    let rv2 = rv_of(&v2);
+    // The cache learns of the patch, then is made to hold the first
+    // version again (as a cache behind etcd would).
+    let pods = ts
+        .cachers
+        .iter()
+        .find(|c| c.resource().plural == "pods")
+        .expect("pods cacher");
+    let cache = pods.watch_cache();
+    assert!(
+        common::eventually(Duration::from_secs(20), || async {
+            cache.resource_version() >= rv2
+        })
+        .await
+    );
+    let key = pods.codec().key(Some("ns1"), "stale");
+    let mut etcd = ts.etcd.clone();
+    let old = etcd
+        .get(
+            key.as_str(),
+            Some(etcd_client::GetOptions::new().with_revision(rv1)),
+        )
+        .await
+        .expect("etcd get at rv1");
+    let kv = &old.kvs()[0];
+    let object = pods
+        .codec()
+        .decode(&key, kv.value(), kv.mod_revision(), kv.create_revision())
+        .expect("decode");
+    cache.inject_inconsistency(&key, Some(std::sync::Arc::new(object)));
+
+    let before = ts.etcd_dump().await;
+    let (c, v) = ts.put_json(&path, &v1).await;
+    assert_status(c, &v, 409, "Conflict");
+    assert_eq!(ts.etcd_dump().await, before);
+    // A real no-op at the current version is still a 200 without a write.
+    let (c, v) = ts.put_json(&path, &v2).await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(rv_of(&v), rv2);
+}
+
 /// Patches whose cost grows faster than their size: a JSON patch of
 /// copies of copies (refused, as kube-apiserver refuses it, before it can
 /// grow the object past memory), too many operations (413), and a strategic

@@ -473,13 +473,16 @@ pub(crate) async fn update(
             // CAS on the given resourceVersion. The current object (for uid
             // and creationTimestamp) comes from the cache when it is at
             // exactly that revision, else from etcd.
-            let current = match suggestion(target, &key).await {
-                Some(s) if s.mod_revision == rv => s,
-                _ => state
-                    .storage
-                    .get(&key, 0)
-                    .await
-                    .map_err(|e| storage_status(e, &what))?,
+            let (current, from_cache) = match suggestion(target, &key).await {
+                Some(s) if s.mod_revision == rv => (s, true),
+                _ => (
+                    state
+                        .storage
+                        .get(&key, 0)
+                        .await
+                        .map_err(|e| storage_status(e, &what))?,
+                    false,
+                ),
             };
             if current.mod_revision != rv {
                 return Err(storage_status(
@@ -494,6 +497,23 @@ pub(crate) async fn update(
             carry_system_fields(&mut obj, &parse_stored(&current)?)?;
             let value = to_bytes(res, &obj)?;
             if value == current.value {
+                // Nothing to write, so no compare-and-swap proves `rv` is
+                // still current: a cached object may be behind etcd. As
+                // kube-apiserver's GuaranteedUpdate does for a no-op on a
+                // cached suggestion, etcd is asked before answering.
+                if from_cache {
+                    let fresh = state
+                        .storage
+                        .get(&key, 0)
+                        .await
+                        .map_err(|e| storage_status(e, &what))?;
+                    if fresh.mod_revision != rv {
+                        return Err(storage_status(
+                            StorageError::conflict(&key, MODIFIED),
+                            &what,
+                        ));
+                    }
+                }
                 current
             } else {
                 state

@@ -22,6 +22,8 @@ pub struct TestServer {
     pub endpoint: String,
     pub http: reqwest::Client,
     pub etcd: etcd_client::Client,
+    /// The server's cachers, one per resource (test hooks).
+    pub cachers: Vec<std::sync::Arc<watchcache::cacher::Cacher>>,
     shutdown: Option<oneshot::Sender<()>>,
     handle: Option<JoinHandle<()>>,
 }
@@ -82,6 +84,7 @@ impl TestServer {
                 .build()
                 .expect("http client"),
             etcd,
+            cachers: cachers.clone(),
             shutdown: Some(tx),
             handle: Some(handle),
         };
