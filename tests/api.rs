@@ -1326,6 +1326,56 @@ async fn watch_streams_events() {
     );
 }
 
+/// A watch with sendInitialEvents=true and no resourceVersion ends its
+/// initial events with a bookmark that tells the client it has a consistent
+/// list: when the cache is behind etcd and does not catch up in time (here:
+/// no wait allowed at all), the answer is 504, never initial events of a
+/// stale state with an end bookmark below etcd's revision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn initial_events_never_end_below_etcds_revision() {
+    let ts = TestServer::start("initialstale", |c| c.server.consistent_read_timeout_ms = 0).await;
+    let (c, _) = ts.post_json(PODS, &pod("ns1", "a")).await;
+    assert_eq!(c, 201);
+    let path = format!(
+        "{PODS}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan"
+    );
+    for _ in 0..5 {
+        // etcd moves on outside this resource: the idle cache is behind.
+        let mut etcd = ts.etcd.clone();
+        let put = etcd
+            .put(format!("{}/elsewhere", ts.prefix), "x", None)
+            .await
+            .expect("put");
+        let etcd_rev = put.header().map(|h| h.revision()).expect("header");
+        let r = ts
+            .http
+            .get(ts.url(&path))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await
+            .expect("watch");
+        if r.status() == 504 {
+            let v: Value = r.json().await.expect("Status");
+            assert_status(504, &v, 504, "Timeout");
+            continue;
+        }
+        // Caught up in time after all (a progress notification landed):
+        // then the end bookmark is at etcd's revision or later.
+        assert_eq!(r.status(), 200);
+        let mut w = WatchStream {
+            resp: Some(r),
+            buf: Vec::new(),
+        };
+        loop {
+            let ev = w.next(Duration::from_secs(10)).await.expect("an event");
+            if ev["type"] == "BOOKMARK" {
+                assert!(rv_of(&ev["object"]) >= etcd_rev, "{ev}");
+                break;
+            }
+        }
+    }
+}
+
 /// A watch holds no timer of its own: the streams' sweeper wakes it for its
 /// periodic bookmarks and at its `timeoutSeconds`, where the watcher ends
 /// itself with a last bookmark (the sweeper's backstop, 2 s later, ends a

@@ -183,6 +183,25 @@ impl Cacher {
         })
     }
 
+    /// The wait of a watch whose initial events end with a bookmark
+    /// (`sendInitialEvents=true`): that bookmark tells the client it has a
+    /// consistent list, so unlike [`Cacher::wait_for_plan`] a cache that
+    /// does not catch up with etcd in time is an error (504), as in
+    /// kube-apiserver, never a stale state marked complete.
+    pub(super) async fn wait_for_initial(&self, read: &ReadPlan) -> Result<(), CacherError> {
+        if let ReadPlan::MostRecent = read {
+            let rev = self.storage.fresh_revision().await?;
+            if !self.wait_for_rv(rev).await {
+                return Err(CacherError::TooLargeResourceVersion {
+                    requested: rev,
+                    current: self.cache.resource_version(),
+                });
+            }
+            return Ok(());
+        }
+        self.wait_for_plan(read).await
+    }
+
     /// The wait a watch's starting point needs: consistent (bounded, then
     /// start from what the cache has), any, or not older than N (504).
     pub(super) async fn wait_for_plan(&self, read: &ReadPlan) -> Result<(), CacherError> {

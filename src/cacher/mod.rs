@@ -550,7 +550,11 @@ impl Cacher {
         );
         let start = match plan {
             WatchPlan::Initial { read, end_bookmark } => {
-                self.wait_for_plan(&read).await?;
+                if end_bookmark {
+                    self.wait_for_initial(&read).await?;
+                } else {
+                    self.wait_for_plan(&read).await?;
+                }
                 watch_cache::WatchStart::Initial { end_bookmark }
             }
             WatchPlan::FromNow { read } => {
