@@ -255,24 +255,42 @@ impl Reflector {
                     last_msg = Instant::now();
                     progress_requested = None;
                     backoff.reset();
-                    match item {
-                        WatchItem::Progress { revision } => {
-                            if revision > *last_rv {
-                                self.cache.advance(revision);
-                                *last_rv = revision;
-                            }
-                        }
-                        WatchItem::Events { events, revision } => {
-                            let changes = self.changes(events);
-                            if revision > *last_rv {
-                                self.cache.apply(changes, revision, false);
-                                *last_rv = revision;
-                            }
-                        }
+                    if let Some(end) = self.take(item, last_rv) {
+                        return end;
                     }
                 }
             }
         }
+    }
+
+    /// Applies one watch item to the cache; `Some` ends the stream.
+    fn take(&mut self, item: WatchItem, last_rv: &mut i64) -> Option<StreamEnd> {
+        match item {
+            WatchItem::Progress { revision } => {
+                if revision > *last_rv {
+                    self.cache.advance(revision);
+                    *last_rv = revision;
+                }
+            }
+            WatchItem::Events { events, revision } => {
+                if revision <= *last_rv {
+                    // Events at or below what the cache already claims to
+                    // hold: an etcd whose progress answer overtook them
+                    // (etcd before 3.5.13, etcd#17507). Dropping them would
+                    // leave the cache wrong; relisting repairs it.
+                    warn!(
+                        revision,
+                        last_rv = *last_rv,
+                        "watch events older than the cache's revision; relisting"
+                    );
+                    return Some(StreamEnd::Relist);
+                }
+                let changes = self.changes(events);
+                self.cache.apply(changes, revision, false);
+                *last_rv = revision;
+            }
+        }
+        None
     }
 
     /// Turns watch events into cache changes, decoding each value once.
@@ -317,5 +335,69 @@ impl Reflector {
             }
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::EtcdConfig;
+
+    fn put(codec: &ObjectCodec, name: &str, rev: i64) -> WatchEvent {
+        WatchEvent::Put {
+            key: codec.key(Some("ns"), name),
+            value: bytes::Bytes::from(format!(
+                r#"{{"metadata":{{"name":"{name}","namespace":"ns"}}}}"#
+            )),
+            mod_revision: rev,
+            create_revision: rev,
+        }
+    }
+
+    /// Events older than a progress answer (etcd before 3.5.13 could send
+    /// them so) end the stream for a relist; they are never dropped while
+    /// the cache claims their revision.
+    #[tokio::test]
+    async fn events_behind_the_cache_end_the_stream_for_a_relist() {
+        let r = crate::object::tests::resource(true, &[]);
+        let codec = Arc::new(ObjectCodec::new(&r, "/registry"));
+        let cache = Arc::new(WatchCache::new(Arc::clone(&codec), "pods".into(), 100));
+        cache.init(Vec::new(), 10);
+        // Never dialled: the client is lazy.
+        let storage = Storage::connect(&EtcdConfig {
+            endpoints: vec!["http://127.0.0.1:1".to_string()],
+            ..EtcdConfig::default()
+        })
+        .await
+        .expect("lazy etcd client");
+        let mut reflector = Reflector::new(
+            Arc::clone(&cache),
+            Arc::clone(&codec),
+            storage,
+            CacherOptions::default(),
+            Arc::new(Notify::new()),
+            Arc::new(Notify::new()),
+            CancellationToken::new(),
+        );
+        let mut last_rv = 10;
+        let events = |name, rev| WatchItem::Events {
+            events: vec![put(&codec, name, rev)],
+            revision: rev,
+        };
+        assert!(reflector.take(events("a", 11), &mut last_rv).is_none());
+        assert!(
+            reflector
+                .take(WatchItem::Progress { revision: 20 }, &mut last_rv)
+                .is_none()
+        );
+        assert_eq!(cache.resource_version(), 20);
+        assert!(matches!(
+            reflector.take(events("b", 19), &mut last_rv),
+            Some(StreamEnd::Relist)
+        ));
+        assert_eq!(last_rv, 20);
+        assert!(reflector.take(events("c", 21), &mut last_rv).is_none());
+        assert_eq!((cache.resource_version(), last_rv), (21, 21));
+        assert_eq!(cache.current().len(), 2, "a and c");
     }
 }
