@@ -316,6 +316,7 @@ async fn probe_etcd(state: Arc<State>) {
         if state.etcd_reachable.swap(ok, Ordering::Relaxed) != ok {
             if ok {
                 info!("etcd reachable");
+                check_etcd_version(&state.storage).await;
             } else {
                 warn!("etcd unreachable");
             }
@@ -324,6 +325,25 @@ async fn probe_etcd(state: Arc<State>) {
             _ = state.shutdown.cancelled() => return,
             _ = tokio::time::sleep(ETCD_PROBE_INTERVAL) => {}
         }
+    }
+}
+
+/// Warns when etcd is older than the versions this daemon needs (DESIGN.md
+/// section 8): before 3.5.13 a progress answer can overtake events, and
+/// the reflector then relists each time it notices.
+async fn check_etcd_version(storage: &Storage) {
+    let Ok(Ok(version)) =
+        tokio::time::timeout(Duration::from_secs(2), storage.etcd_version()).await
+    else {
+        return;
+    };
+    match crate::storage::progress_requests_are_safe(&version) {
+        Some(true) => debug!(%version, "etcd version"),
+        Some(false) => warn!(
+            %version,
+            "etcd is older than 3.5.13 (3.4.31 on 3.4): its watch progress answers can overtake events (etcd#17507); the caches relist when that happens. Upgrade etcd"
+        ),
+        None => warn!(%version, "etcd's version cannot be read"),
     }
 }
 

@@ -618,6 +618,14 @@ impl Storage {
         header_revision(resp.header())
     }
 
+    /// The version of the etcd member this client reaches (Maintenance
+    /// `Status`), e.g. `3.5.16`.
+    pub async fn etcd_version(&self) -> Result<String, StorageError> {
+        let mut m = self.client.maintenance_client();
+        let resp = self.call("status", 0, m.status()).await?;
+        Ok(resp.version().to_string())
+    }
+
     /// etcd's current revision, read by a request that started after this
     /// call began; concurrent callers (of every resource) share one read.
     /// This is what consistent reads from the cache wait for.
@@ -1106,9 +1114,48 @@ impl Storage {
     }
 }
 
+/// Whether etcd `version` answers watch progress requests only once every
+/// event before them was sent (etcd#15220, etcd#17507: fixed in 3.4.31 and
+/// 3.5.13, the versions kube-apiserver's feature checker requires for
+/// consistent reads from its cache). `None`: not a version this can read.
+pub fn progress_requests_are_safe(version: &str) -> Option<bool> {
+    let mut parts = version
+        .trim()
+        .trim_start_matches('v')
+        .split(['.', '-', '+']);
+    let mut next = || parts.next()?.parse::<u64>().ok();
+    let (major, minor, patch) = (next()?, next()?, next()?);
+    Some(match (major, minor) {
+        (3, 4) => patch >= 31,
+        (3, 5) => patch >= 13,
+        (3, m) => m > 5,
+        (m, _) => m > 3,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn progress_requests_are_safe_from_3_5_13_and_3_4_31() {
+        for (v, want) in [
+            ("3.5.13", Some(true)),
+            ("3.5.16", Some(true)),
+            ("v3.6.0", Some(true)),
+            ("4.0.0-alpha.0", Some(true)),
+            ("3.4.31", Some(true)),
+            ("3.5.12", Some(false)),
+            ("3.5.0", Some(false)),
+            ("3.4.30", Some(false)),
+            ("3.3.27", Some(false)),
+            ("", None),
+            ("3.5", None),
+            ("x.y.z", None),
+        ] {
+            assert_eq!(progress_requests_are_safe(v), want, "{v:?}");
+        }
+    }
 
     #[test]
     fn range_end() {
