@@ -236,6 +236,66 @@ async fn a_no_op_update_on_a_stale_cache_is_a_conflict() {
     assert_eq!(rv_of(&v), rv2);
 }
 
+/// Many concurrent consistent reads while etcd moves on elsewhere ask etcd
+/// for progress at most once per 100 ms (kube-apiserver's progress
+/// requester), not once per read: an upper bound that holds however slow
+/// the machine is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistent_reads_share_progress_requests() {
+    let ts = std::sync::Arc::new(TestServer::start("progressrate", |_| {}).await);
+    let pods = ts
+        .cachers
+        .iter()
+        .find(|c| c.resource().plural == "pods")
+        .expect("pods cacher");
+    let count = || {
+        pods.stats()
+            .progress_requests
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = count();
+    let started = std::time::Instant::now();
+    let run_for = Duration::from_secs(2);
+    let mut tasks = Vec::new();
+    // etcd's revision moves outside this resource, so each read finds the
+    // cache behind it.
+    let mut etcd = ts.etcd.clone();
+    let key = format!("{}/elsewhere", ts.prefix);
+    tasks.push(tokio::spawn(async move {
+        while started.elapsed() < run_for {
+            let _ = etcd.put(key.as_str(), "x", None).await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        0usize
+    }));
+    for _ in 0..32 {
+        let ts = std::sync::Arc::clone(&ts);
+        tasks.push(tokio::spawn(async move {
+            let mut reads = 0usize;
+            while started.elapsed() < run_for {
+                let (c, _) = ts.get_json(PODS).await;
+                assert_eq!(c, 200);
+                reads += 1;
+            }
+            reads
+        }));
+    }
+    let mut reads = 0;
+    for t in tasks {
+        reads += t.await.expect("task");
+    }
+    let elapsed = started.elapsed();
+    let sent = count() - before;
+    // One per 100 ms, plus the idle detector's and the one a read after
+    // the loop's end may have scheduled.
+    let bound = (elapsed.as_millis() / 100) as u64 + 3;
+    assert!(reads > 100, "{reads} reads");
+    assert!(
+        sent <= bound,
+        "{sent} progress requests for {reads} reads in {elapsed:?} (bound {bound})"
+    );
+}
+
 /// Patches whose cost grows faster than their size: a JSON patch of
 /// copies of copies (refused, as kube-apiserver refuses it, before it can
 /// grow the object past memory), too many operations (413), and a strategic

@@ -26,6 +26,11 @@ const BACKOFF_START: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 
 /// Why a watch stream ended.
+/// The least time between two progress requests for readers (kube-apiserver's
+/// `progressRequestPeriod`): under load nearly every consistent read finds
+/// the cache a little behind etcd and asks.
+const PROGRESS_REQUEST_PERIOD: Duration = Duration::from_millis(100);
+
 enum StreamEnd {
     Shutdown,
     /// etcd compacted past our RV: relist.
@@ -218,19 +223,38 @@ impl Reflector {
         info!(from = *last_rv + 1, "watching");
         let mut last_msg = Instant::now();
         let mut progress_requested: Option<Instant> = None;
+        // When the last progress request went out, and when a reader's is
+        // due: readers ask at most once per PROGRESS_REQUEST_PERIOD (as
+        // kube-apiserver's progress requester), however many there are.
+        let mut progress_sent: Option<Instant> = None;
+        let mut progress_due: Option<Instant> = None;
         loop {
             let idle_at = match progress_requested {
                 None => last_msg + self.opts.progress_interval,
                 Some(t) => t + self.opts.idle_timeout,
             };
+            let due = async {
+                match progress_due {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = self.shutdown.cancelled() => return StreamEnd::Shutdown,
                 _ = self.relist.notified() => return StreamEnd::Relist,
-                _ = self.progress.notified() => {
+                _ = self.progress.notified(), if progress_due.is_none() => {
+                    let now = Instant::now();
+                    progress_due = Some(progress_sent.map_or(now, |t| (t + PROGRESS_REQUEST_PERIOD).max(now)));
+                }
+                _ = due => {
+                    progress_due = None;
                     if let Err(e) = watch.request_progress().await {
                         return StreamEnd::Error(format!("progress request: {e}"));
                     }
-                    progress_requested.get_or_insert_with(Instant::now);
+                    self.cache.stats().progress_request();
+                    let now = Instant::now();
+                    progress_sent = Some(now);
+                    progress_requested.get_or_insert(now);
                 }
                 _ = tokio::time::sleep_until(idle_at) => {
                     if progress_requested.is_some() {
@@ -242,7 +266,10 @@ impl Reflector {
                     if let Err(e) = watch.request_progress().await {
                         return StreamEnd::Error(format!("progress request: {e}"));
                     }
-                    progress_requested = Some(Instant::now());
+                    self.cache.stats().progress_request();
+                    let now = Instant::now();
+                    progress_sent = Some(now);
+                    progress_requested = Some(now);
                 }
                 item = watch.next() => {
                     let item = match item {

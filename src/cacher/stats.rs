@@ -78,6 +78,8 @@ pub struct CacherStats {
     pub watch_restarts: AtomicU64,
     /// Watch restarts because the stream went silent (idle detection).
     pub idle_restarts: AtomicU64,
+    /// Progress requests sent on the reflector's watch stream.
+    pub progress_requests: AtomicU64,
     pub consistent_read_cache: AtomicU64,
     pub consistent_read_fallback: AtomicU64,
     pub list_cache: AtomicU64,
@@ -113,6 +115,7 @@ impl CacherStats {
             relists: AtomicU64::new(0),
             watch_restarts: AtomicU64::new(0),
             idle_restarts: AtomicU64::new(0),
+            progress_requests: AtomicU64::new(0),
             consistent_read_cache: AtomicU64::new(0),
             consistent_read_fallback: AtomicU64::new(0),
             list_cache: AtomicU64::new(0),
@@ -160,6 +163,9 @@ impl CacherStats {
     }
     pub(crate) fn watch_restart(&self) {
         Self::bump(&self.watch_restarts);
+    }
+    pub(crate) fn progress_request(&self) {
+        Self::bump(&self.progress_requests);
     }
     pub(crate) fn idle_restart(&self) {
         Self::bump(&self.idle_restarts);
@@ -236,6 +242,7 @@ impl CacherStats {
             (C_LIST, "cache", l(&self.list_cache)),
             (C_LIST, "etcd", l(&self.list_etcd)),
             (C_PROTOBUF_FALLBACK, "", l(&self.protobuf_fallbacks)),
+            (C_PROGRESS_REQUESTS, "", l(&self.progress_requests)),
         ];
         for (i, r) in WatchEnd::ALL.iter().enumerate() {
             out.push((C_TERMINATED, r.label(), l(&self.terminated[i])));
@@ -266,7 +273,8 @@ const C_LIST: usize = 7;
 const C_TERMINATED: usize = 8;
 const C_CHECKS: usize = 9;
 const C_PROTOBUF_FALLBACK: usize = 10;
-const COUNTERS: [(&str, &str, Option<&str>); 11] = [
+const C_PROGRESS_REQUESTS: usize = 11;
+const COUNTERS: [(&str, &str, Option<&str>); 12] = [
     (
         "watchcache_events_received_total",
         "Events received from etcd by the reflector.",
@@ -320,6 +328,11 @@ const COUNTERS: [(&str, &str, Option<&str>); 11] = [
     (
         "watchcache_protobuf_fallbacks_total",
         "Gets and Lists answered in JSON to a client that asked for protobuf, because an object does not fit its type's protobuf schema.",
+        None,
+    ),
+    (
+        "watchcache_reflector_progress_requests_total",
+        "Progress requests the reflector sent on its etcd watch (for consistent reads and idle detection; at most one per 100 ms).",
         None,
     ),
 ];
