@@ -52,6 +52,12 @@ pub struct Config {
     /// Address of the etcd v3 gRPC front (`--grpc-listen`); off when unset.
     #[serde(default)]
     pub grpc_listen: Option<String>,
+    /// Largest request message the gRPC front accepts: etcd's own limit
+    /// (`--max-request-bytes`, 1.5 MiB by default, plus its 512 KiB of gRPC
+    /// overhead). Raise it with etcd's. A larger request could never
+    /// succeed, and its buffer is reserved as soon as its length is read.
+    #[serde(default = "default_grpc_max_request_bytes")]
+    pub grpc_max_request_bytes: usize,
     #[serde(default)]
     pub etcd: EtcdConfig,
     #[serde(default)]
@@ -312,6 +318,9 @@ pub enum StorageEncoding {
     Protobuf,
 }
 
+fn default_grpc_max_request_bytes() -> usize {
+    (3 << 19) + (512 << 10)
+}
 fn default_listen() -> String {
     "127.0.0.1:8080".into()
 }
@@ -508,6 +517,13 @@ impl Config {
             .map_err(|m| ConfigError::invalid(file, "listen", m))?;
         self.grpc_listen_addr()
             .map_err(|m| ConfigError::invalid(file, "grpc_listen", m))?;
+        if self.grpc_max_request_bytes == 0 {
+            return Err(ConfigError::invalid(
+                file,
+                "grpc_max_request_bytes",
+                "must be greater than 0",
+            ));
+        }
         if self.etcd.endpoints.is_empty() {
             return Err(ConfigError::invalid(
                 file,
@@ -1089,6 +1105,19 @@ indexes = ["spec.nodeName"]
     #[test]
     fn bad_listen_address() {
         error_naming(&GOOD.replace("127.0.0.1:8080", "localhost"), "listen");
+    }
+
+    #[test]
+    fn grpc_max_request_bytes_defaults_to_etcds_and_is_checked() {
+        let cfg = Config::parse(GOOD, "test.toml").unwrap();
+        assert_eq!(cfg.grpc_max_request_bytes, 2 << 20);
+        error_naming(
+            &format!("grpc_max_request_bytes = 0\n{GOOD}"),
+            "grpc_max_request_bytes",
+        );
+        let big =
+            Config::parse(&format!("grpc_max_request_bytes = 11010048\n{GOOD}"), "t").unwrap();
+        assert_eq!(big.grpc_max_request_bytes, 11_010_048);
     }
 
     #[test]

@@ -233,6 +233,66 @@ async fn etcdctl_reads_through_the_front_equal_etcd() {
     assert_eq!(via, etcdctl(&ep, &["member", "list"], None).await);
 }
 
+/// The front's connections have the REST API's limits (tonic sets none): a
+/// connection that sends nothing is closed after `header_read_timeout_ms`,
+/// connections beyond `max_connections` are closed at once, and a request
+/// larger than `grpc_max_request_bytes` (etcd's own limit) is refused
+/// before its buffer is taken, while one within it passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fronts_connections_are_bounded() {
+    use tokio::io::AsyncReadExt;
+    let ep = common::etcd().to_string();
+    let prefix = common::unique_prefix("grpclimits");
+    let f = TestFront::start(&ep, &prefix, |c| {
+        c.server.header_read_timeout_ms = 1_500;
+        c.server.max_connections = 3;
+        c.grpc_max_request_bytes = 64 << 10;
+    })
+    .await;
+    // Silent: closed by the server (EOF), not left open.
+    let mut silent = tokio::net::TcpStream::connect(f.addr)
+        .await
+        .expect("connect");
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(20), silent.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "closed: {read:?}");
+
+    // Two held open (a first byte of the preface, then nothing) and the
+    // client's make the limit of 3.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        use tokio::io::AsyncWriteExt;
+        let mut h = tokio::net::TcpStream::connect(f.addr)
+            .await
+            .expect("connect");
+        h.write_all(b"P").await.expect("a first byte");
+        held.push(h);
+    }
+    let mut c = f.client().await;
+    let key = format!("{prefix}/big");
+    let err = c
+        .put(key.as_str(), vec![b'x'; 100 << 10], None)
+        .await
+        .expect_err("over grpc_max_request_bytes");
+    match err {
+        etcd_client::Error::GRpcStatus(s) => {
+            assert_eq!(s.code(), tonic::Code::OutOfRange, "{s:?}")
+        }
+        other => panic!("a gRPC status, got {other:?}"),
+    }
+    c.put(key.as_str(), vec![b'x'; 10 << 10], None)
+        .await
+        .expect("within the limit");
+    // A fourth connection is refused at once while three are open (one
+    // let in would be kept for the 1.5 s first-bytes wait).
+    let mut extra = tokio::net::TcpStream::connect(f.addr)
+        .await
+        .expect("connect");
+    let read = tokio::time::timeout(Duration::from_secs(1), extra.read(&mut buf)).await;
+    assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "refused: {read:?}");
+    drop(held);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_writes_and_leases_pass_through() {
     let ep = common::etcd().to_string();

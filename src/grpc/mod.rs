@@ -27,9 +27,8 @@ use std::time::Duration;
 
 use etcd_client::proto::{PbClusterServer, PbKvServer, PbLeaseServer, PbMaintenanceServer};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::coalesced_stream::ServerStream;
 use crate::config::Config;
@@ -138,18 +137,122 @@ impl Front {
 
 /// Accepted connections, with nodelay and (`server.coalesce_writes`) their
 /// writes coalesced as the REST API's: one system call per batch of
-/// responses, not per HTTP/2 frame.
+/// responses, not per HTTP/2 frame. The REST API's connection limits apply
+/// (tonic sets none): at most `max_connections` open (others are closed at
+/// once), each must send its first bytes within `first_request_timeout`,
+/// and an accept error (out of file descriptors) is retried after a pause,
+/// not at once in a loop that would take a core.
 fn incoming(
     listener: TcpListener,
     coalesce: bool,
-) -> impl tokio_stream::Stream<Item = std::io::Result<ServerStream>> {
-    use tokio_stream::StreamExt;
-    TcpListenerStream::new(listener).map(move |accepted| {
-        accepted.map(|s| {
-            let _ = s.set_nodelay(true);
-            ServerStream::new(s, coalesce)
-        })
-    })
+    max_connections: usize,
+    first_request_timeout: Duration,
+    shutdown: CancellationToken,
+) -> impl tokio_stream::Stream<Item = std::io::Result<GrpcConn>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<GrpcConn>>(64);
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        max_connections.min(tokio::sync::Semaphore::MAX_PERMITS),
+    ));
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tx.closed() => return,
+                a = listener.accept() => a,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    warn!(error = %e, "gRPC accept failed");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                debug!(%peer, "gRPC connection refused: server.max_connections open");
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut first = [0u8; 1];
+                match tokio::time::timeout(first_request_timeout, stream.peek(&mut first)).await {
+                    Ok(Ok(1)) => {}
+                    _ => {
+                        debug!(%peer, "gRPC connection closed: nothing sent in time");
+                        return;
+                    }
+                }
+                let _ = stream.set_nodelay(true);
+                let conn = GrpcConn {
+                    stream: ServerStream::new(stream, coalesce),
+                    _permit: permit,
+                };
+                let _ = tx.send(Ok(conn)).await;
+            });
+        }
+    });
+    tokio_stream::wrappers::ReceiverStream::new(rx)
+}
+
+/// How long the accept loop pauses after an error.
+const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(50);
+
+/// A gRPC connection, holding its place among `server.max_connections`.
+pub struct GrpcConn {
+    stream: ServerStream,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+impl tokio::io::AsyncRead for GrpcConn {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for GrpcConn {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.get_mut().stream).poll_shutdown(cx)
+    }
+}
+
+impl tonic::transport::server::Connected for GrpcConn {
+    type ConnectInfo = ();
+
+    fn connect_info(&self) -> Self::ConnectInfo {}
 }
 
 impl tonic::transport::server::Connected for ServerStream {
@@ -161,7 +264,16 @@ impl tonic::transport::server::Connected for ServerStream {
 /// The gRPC server: one raw cache per resource prefix and the services.
 pub struct GrpcServer {
     front: Arc<Front>,
+    /// `grpc_max_request_bytes`: the KV service's largest request.
+    max_request_bytes: usize,
+    /// `server.max_connections` and `server.header_read_timeout_ms`,
+    /// applied to the front's connections as to the REST API's.
+    max_connections: usize,
+    first_request_timeout: Duration,
 }
+
+/// HTTP/2 streams per gRPC connection.
+const GRPC_MAX_CONCURRENT_STREAMS: u32 = 10_000;
 
 impl GrpcServer {
     /// Starts the raw caches (one etcd watch per resource prefix). Must be
@@ -221,6 +333,9 @@ impl GrpcServer {
                 watchers_cached: AtomicI64::new(0),
                 watchers_forwarded: AtomicI64::new(0),
             }),
+            max_request_bytes: config.grpc_max_request_bytes,
+            max_connections: config.server.max_connections,
+            first_request_timeout: Duration::from_millis(config.server.header_read_timeout_ms),
         }
     }
 
@@ -243,7 +358,7 @@ impl GrpcServer {
         let kv = PbKvServer::new(kv::KvService {
             front: Arc::clone(&front),
         })
-        .max_decoding_message_size(max)
+        .max_decoding_message_size(self.max_request_bytes)
         .max_encoding_message_size(max);
         let watch = watch::WatchServer::new(
             watch::WatchService {
@@ -276,13 +391,29 @@ impl GrpcServer {
         let served = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            // tonic turns off h2's bound on streams a client makes the
+            // server reset (hyper's default: 1024, the defence against
+            // "MadeYouReset", CVE-2025-8671): put it back, and bound the
+            // streams of one connection (clientv3 multiplexes every watch
+            // of a client on one stream).
+            .http2_max_local_error_reset_streams(Some(1024))
+            .max_concurrent_streams(Some(GRPC_MAX_CONCURRENT_STREAMS))
             .add_service(kv)
             .add_service(watch)
             .add_service(lease)
             .add_service(maintenance)
             .add_service(cluster)
             .add_service(auth)
-            .serve_with_incoming_shutdown(incoming(listener, front.coalesce_writes), stop);
+            .serve_with_incoming_shutdown(
+                incoming(
+                    listener,
+                    front.coalesce_writes,
+                    self.max_connections,
+                    self.first_request_timeout,
+                    front.shutdown.clone(),
+                ),
+                stop,
+            );
         // Streams that are not the front's own (a lease keep-alive passed
         // to etcd) may outlive the shutdown: bounded, as the REST server.
         let drain_expired = async {
