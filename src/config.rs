@@ -305,7 +305,57 @@ pub struct ResourceConfig {
     /// encoding of built-in types. Reads detect the encoding of each value.
     #[serde(default)]
     pub storage_encoding: StorageEncoding,
+    /// Discovery's `shortNames` (`kubectl get po`); unset: Kubernetes' own
+    /// for a built-in resource ([`BUILT_IN_DISCOVERY`]), none otherwise.
+    #[serde(default)]
+    pub short_names: Option<Vec<String>>,
+    /// Discovery's `categories` (`kubectl get all`); unset: as `short_names`.
+    #[serde(default)]
+    pub categories: Option<Vec<String>>,
 }
+
+/// Kubernetes' short names and categories of built-in resources, by
+/// (group, plural), as kube-apiserver's discovery lists them: kubectl
+/// resolves `po`, `svc`, `deploy` and `all` only through discovery.
+const BUILT_IN_DISCOVERY: &[(&str, &str, &[&str], &[&str])] = &[
+    ("", "pods", &["po"], &["all"]),
+    ("", "services", &["svc"], &["all"]),
+    ("", "replicationcontrollers", &["rc"], &["all"]),
+    ("", "nodes", &["no"], &[]),
+    ("", "namespaces", &["ns"], &[]),
+    ("", "configmaps", &["cm"], &[]),
+    ("", "endpoints", &["ep"], &[]),
+    ("", "events", &["ev"], &[]),
+    ("", "limitranges", &["limits"], &[]),
+    ("", "persistentvolumes", &["pv"], &[]),
+    ("", "persistentvolumeclaims", &["pvc"], &[]),
+    ("", "resourcequotas", &["quota"], &[]),
+    ("", "serviceaccounts", &["sa"], &[]),
+    ("apps", "deployments", &["deploy"], &["all"]),
+    ("apps", "replicasets", &["rs"], &["all"]),
+    ("apps", "daemonsets", &["ds"], &["all"]),
+    ("apps", "statefulsets", &["sts"], &["all"]),
+    ("batch", "jobs", &[], &["all"]),
+    ("batch", "cronjobs", &["cj"], &["all"]),
+    (
+        "autoscaling",
+        "horizontalpodautoscalers",
+        &["hpa"],
+        &["all"],
+    ),
+    ("networking.k8s.io", "ingresses", &["ing"], &[]),
+    ("networking.k8s.io", "networkpolicies", &["netpol"], &[]),
+    ("policy", "poddisruptionbudgets", &["pdb"], &[]),
+    ("storage.k8s.io", "storageclasses", &["sc"], &[]),
+    ("scheduling.k8s.io", "priorityclasses", &["pc"], &[]),
+    ("events.k8s.io", "events", &["ev"], &[]),
+    (
+        "apiextensions.k8s.io",
+        "customresourcedefinitions",
+        &["crd", "crds"],
+        &[],
+    ),
+];
 
 /// The encoding of stored values (kube-apiserver's `--storage-media-type`:
 /// `application/json` or `application/vnd.kubernetes.protobuf`).
@@ -445,6 +495,35 @@ impl EtcdConfig {
 }
 
 impl ResourceConfig {
+    /// Discovery's `shortNames`: configured, or Kubernetes' own.
+    pub fn short_names(&self) -> Vec<&str> {
+        match &self.short_names {
+            Some(n) => n.iter().map(String::as_str).collect(),
+            None => self.built_in().map(|b| b.2.to_vec()).unwrap_or_default(),
+        }
+    }
+
+    /// Discovery's `categories`: configured, or Kubernetes' own.
+    pub fn categories(&self) -> Vec<&str> {
+        match &self.categories {
+            Some(c) => c.iter().map(String::as_str).collect(),
+            None => self.built_in().map(|b| b.3.to_vec()).unwrap_or_default(),
+        }
+    }
+
+    fn built_in(
+        &self,
+    ) -> Option<&'static (
+        &'static str,
+        &'static str,
+        &'static [&'static str],
+        &'static [&'static str],
+    )> {
+        BUILT_IN_DISCOVERY
+            .iter()
+            .find(|(g, p, _, _)| *g == self.group && *p == self.plural)
+    }
+
     /// `apiVersion` as written in objects: `v1` for core, `group/version` otherwise.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {

@@ -48,6 +48,14 @@ async fn kubectl_get_pods_all_namespaces() {
         "{out}"
     );
     assert_eq!(lines.len(), 3, "{out}");
+    // Kubernetes' short name and category, known to kubectl only through
+    // discovery.
+    for short in ["po", "all"] {
+        let out = k.run(&["get", short, "-A", "-o", "name"]).await;
+        let mut names: Vec<&str> = out.lines().collect();
+        names.sort_unstable();
+        assert_eq!(names, ["pod/alpha", "pod/beta"], "get {short}: {out}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -116,15 +116,24 @@ pub fn resource_list(resources: &[ResourceConfig], group: &str, version: &str) -
         .iter()
         .filter(|r| r.group == group && r.version == version)
         .map(|r| {
-            json!({
+            let mut v = json!({
                 "name": r.plural,
                 "singularName": r.kind.to_ascii_lowercase(),
                 "namespaced": r.namespaced,
                 "kind": r.kind,
                 "verbs": VERBS,
-                "shortNames": [],
                 "storageVersionHash": "",
-            })
+            });
+            // Both omitted when empty, as in kube-apiserver's APIResource.
+            let short_names = r.short_names();
+            if !short_names.is_empty() {
+                v["shortNames"] = json!(short_names);
+            }
+            let categories = r.categories();
+            if !categories.is_empty() {
+                v["categories"] = json!(categories);
+            }
+            v
         })
         .collect();
     let list = if list.is_empty() {
@@ -264,6 +273,34 @@ mod tests {
         assert_eq!(pods["kind"], "Pod");
         assert_eq!(pods["singularName"], "pod");
         assert_eq!(pods["namespaced"], true);
+        // kubectl resolves `po` and `all` only through discovery.
+        assert_eq!(pods["shortNames"], json!(["po"]));
+        assert_eq!(pods["categories"], json!(["all"]));
+        let apps = resource_list(&cfg.resources, "apps", "v1").unwrap();
+        let deploy = apps["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "deployments")
+            .unwrap();
+        assert_eq!(deploy["shortNames"], json!(["deploy"]));
+        // Configured names replace Kubernetes' own; none are omitted.
+        let mut res = cfg.resources.clone();
+        for r in &mut res {
+            if r.plural == "pods" {
+                r.short_names = Some(vec!["p".into()]);
+                r.categories = Some(Vec::new());
+            }
+        }
+        let v1 = resource_list(&res, "", "v1").unwrap();
+        let pods = v1["resources"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "pods")
+            .unwrap();
+        assert_eq!(pods["shortNames"], json!(["p"]));
+        assert!(pods.get("categories").is_none(), "{pods}");
         assert!(resource_list(&cfg.resources, "apps", "v2").is_none());
         assert!(group(&cfg.resources, "apps").is_some());
         assert!(group(&cfg.resources, "nope").is_none());

@@ -16,6 +16,8 @@ pub(crate) fn resource(namespaced: bool, indexes: &[&str]) -> ResourceConfig {
         key_prefix: None,
         ttl_seconds: None,
         storage_encoding: Default::default(),
+        short_names: None,
+        categories: None,
     }
 }
 

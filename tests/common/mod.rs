@@ -109,6 +109,8 @@ pub fn pods_resource(history_capacity: usize) -> ResourceConfig {
         key_prefix: None,
         ttl_seconds: None,
         storage_encoding: Default::default(),
+        short_names: None,
+        categories: None,
     }
 }
 

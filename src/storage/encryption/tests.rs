@@ -49,6 +49,8 @@ fn resource(group: &str, plural: &str) -> ResourceConfig {
         key_prefix: None,
         ttl_seconds: None,
         storage_encoding: Default::default(),
+        short_names: None,
+        categories: None,
     }
 }
 
