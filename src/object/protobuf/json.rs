@@ -318,7 +318,14 @@ fn scalar_to_json(value: &PValue) -> Result<Value, ProtobufError> {
     })
 }
 
+/// A double as Go's encoding/json writes it: a whole number without a
+/// fraction (`65535`, not serde's `65535.0`), so a CRD's `maximum: 65535`
+/// is served as kube-apiserver serves it.
 fn float(f: f64) -> Result<Value, ProtobufError> {
+    // Below 2^53 every whole double is exact as an i64; -0.0 keeps its sign.
+    if f.fract() == 0.0 && f.abs() < 9_007_199_254_740_992.0 && (f != 0.0 || f.is_sign_positive()) {
+        return Ok(Value::from(f as i64));
+    }
     Number::from_f64(f)
         .map(Value::Number)
         .ok_or_else(|| ProtobufError::Decode {
@@ -750,5 +757,26 @@ fn type_name(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod float_tests {
+    use super::float;
+
+    /// Doubles are written as Go's encoding/json writes them.
+    #[test]
+    fn whole_doubles_have_no_fraction() {
+        for (f, want) in [
+            (65535.0, "65535"),
+            (-3.0, "-3"),
+            (0.0, "0"),
+            (0.5, "0.5"),
+            (1.25e-3, "0.00125"),
+            (9_007_199_254_740_991.0, "9007199254740991"),
+        ] {
+            assert_eq!(float(f).expect("finite").to_string(), want, "{f}");
+        }
+        assert!(float(f64::NAN).is_err());
     }
 }
