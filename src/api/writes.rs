@@ -14,7 +14,7 @@ use serde_json::{Map, Value};
 use crate::cacher::GetRequest;
 use crate::config::StorageEncoding;
 use crate::object::protobuf;
-use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
+use crate::object::validation::is_dns1123_label;
 use crate::object::{metadata_str, set_resource_version, strip_resource_version};
 use crate::storage::{Preconditions, StorageError, StoredObject, UpdateAction, WriteOptions};
 
@@ -164,8 +164,13 @@ fn invalid_field(field: &str, value: &str, errs: Vec<String>) -> Result<(), ApiS
     Err(ApiStatus::invalid(msgs.join(", ")))
 }
 
-fn validate_name(name: &str) -> Result<(), ApiStatus> {
-    invalid_field("metadata.name", name, is_dns1123_subdomain(name))
+fn validate_name(res: &Resource, name: &str) -> Result<(), ApiStatus> {
+    let c = &res.config;
+    invalid_field(
+        "metadata.name",
+        name,
+        crate::object::validation::object_name_errors(&c.group, &c.plural, name),
+    )
 }
 
 /// The namespace in the body must match the path (filled when absent);
@@ -344,7 +349,7 @@ pub(crate) async fn create(
             (None, Some(g)) => generate_name(g),
             (None, None) => unreachable_name()?,
         };
-        validate_name(&name)?;
+        validate_name(res, &name)?;
         meta_mut(&mut obj)?.insert("name".into(), Value::String(name.clone()));
         let key = res.cacher.codec().key(target.namespace, &name);
         let what = What {

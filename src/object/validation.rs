@@ -86,9 +86,79 @@ pub fn is_dns1123_subdomain(value: &str) -> Vec<String> {
     errs
 }
 
+const DNS1035_LABEL_FMT: &str = "[a-z]([-a-z0-9]*[a-z0-9])?";
+const DNS1035_LABEL_ERR_MSG: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character";
+
+/// Kubernetes `IsDNS1035Label`: what is wrong with `value` as an RFC 1035
+/// label (Service names: they become DNS names that must not start with a
+/// digit); empty when valid.
+pub fn is_dns1035_label(value: &str) -> Vec<String> {
+    let mut errs = Vec::new();
+    if value.len() > DNS1123_LABEL_MAX_LENGTH {
+        errs.push(max_len_error(DNS1123_LABEL_MAX_LENGTH));
+    }
+    if !(matches_label(value) && value.as_bytes()[0].is_ascii_lowercase()) {
+        errs.push(regex_error(
+            DNS1035_LABEL_ERR_MSG,
+            DNS1035_LABEL_FMT,
+            &["my-name", "abc-123"],
+        ));
+    }
+    errs
+}
+
+/// Kubernetes `IsValidPathSegmentName`: what is wrong with `value` as one
+/// segment of a URL path (RBAC names such as `system:node`); empty when
+/// valid.
+pub fn is_path_segment_name(value: &str) -> Vec<String> {
+    if value == "." || value == ".." {
+        return vec![format!("may not be '{value}'")];
+    }
+    ["/", "%"]
+        .into_iter()
+        .filter(|c| value.contains(c))
+        .map(|c| format!("may not contain '{c}'"))
+        .collect()
+}
+
+/// Which rule an object's name follows, as kube-apiserver validates each
+/// kind: namespaces are RFC 1123 labels, Services RFC 1035 labels, RBAC
+/// objects any path segment (`system:controller:...`), everything else an
+/// RFC 1123 subdomain.
+pub fn object_name_errors(group: &str, plural: &str, name: &str) -> Vec<String> {
+    match (group, plural) {
+        ("", "namespaces") => is_dns1123_label(name),
+        ("", "services") => is_dns1035_label(name),
+        ("rbac.authorization.k8s.io", _) => is_path_segment_name(name),
+        _ => is_dns1123_subdomain(name),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_kind_has_kubernetes_name_rule() {
+        let ok = |g, p, n| object_name_errors(g, p, n).is_empty();
+        assert!(ok(
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            "system:node"
+        ));
+        assert!(!ok("rbac.authorization.k8s.io", "clusterroles", "a/b"));
+        assert!(!ok("rbac.authorization.k8s.io", "roles", ".."));
+        assert!(!ok("", "pods", "system:node"));
+        assert!(ok("", "pods", "a.b"));
+        assert!(!ok("", "namespaces", "a.b"));
+        assert!(ok("", "namespaces", "1ns"));
+        assert!(!ok("", "services", "1svc"));
+        assert!(ok("", "services", "svc-1"));
+        assert_eq!(
+            is_path_segment_name("a/%"),
+            ["may not contain '/'", "may not contain '%'"]
+        );
+    }
 
     #[test]
     fn labels() {
