@@ -150,6 +150,13 @@ pub struct ServerConfig {
     /// HTTP/2 preface and the first request's headers.
     #[serde(default = "default_header_read_timeout_ms")]
     pub header_read_timeout_ms: u64,
+    /// A request body must arrive whole within this time, or the request
+    /// gets 408 (and an HTTP/1.1 connection is closed): a client that sends
+    /// a `Content-Length` and then nothing holds no connection and task
+    /// for ever. kube-apiserver bounds a whole request by its 60 s
+    /// `--request-timeout`.
+    #[serde(default = "default_request_body_timeout_ms")]
+    pub request_body_timeout_ms: u64,
     /// A connection with no request in flight for this long is closed
     /// (Go's `IdleTimeout`; kube-apiserver uses 90 s). 0 = never.
     #[serde(default = "default_idle_timeout_ms")]
@@ -401,6 +408,9 @@ fn default_max_body_bytes() -> usize {
 fn default_max_watches() -> usize {
     100_000
 }
+fn default_request_body_timeout_ms() -> u64 {
+    60_000
+}
 fn default_header_read_timeout_ms() -> u64 {
     10_000
 }
@@ -467,6 +477,7 @@ impl Default for ServerConfig {
             max_body_bytes: default_max_body_bytes(),
             max_watches: default_max_watches(),
             header_read_timeout_ms: default_header_read_timeout_ms(),
+            request_body_timeout_ms: default_request_body_timeout_ms(),
             idle_timeout_ms: default_idle_timeout_ms(),
             max_connections: default_max_connections(),
             watch_max_buffered_bytes: default_watch_max_buffered_bytes(),
@@ -642,6 +653,11 @@ impl Config {
                 "server.header_read_timeout_ms",
                 self.server.header_read_timeout_ms,
                 true,
+            ),
+            (
+                "server.request_body_timeout_ms",
+                self.server.request_body_timeout_ms,
+                false,
             ),
             (
                 "server.consistent_read_timeout_ms",

@@ -117,6 +117,27 @@ async fn a_connection_that_sends_nothing_is_closed() {
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
 }
 
+/// A request whose body never arrives gets 408 and its HTTP/1.1
+/// connection is closed, instead of holding it (and its task) for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_that_never_arrives_times_out() {
+    let ts = TestServer::start("slowbody", |c| c.server.request_body_timeout_ms = 300).await;
+    let before = ts.etcd_dump().await;
+    let mut s = TcpStream::connect(ts.addr).await.unwrap();
+    s.write_all(
+        b"POST /api/v1/namespaces/ns1/pods HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{\"kind\":",
+    )
+    .await
+    .unwrap();
+    let got = read_until_closed(&mut s, BOUND)
+        .await
+        .expect("answered and closed");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("did not arrive"), "{text}");
+    assert_eq!(ts.etcd_dump().await, before, "nothing written");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_preface_sent_a_byte_at_a_time_is_closed() {
     const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";

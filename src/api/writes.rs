@@ -2,6 +2,8 @@
 //! delete. Every write goes to etcd through [`Storage`](crate::storage::Storage)
 //! (never into the cache); responses carry the new resourceVersion.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http_body_util::{BodyExt, Limited};
 use hyper::Request;
@@ -53,7 +55,16 @@ pub(crate) async fn read_body(
     {
         return Err(too_large());
     }
-    match Limited::new(body, max).collect().await {
+    let wait = Duration::from_millis(state.config.server.request_body_timeout_ms);
+    let Ok(read) = tokio::time::timeout(wait, Limited::new(body, max).collect()).await else {
+        let s = ApiStatus::new(
+            408,
+            "Timeout",
+            format!("the request body did not arrive within {wait:?}"),
+        );
+        return Err(if http1 { s.with_close_connection() } else { s });
+    };
+    match read {
         Ok(c) => Ok((parts, c.to_bytes())),
         Err(e) => {
             if e.downcast_ref::<http_body_util::LengthLimitError>()
