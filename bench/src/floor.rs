@@ -16,12 +16,10 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 
-/// Size of each write and read: 1 MiB, the size of the kept frames the
-/// daemon writes a List from and of the DATA frames the bench's HTTP/2
-/// client takes. Session 13 chose 64 KiB (one loopback segment); on
-/// session 18's machine 64 KiB moved the 10 MB List in 4.2-5.0 ms where
-/// 1 MiB moved it in 2.0-2.7 (4 of 5 interleaved runs, `docs/BENCHMARKS.md`),
-/// slower than the daemon's own List: no longer a floor.
+/// Size of each write and read: 1 MiB, the size of the daemon's kept List
+/// frames and of the bench client's HTTP/2 frames. 64 KiB (session 13's
+/// choice) became slower than the daemon's own List on a later machine, so
+/// it was no longer a floor (docs/BENCHMARKS.md, session 18).
 const IO_CHUNK: usize = 1024 * 1024;
 
 /// Moves `body` from one thread to another over a fresh loopback TCP
