@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-    PostParams,
+    PostParams, VersionMatch,
 };
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client};
@@ -261,9 +261,28 @@ async fn watcher_survives_timeouts(streaming: bool) {
     .await;
     let client = client(&ts);
     let api: Api<DynamicObject> = Api::namespaced_with(client, "ns1", &pods_resource());
-    api.create(&PostParams::default(), &dyn_pod("existing"))
+    let existing = api
+        .create(&PostParams::default(), &dyn_pod("existing"))
         .await
         .expect("create");
+    // kube-rs opens a streaming list at resourceVersion=0 ("any"), which the
+    // cache may serve before its reflector has seen this create, as
+    // kube-apiserver's Cacher may. A List not older than the create's RV
+    // waits until the cache holds it, so the initial events must include it.
+    let created_rv = existing
+        .metadata
+        .resource_version
+        .clone()
+        .expect("created RV");
+    let fresh = api
+        .list(
+            &ListParams::default()
+                .at(&created_rv)
+                .matching(VersionMatch::NotOlderThan),
+        )
+        .await
+        .expect("list not older than the create");
+    assert_eq!(fresh.items.len(), 1);
     let mut cfg = watcher::Config::default().timeout(1);
     if streaming {
         cfg = cfg.streaming_lists();
