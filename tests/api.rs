@@ -255,41 +255,57 @@ async fn consistent_reads_share_progress_requests() {
     };
     let before = count();
     let started = std::time::Instant::now();
+    // At least 2 s and at least 200 reads, however slow the machine: the
+    // bound below means something only when reads outnumber it.
     let run_for = Duration::from_secs(2);
-    let mut tasks = Vec::new();
+    const MIN_READS: usize = 200;
+    let total = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let more = {
+        let total = std::sync::Arc::clone(&total);
+        move || {
+            started.elapsed() < run_for
+                || total.load(std::sync::atomic::Ordering::Relaxed) < MIN_READS
+        }
+    };
     // etcd's revision moves outside this resource, so each read finds the
     // cache behind it.
     let mut etcd = ts.etcd.clone();
     let key = format!("{}/elsewhere", ts.prefix);
-    tasks.push(tokio::spawn(async move {
-        while started.elapsed() < run_for {
-            let _ = etcd.put(key.as_str(), "x", None).await;
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        0usize
-    }));
+    let writer = {
+        let done = std::sync::Arc::clone(&done);
+        tokio::spawn(async move {
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = etcd.put(key.as_str(), "x", None).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        })
+    };
+    let mut tasks = Vec::new();
     for _ in 0..32 {
         let ts = std::sync::Arc::clone(&ts);
+        let total = std::sync::Arc::clone(&total);
+        let more = more.clone();
         tasks.push(tokio::spawn(async move {
-            let mut reads = 0usize;
-            while started.elapsed() < run_for {
+            while more() {
                 let (c, _) = ts.get_json(PODS).await;
                 assert_eq!(c, 200);
-                reads += 1;
+                total.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             }
-            reads
         }));
     }
-    let mut reads = 0;
     for t in tasks {
-        reads += t.await.expect("task");
+        t.await.expect("reader");
     }
     let elapsed = started.elapsed();
     let sent = count() - before;
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.expect("writer");
+    let reads = total.load(std::sync::atomic::Ordering::Relaxed);
     // One per 100 ms, plus the idle detector's and the one a read after
     // the loop's end may have scheduled.
     let bound = (elapsed.as_millis() / 100) as u64 + 3;
-    assert!(reads > 100, "{reads} reads");
+    assert!(reads >= MIN_READS, "{reads} reads");
     assert!(
         sent <= bound,
         "{sent} progress requests for {reads} reads in {elapsed:?} (bound {bound})"

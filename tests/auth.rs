@@ -630,6 +630,7 @@ async fn daemon_flags_and_audit_lines() {
         &[("RUST_LOG", "warn,audit=info")],
     )
     .await;
+    d.wait_ready().await;
     let http = reqwest::Client::new();
     let secret_body = widget("team-c", "w-audit")
         .to_string()

@@ -41,19 +41,45 @@ fn config(endpoint: &str, prefix: &str, extra_etcd: &str, tables: &str) -> Strin
 }
 
 /// Runs the daemon expecting it to stop at start-up: (exit code, stderr).
+///
+/// The start-up TLS check gives an endpoint that does not answer within
+/// the dial timeout the benefit of the doubt (the connection is lazy), so a
+/// starved machine could let a daemon that should refuse go on serving: the
+/// check gets 10 s here, and a daemon still running after 60 s fails the
+/// test instead of hanging it.
 fn run_expecting_exit(config_text: &str, args: &[&str]) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("watchcache.toml");
-    std::fs::write(&path, config_text).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_watchcache"))
+    let text = config_text.replace("dial_timeout_ms = 1000", "dial_timeout_ms = 10000");
+    std::fs::write(&path, text).unwrap();
+    let stderr_path = dir.path().join("stderr");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_watchcache"))
         .arg("--config")
         .arg(&path)
         .args(args)
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
+        .spawn()
         .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the daemon did not stop at start-up; stderr:\n{}",
+                std::fs::read_to_string(&stderr_path).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.code(),
+        std::fs::read_to_string(&stderr_path).unwrap_or_default(),
     )
 }
 

@@ -463,17 +463,27 @@ async fn slow_reader(
     let req = format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n");
     s.write_all(req.as_bytes()).await.unwrap();
     tokio::spawn(async move {
-        let mut all = Vec::new();
+        let mut all: Vec<u8> = Vec::new();
         let mut buf = vec![0u8; 8192];
-        let deadline = tokio::time::Instant::now() + BOUND;
-        while !String::from_utf8_lossy(&all).contains(&until) {
+        // Megabytes at 2 ms per small read: a deadline of its own, well
+        // above what a slow machine needs, not the per-read BOUND.
+        let deadline = tokio::time::Instant::now() + 3 * BOUND;
+        let needle = until.as_bytes();
+        loop {
             assert!(tokio::time::Instant::now() < deadline, "{until} arrived");
-            match tokio::time::timeout(BOUND, s.read(&mut buf)).await {
-                Ok(Ok(n)) if n > 0 => all.extend_from_slice(&buf[..n]),
+            let n = match tokio::time::timeout(BOUND, s.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => n,
                 other => panic!(
                     "the stream ended before {until} ({other:?}) after {} bytes",
                     all.len()
                 ),
+            };
+            // Only the new bytes (and a needle's length before them) can
+            // complete a match: no rescan of megabytes per read.
+            let from = all.len().saturating_sub(needle.len());
+            all.extend_from_slice(&buf[..n]);
+            if all[from..].windows(needle.len()).any(|w| w == needle) {
+                break;
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }

@@ -85,6 +85,7 @@ async fn drive_traffic(d: &Daemon) {
 #[tokio::test]
 async fn metrics_pass_promtool() {
     let d = Daemon::start_default(common::etcd(), &unique_prefix("promtool")).await;
+    d.wait_ready().await;
     drive_traffic(&d).await;
     let text = reqwest::get(d.url("/metrics")).await.unwrap();
     assert_eq!(text.status(), 200);
@@ -179,6 +180,7 @@ fn dashboard_queries() -> Vec<(String, String)> {
 #[tokio::test]
 async fn dashboard_queries_return_data_from_real_prometheus() {
     let d = Daemon::start_default(common::etcd(), &unique_prefix("dashboard")).await;
+    d.wait_ready().await;
 
     // A real Prometheus scraping the daemon every second.
     let dir = tempfile::tempdir().unwrap();
