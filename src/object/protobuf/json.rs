@@ -364,11 +364,21 @@ fn time_to_json(message: &DynamicMessage, format: SecondsFormat) -> Value {
         return Value::Null;
     }
     let nanos = u32::try_from(nanos.clamp(0, 999_999_999)).unwrap_or(0);
-    match DateTime::<Utc>::from_timestamp(seconds, nanos) {
-        // chrono truncates to the digits asked for, as Go's Format does.
-        Some(t) => Value::String(t.to_rfc3339_opts(format, true)),
-        None => Value::Null,
+    go_rfc3339(seconds, nanos, format).map_or(Value::Null, Value::String)
+}
+
+/// RFC 3339 in UTC as Go's `Time.AppendFormat` writes it: chrono truncates
+/// to the digits asked for, as Go does, but writes a year past 9999 with a
+/// `+` that Go does not (`141338-07-18T...`). Go's parser refuses such a
+/// year, and so does ours: a client can read it, not write it back, as with
+/// kube-apiserver.
+fn go_rfc3339(seconds: i64, nanos: u32, format: SecondsFormat) -> Option<String> {
+    let t = DateTime::<Utc>::from_timestamp(seconds, nanos)?;
+    let mut text = t.to_rfc3339_opts(format, true);
+    if text.starts_with('+') {
+        text.remove(0);
     }
+    Some(text)
 }
 
 /// Embedded JSON (`RawExtension.raw`, `FieldsV1.Raw`), or an embedded
@@ -757,6 +767,65 @@ fn type_name(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use chrono::SecondsFormat;
+
+    use super::go_rfc3339;
+
+    /// Go writes years as they are: four digits up to 9999, more after
+    /// (no sign), a minus and four digits before year 1.
+    #[test]
+    fn years_are_written_as_go_writes_them() {
+        for (seconds, nanos, format, want) in [
+            (
+                1_199_149_261,
+                0,
+                SecondsFormat::Secs,
+                "2008-01-01T01:01:01Z",
+            ),
+            (
+                1_199_149_261,
+                123_456_789,
+                SecondsFormat::Micros,
+                "2008-01-01T01:01:01.123456Z",
+            ),
+            (
+                253_402_300_799,
+                0,
+                SecondsFormat::Secs,
+                "9999-12-31T23:59:59Z",
+            ),
+            (
+                253_402_300_800,
+                0,
+                SecondsFormat::Secs,
+                "10000-01-01T00:00:00Z",
+            ),
+            (
+                4_397_921_470_000,
+                0,
+                SecondsFormat::Secs,
+                "141334-08-01T20:46:40Z",
+            ),
+            (
+                -62_198_755_200,
+                0,
+                SecondsFormat::Secs,
+                "-0001-01-01T00:00:00Z",
+            ),
+        ] {
+            assert_eq!(
+                go_rfc3339(seconds, nanos, format).as_deref(),
+                Some(want),
+                "{seconds}"
+            );
+        }
+        // Past chrono's range: no time at all (served as null).
+        assert_eq!(go_rfc3339(i64::MAX, 0, SecondsFormat::Secs), None);
     }
 }
 
