@@ -45,7 +45,7 @@ mod reads;
 pub mod request_info;
 mod reviews;
 pub mod secure;
-mod smp;
+pub mod smp;
 pub mod status;
 mod stream_executor;
 pub mod table;
