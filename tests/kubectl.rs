@@ -353,3 +353,223 @@ async fn kubectl_reads_a_gzipped_list() {
         out.stderr
     );
 }
+
+/// `kubectl apply --server-side`: created, then configured with what the
+/// manager no longer applies removed; a second manager's different value
+/// conflicts (409, the field named) until `--force-conflicts`; a server-side
+/// dry run writes nothing; `kubectl replace` keeps the managed fields.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_server_side_apply() {
+    let ts = TestServer::start("kc-ssa", |_| {}).await;
+    let k = kubectl(&ts);
+    let manifest = |image: &str, labels: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: ssa\n  namespace: ns1\n  labels:\n{labels}\
+             spec:\n  containers:\n  - name: c\n    image: {image}\n"
+        )
+    };
+    let key = ts.pod_key("ns1", "ssa");
+    let file = k.write_file(
+        "s1.yaml",
+        &manifest("nginx:1", "    app: demo\n    tier: fe\n"),
+    );
+    let out = k.run(&["apply", "--server-side", "-f", &file]).await;
+    assert!(out.contains("pod/ssa serverside-applied"), "{out}");
+    let stored = ts.etcd_get(&key).await.expect("created");
+    let managed = &stored["metadata"]["managedFields"];
+    assert_eq!(managed[0]["manager"], "kubectl", "{stored}");
+    assert_eq!(managed[0]["operation"], "Apply", "{stored}");
+    assert_eq!(
+        managed[0]["fieldsV1"]["f:metadata"]["f:labels"],
+        json!({"f:app": {}, "f:tier": {}}),
+        "{stored}"
+    );
+    assert!(stored["metadata"]["uid"].is_string(), "{stored}");
+
+    // Dropping a label and changing the image: the label goes.
+    let file = k.write_file("s2.yaml", &manifest("nginx:2", "    app: demo\n"));
+    let out = k.run(&["apply", "--server-side", "-f", &file]).await;
+    assert!(out.contains("pod/ssa serverside-applied"), "{out}");
+    let stored = ts.etcd_get(&key).await.expect("applied");
+    assert_eq!(
+        stored["metadata"]["labels"],
+        json!({"app": "demo"}),
+        "{stored}"
+    );
+    assert_eq!(stored["spec"]["containers"][0]["image"], "nginx:2");
+
+    // Another manager, another value: a conflict naming field and manager.
+    let other = k.write_file("o.yaml", &manifest("nginx:2", "    app: other\n"));
+    let err = k
+        .fail(&[
+            "apply",
+            "--server-side",
+            "--field-manager=ops",
+            "-f",
+            &other,
+        ])
+        .await;
+    assert!(
+        err.contains("conflict with \"kubectl\"") && err.contains(".metadata.labels.app"),
+        "{err}"
+    );
+    let unchanged = ts.etcd_get(&key).await.expect("still there");
+    assert_eq!(unchanged, stored, "a refused apply writes nothing");
+    // A server-side dry run of the forced apply writes nothing either.
+    k.run(&[
+        "apply",
+        "--server-side",
+        "--field-manager=ops",
+        "--force-conflicts",
+        "--dry-run=server",
+        "-f",
+        &other,
+    ])
+    .await;
+    assert_eq!(ts.etcd_get(&key).await.expect("there"), stored);
+    k.run(&[
+        "apply",
+        "--server-side",
+        "--field-manager=ops",
+        "--force-conflicts",
+        "-f",
+        &other,
+    ])
+    .await;
+    let forced = ts.etcd_get(&key).await.expect("forced");
+    assert_eq!(forced["metadata"]["labels"]["app"], "other", "{forced}");
+    let managers: Vec<&str> = forced["metadata"]["managedFields"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["manager"].as_str())
+        .collect();
+    assert_eq!(managers, ["kubectl", "ops"], "{forced}");
+    assert!(
+        forced["metadata"]["managedFields"][0]["fieldsV1"]["f:metadata"]["f:labels"]
+            .get("f:app")
+            .is_none(),
+        "the field moved to ops: {forced}"
+    );
+
+    // kubectl replace sends no managedFields: they are kept.
+    let file = k.write_file("r.yaml", &manifest("nginx:3", "    app: other\n"));
+    k.run(&["replace", "-f", &file]).await;
+    let replaced = ts.etcd_get(&key).await.expect("replaced");
+    assert_eq!(replaced["spec"]["containers"][0]["image"], "nginx:3");
+    assert_eq!(
+        replaced["metadata"]["managedFields"],
+        forced["metadata"]["managedFields"]
+    );
+}
+
+/// Server-side apply's own rules, over raw requests: a field manager is
+/// required, `force` only goes with apply, the body must be an object with
+/// its type, managedFields may not be sent, and a resourceVersion in the
+/// configuration is a precondition. Nothing refused is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_apply_refuses_bad_requests() {
+    let ts = TestServer::start("ssa-bad", |_| {}).await;
+    let path = "/api/v1/namespaces/ns1/pods/p";
+    let ct = "application/apply-patch+yaml";
+    let body = |v: Value| Some(v.to_string().into_bytes());
+    let good = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+                      "spec": {"nodeName": "n1"}});
+    let (c, v) = ts
+        .send(reqwest::Method::PATCH, path, Some(ct), body(good.clone()))
+        .await;
+    assert_eq!(c, 422, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("fieldManager"),
+        "{v}"
+    );
+    let apply = format!("{path}?fieldManager=t");
+    for (bad, want) in [
+        (json!([1]), 400),
+        (json!({"kind": "Pod", "metadata": {"name": "p"}}), 400),
+        (
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "q"}}),
+            400,
+        ),
+        (
+            json!({"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "p", "managedFields": [{"manager": "x"}]}}),
+            400,
+        ),
+    ] {
+        let (c, v) = ts
+            .send(reqwest::Method::PATCH, &apply, Some(ct), body(bad.clone()))
+            .await;
+        assert_eq!(c, want, "{bad}: {v}");
+    }
+    let (c, v) = ts
+        .send(
+            reqwest::Method::PATCH,
+            &apply,
+            Some(ct),
+            Some(b"apiVersion: v1\nkind: Pod\nmetadata: [unclosed".to_vec()),
+        )
+        .await;
+    assert_eq!(c, 400, "{v}");
+    // Aliases that would expand to a billion nodes: refused, not expanded.
+    let mut bomb = String::from("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n");
+    bomb.push_str("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+    for i in 1..9 {
+        let p = i - 1;
+        bomb.push_str(&format!(
+            "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
+        ));
+    }
+    let (c, v) = ts
+        .send(
+            reqwest::Method::PATCH,
+            &apply,
+            Some(ct),
+            Some(bomb.into_bytes()),
+        )
+        .await;
+    assert_eq!(c, 400, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("budget"), "{v}");
+    assert!(ts.etcd_get(&ts.pod_key("ns1", "p")).await.is_none());
+    let (c, v) = ts
+        .patch_json(
+            &format!("{path}?force=true"),
+            "application/merge-patch+json",
+            &json!({}),
+        )
+        .await;
+    assert_eq!(c, 422, "{v}");
+
+    // YAML creates (201), the same again changes nothing but is 200.
+    let yaml = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  nodeName: n1\n";
+    let (c, created) = ts
+        .send(
+            reqwest::Method::PATCH,
+            &apply,
+            Some(ct),
+            Some(yaml.to_vec()),
+        )
+        .await;
+    assert_eq!(c, 201, "{created}");
+    assert_eq!(created["metadata"]["namespace"], "ns1");
+    let (c, again) = ts
+        .send(
+            reqwest::Method::PATCH,
+            &apply,
+            Some(ct),
+            Some(yaml.to_vec()),
+        )
+        .await;
+    assert_eq!(c, 200, "{again}");
+    assert_eq!(again, created, "the same configuration writes nothing");
+    // A stale resourceVersion: 409, nothing written.
+    let mut stale = good.clone();
+    stale["metadata"]["resourceVersion"] = json!("1");
+    stale["spec"]["nodeName"] = json!("n2");
+    let (c, v) = ts
+        .send(reqwest::Method::PATCH, &apply, Some(ct), body(stale))
+        .await;
+    assert_eq!(c, 409, "{v}");
+    let stored = ts.etcd_get(&ts.pod_key("ns1", "p")).await.expect("stored");
+    assert_eq!(stored["spec"]["nodeName"], "n1");
+}

@@ -274,6 +274,36 @@ async fn protobuf_storage_encoding_writes_kube_apiserver_protobuf() {
         .await;
     assert_eq!(code, 200);
     assert_eq!(got, patched);
+    // Server-side apply: managedFields (fieldsV1 is embedded JSON in
+    // protobuf) are stored and read back as applied.
+    let (code, applied) = ts
+        .send(
+            reqwest::Method::PATCH,
+            &format!("{pods}/web?fieldManager=pb-test"),
+            Some("application/apply-patch+yaml"),
+            Some(
+                b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels:\n    tier: back\n"
+                    .to_vec(),
+            ),
+        )
+        .await;
+    assert_eq!(code, 200, "{applied}");
+    assert_eq!(applied["metadata"]["labels"]["tier"], "back");
+    let (_, value, _) = ts
+        .etcd_dump()
+        .await
+        .into_iter()
+        .find(|(k, _, _)| *k == ts.pod_key("ns1", "web"))
+        .expect("stored");
+    assert!(value.starts_with(b"k8s\0"));
+    let decoded = watchcache::object::protobuf::decode(&value).expect("decodes");
+    let entry = &decoded["metadata"]["managedFields"][0];
+    assert_eq!(entry["manager"], "pb-test", "{decoded}");
+    assert_eq!(
+        entry["fieldsV1"],
+        json!({"f:metadata": {"f:labels": {"f:tier": {}}}}),
+        "{decoded}"
+    );
     // A field the schema does not have is refused, not silently dropped.
     let mut odd = api_support::pod("ns1", "odd");
     odd["spec"]["notAField"] = json!(1);

@@ -139,6 +139,19 @@ impl ApiStatus {
         self
     }
 
+    /// One `details.causes` entry about a field (`.spec.replicas`).
+    pub fn with_field_cause(mut self, reason: &str, message: &str, field: &str) -> ApiStatus {
+        self.details
+            .get_or_insert_with(Box::default)
+            .causes
+            .push(StatusCause {
+                reason: reason.to_string(),
+                message: message.to_string(),
+                field: field.to_string(),
+            });
+        self
+    }
+
     /// The `Status` object (the object layer renders it).
     pub fn status(&self) -> Status {
         let status = Status::failure(self.code, self.reason, self.message.clone());

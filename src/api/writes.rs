@@ -21,6 +21,7 @@ use crate::object::{metadata_str, set_resource_version, strip_resource_version};
 use crate::storage::{Preconditions, StorageError, StoredObject, UpdateAction, WriteOptions};
 
 use super::errors::{UpdateError, What, storage_status, update_status};
+use super::field_manager;
 use super::k8s::{Target, json_value};
 use super::params::{Query, media_type, parse_resource_version};
 use super::{ApiStatus, Body, Resource, State, json_response};
@@ -412,11 +413,22 @@ fn prepare_update_body(body: &[u8], target: &Target<'_>) -> Result<Value, ApiSta
 }
 
 /// Copies the server-owned fields (uid, creationTimestamp) of `current` into
-/// `obj` and strips resourceVersion.
+/// `obj` and strips resourceVersion. `managedFields` left out of `obj` are
+/// kept, as kube-apiserver keeps them for an update that does not send them
+/// (kubectl replace, an edit of an object read without them).
 fn carry_system_fields(obj: &mut Value, current: &Value) -> Result<(), ApiStatus> {
     let uid = metadata_str(current, "uid").map(str::to_string);
     let created = metadata_str(current, "creationTimestamp").map(str::to_string);
+    let managed = current
+        .get("metadata")
+        .and_then(|m| m.get("managedFields"))
+        .cloned();
     let meta = meta_mut(obj)?;
+    if let Some(managed) = managed
+        && !meta.contains_key("managedFields")
+    {
+        meta.insert("managedFields".into(), managed);
+    }
     match uid {
         Some(u) => meta.insert("uid".into(), Value::String(u)),
         None => meta.remove("uid"),
@@ -624,6 +636,14 @@ pub(crate) async fn patch(
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok()),
     );
+    if ct.as_deref() == Some(APPLY_PATCH) {
+        return apply_patch(state, target, query, body).await;
+    }
+    if query.has("force") {
+        return Err(ApiStatus::invalid(
+            "force: Forbidden: may not be specified for non-apply patch",
+        ));
+    }
     let kind = match ct.as_deref() {
         Some("application/merge-patch+json") => PatchKind::Merge(parse_json(&body)?),
         Some("application/strategic-merge-patch+json") => PatchKind::Strategic(parse_json(&body)?),
@@ -641,7 +661,7 @@ pub(crate) async fn patch(
         }
         other => {
             return Err(ApiStatus::unsupported_media_type(format!(
-                "the body of the request was in an unknown format ({}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                "the body of the request was in an unknown format ({}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json",
                 other.unwrap_or("no Content-Type")
             )));
         }
@@ -703,6 +723,173 @@ pub(crate) async fn patch(
     })
     .await?;
     Ok(stored_response(200, res, &stored))
+}
+
+/// Server-side apply's media type (the body is YAML or JSON).
+const APPLY_PATCH: &str = "application/apply-patch+yaml";
+
+/// kube-apiserver's limit on a field manager's name.
+const MAX_FIELD_MANAGER_LEN: usize = 128;
+
+/// The applied configuration of a server-side apply: YAML (JSON is YAML),
+/// an object with its type meta; identity fields checked against the path.
+fn parse_applied(body: &[u8], target: &Target<'_>) -> Result<Value, ApiStatus> {
+    let mut obj: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(_) => {
+            let text = std::str::from_utf8(body)
+                .map_err(|_| ApiStatus::bad_request("the applied configuration is not UTF-8"))?;
+            // serde_saphyr's default budget bounds what aliases expand to;
+            // no snippet of the body (a Secret's data) in the error.
+            let options = serde_saphyr::options! { with_snippet: false };
+            serde_saphyr::from_str_with_options(text, options)
+                .map_err(|e| ApiStatus::bad_request(format!("error decoding YAML: {e}")))?
+        }
+    };
+    if !obj.is_object() {
+        return Err(ApiStatus::bad_request(
+            "the applied configuration must be an object",
+        ));
+    }
+    for field in ["apiVersion", "kind"] {
+        if obj
+            .get(field)
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            return Err(ApiStatus::bad_request(format!(
+                "Object '{}' is missing in the applied configuration",
+                if field == "kind" {
+                    "Kind"
+                } else {
+                    "apiVersion"
+                }
+            )));
+        }
+    }
+    check_type_meta(&mut obj, target.resource)?;
+    let path_name = target.name.unwrap_or_default();
+    match meta_string(&obj, "name")?.as_deref() {
+        None | Some("") => {
+            meta_mut(&mut obj)?.insert("name".into(), Value::String(path_name.to_string()));
+        }
+        Some(n) if n == path_name => {}
+        Some(n) => {
+            return Err(ApiStatus::bad_request(format!(
+                "the name of the object ({n}) does not match the name on the URL ({path_name})"
+            )));
+        }
+    }
+    reconcile_namespace(&mut obj, target)?;
+    if obj
+        .get("metadata")
+        .and_then(|m| m.get("managedFields"))
+        .is_some_and(|m| !m.is_null())
+    {
+        return Err(ApiStatus::bad_request("metadata.managedFields must be nil"));
+    }
+    Ok(obj)
+}
+
+/// `PATCH` with `application/apply-patch+yaml` (`field_manager` has the
+/// rules): merged into the stored object, or created when there is none
+/// (201). `metadata.resourceVersion` in the configuration is a precondition.
+async fn apply_patch(
+    state: &State,
+    target: &Target<'_>,
+    query: &Query,
+    body: Bytes,
+) -> Result<Response<Body>, ApiStatus> {
+    let manager = match query.get("fieldManager") {
+        Some(m) if !m.is_empty() => m,
+        _ => {
+            return Err(ApiStatus::invalid(
+                "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Required value: is required for apply patch",
+            ));
+        }
+    };
+    if manager.len() > MAX_FIELD_MANAGER_LEN {
+        return Err(ApiStatus::invalid(format!(
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Too long: may not be more than {MAX_FIELD_MANAGER_LEN} bytes"
+        )));
+    }
+    let force = query.bool("force");
+    let dry_run = query.dry_run()?;
+    let res = target.resource;
+    let mut applied = parse_applied(&body, target)?;
+    let precondition = meta_string(&applied, "resourceVersion")?.filter(|rv| !rv.is_empty());
+    strip_resource_version(&mut applied);
+    let name = target.name.unwrap_or_default();
+    let key = res.cacher.codec().key(target.namespace, name);
+    let opts = write_options(res, dry_run);
+    let what = target.what();
+    let now = now_rfc3339();
+    let api_version = res.config.api_version();
+    let req = field_manager::ApplyRequest {
+        applied: &applied,
+        manager,
+        force,
+        api_version: &api_version,
+        now: &now,
+    };
+    // Twice at most: an object created between the update's "not found"
+    // and the create is then updated.
+    for _ in 0..2 {
+        let suggestion = suggestion(target, &key).await;
+        let updated = state
+            .storage
+            .guaranteed_update(
+                &key,
+                &Preconditions::none(),
+                suggestion,
+                &opts,
+                |cur| -> Result<UpdateAction, UpdateError> {
+                    if let Some(rv) = &precondition
+                        && *rv != cur.mod_revision.to_string()
+                    {
+                        return Err(StorageError::modified(&key).into());
+                    }
+                    let current = parse_stored(cur)?;
+                    let mut out = field_manager::apply(Some(&current), &req)?;
+                    reconcile_namespace(&mut out, target)?;
+                    meta_mut(&mut out)?.insert("name".into(), Value::String(name.to_string()));
+                    carry_system_fields(&mut out, &current)?;
+                    Ok(UpdateAction::Update(to_bytes(res, &out)?))
+                },
+            )
+            .await;
+        let not_found = match updated {
+            Ok(stored) => return Ok(stored_response(200, res, &stored)),
+            Err(UpdateError::Storage(e @ StorageError::NotFound { .. })) => e,
+            Err(e) => return Err(update_status(e, &what)),
+        };
+        if precondition.is_some() {
+            return Err(storage_status(not_found, &what));
+        }
+        validate_name(res, name)?;
+        if let Some(ns) = &target.namespace {
+            invalid_field("metadata.namespace", ns, is_dns1123_label(ns))?;
+        }
+        let mut out = field_manager::apply(None, &req)?;
+        reconcile_namespace(&mut out, target)?;
+        let meta = meta_mut(&mut out)?;
+        meta.insert("name".into(), Value::String(name.to_string()));
+        meta.insert(
+            "uid".into(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
+        meta.insert("creationTimestamp".into(), Value::String(now.clone()));
+        match state
+            .storage
+            .create(&key, to_bytes(res, &out)?, &opts)
+            .await
+        {
+            Ok(stored) => return Ok(stored_response(201, res, &stored)),
+            Err(StorageError::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(storage_status(e, &what)),
+        }
+    }
+    Err(storage_status(StorageError::modified(&key), &what))
 }
 
 pub(crate) async fn delete(
