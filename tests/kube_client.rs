@@ -164,17 +164,58 @@ async fn dynamic_api_verbs() {
         .await
         .expect("strategic merge patch");
     assert_eq!(patched.data["spec"]["nodeName"], "node-3");
-    let err = api
+    // Server-side apply through kube's Patch::Apply: the label set and its
+    // manager recorded; another manager's different value conflicts (409)
+    // until forced.
+    let applied = api
         .patch(
             "k1",
             &PatchParams::apply("test"),
-            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod"})),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "k1", "labels": {"owner": "test"}}})),
         )
         .await
-        .expect_err("server-side apply is not supported");
+        .expect("server-side apply");
+    assert_eq!(
+        applied
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("owner")),
+        Some(&"test".to_string())
+    );
+    let managers: Vec<_> = applied
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| (m.manager.clone(), m.operation.clone()))
+        .collect();
+    assert_eq!(
+        managers,
+        [(Some("test".to_string()), Some("Apply".to_string()))]
+    );
+    let other = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "k1", "labels": {"owner": "other"}}});
+    let err = api
+        .patch("k1", &PatchParams::apply("other"), &Patch::Apply(&other))
+        .await
+        .expect_err("a conflict");
     assert!(
-        matches!(err, kube::Error::Api(ref s) if s.code == 415),
+        matches!(err, kube::Error::Api(ref s) if s.code == 409 && s.reason == "Conflict"),
         "{err:?}"
+    );
+    let forced = api
+        .patch(
+            "k1",
+            &PatchParams::apply("other").force(),
+            &Patch::Apply(&other),
+        )
+        .await
+        .expect("forced apply");
+    assert_eq!(
+        forced.metadata.labels.as_ref().and_then(|l| l.get("owner")),
+        Some(&"other".to_string())
     );
 
     // delete

@@ -540,8 +540,27 @@ async fn server_side_apply_refuses_bad_requests() {
         .await;
     assert_eq!(c, 422, "{v}");
 
-    // YAML creates (201), the same again changes nothing but is 200.
-    let yaml = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\nspec:\n  nodeName: n1\n";
+    // A uid names an object that must exist: 409 when none does.
+    let mut with_uid = good.clone();
+    with_uid["metadata"]["uid"] = json!("not-there");
+    let (c, v) = ts
+        .send(
+            reqwest::Method::PATCH,
+            &apply,
+            Some(ct),
+            body(with_uid.clone()),
+        )
+        .await;
+    assert_eq!(c, 409, "{v}");
+    assert!(
+        v["message"].as_str().unwrap().contains("uid mismatch"),
+        "{v}"
+    );
+
+    // YAML creates (201; a resourceVersion is no precondition on a create;
+    // `010` is octal, as YAML 1.1 and kube-apiserver read it), the same
+    // again changes nothing but is 200.
+    let yaml = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  resourceVersion: \"1\"\nspec:\n  nodeName: n1\n  terminationGracePeriodSeconds: 010\n";
     let (c, created) = ts
         .send(
             reqwest::Method::PATCH,
@@ -552,7 +571,9 @@ async fn server_side_apply_refuses_bad_requests() {
         .await;
     assert_eq!(c, 201, "{created}");
     assert_eq!(created["metadata"]["namespace"], "ns1");
-    let (c, again) = ts
+    assert_eq!(created["spec"]["terminationGracePeriodSeconds"], 8);
+    // On the object that now exists, the same "1" (never a key's revision: etcd's first write is 2) is a failed precondition.
+    let (c, v) = ts
         .send(
             reqwest::Method::PATCH,
             &apply,
@@ -560,8 +581,23 @@ async fn server_side_apply_refuses_bad_requests() {
             Some(yaml.to_vec()),
         )
         .await;
+    assert_eq!(c, 409, "{v}");
+    let yaml = String::from_utf8_lossy(yaml).replace("  resourceVersion: \"1\"\n", "");
+    let (c, again) = ts
+        .send(
+            reqwest::Method::PATCH,
+            &apply,
+            Some(ct),
+            Some(yaml.into_bytes()),
+        )
+        .await;
     assert_eq!(c, 200, "{again}");
     assert_eq!(again, created, "the same configuration writes nothing");
+    // Another object's uid: 422, as for any write that changes it.
+    let (c, v) = ts
+        .send(reqwest::Method::PATCH, &apply, Some(ct), body(with_uid))
+        .await;
+    assert_eq!(c, 422, "{v}");
     // A stale resourceVersion: 409, nothing written.
     let mut stale = good.clone();
     stale["metadata"]["resourceVersion"] = json!("1");
@@ -572,4 +608,29 @@ async fn server_side_apply_refuses_bad_requests() {
     assert_eq!(c, 409, "{v}");
     let stored = ts.etcd_get(&ts.pod_key("ns1", "p")).await.expect("stored");
     assert_eq!(stored["spec"]["nodeName"], "n1");
+    // resourceVersion "0": unconditional.
+    let mut any = good.clone();
+    any["metadata"]["resourceVersion"] = json!("0");
+    any["spec"]["nodeName"] = json!("n3");
+    let (c, v) = ts
+        .send(reqwest::Method::PATCH, &apply, Some(ct), body(any))
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["spec"]["nodeName"], "n3");
+    // A merge patch that nulls managedFields keeps them; a PUT of `[{}]`
+    // clears them (kube-apiserver's reset).
+    let (c, v) = ts
+        .patch_json(
+            path,
+            "application/merge-patch+json",
+            &json!({"metadata": {"managedFields": null}}),
+        )
+        .await;
+    assert_eq!(c, 200, "{v}");
+    assert_eq!(v["metadata"]["managedFields"][0]["manager"], "t", "{v}");
+    let mut reset = v.clone();
+    reset["metadata"]["managedFields"] = json!([{}]);
+    let (c, v) = ts.put_json(path, &reset).await;
+    assert_eq!(c, 200, "{v}");
+    assert!(v["metadata"].get("managedFields").is_none(), "{v}");
 }

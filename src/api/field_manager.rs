@@ -135,11 +135,6 @@ pub(crate) fn to_fields_v1(set: &FieldSet) -> Value {
     Value::Object(root)
 }
 
-/// Whether one field lies within the other (or they are the same).
-fn overlaps(a: &[String], b: &[String]) -> bool {
-    a.starts_with(b) || b.starts_with(a)
-}
-
 /// The value at `path`, when every step is an object field (`f:`).
 fn value_at<'a>(v: &'a Value, path: &[String]) -> Option<&'a Value> {
     path.iter()
@@ -301,6 +296,33 @@ pub(crate) struct ApplyRequest<'a> {
     pub now: &'a str,
 }
 
+/// Whether applying `p` changes `live`: an empty object only sets the field
+/// when there is no object there (the merge keeps the live map's keys, as
+/// structured-merge-diff merges maps); any other value when it differs.
+fn changes(live: &Value, applied: &Value, p: &[String]) -> bool {
+    let (now, want) = (value_at(live, p), value_at(applied, p));
+    match want {
+        Some(Value::Object(m)) if m.is_empty() => !now.is_some_and(Value::is_object),
+        _ => now != want,
+    }
+}
+
+/// The order kube-apiserver stores entries in: `Apply` before `Update`, then
+/// by time, manager, apiVersion and subresource.
+fn entry_order(a: &Map<String, Value>, b: &Map<String, Value>) -> std::cmp::Ordering {
+    let key = |e: &Map<String, Value>| {
+        let s = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        (
+            s("operation"),
+            s("time"),
+            s("manager"),
+            s("apiVersion"),
+            s("subresource"),
+        )
+    };
+    key(a).cmp(&key(b))
+}
+
 /// Applies `req` to `live` (the stored object, or `None` to create), giving
 /// the new object with its `managedFields`; identity fields (name,
 /// namespace, uid, creationTimestamp) are the caller's.
@@ -314,18 +336,17 @@ pub(crate) fn apply(live: Option<&Value>, req: &ApplyRequest<'_>) -> Result<Valu
         .and_then(|i| entries[i].fields.clone())
         .unwrap_or_default();
 
-    // Conflicts: a field another manager owns, to a value this apply changes.
+    // Conflicts: a field another manager owns at or inside a field this
+    // apply changes. A manager owning a parent (kube-apiserver's `"."`, e.g.
+    // the labels map) does not own the fields inside it.
     let mut conflicts: BTreeSet<(usize, FieldPath)> = BTreeSet::new();
     for (i, e) in entries.iter().enumerate() {
         if Some(i) == mine {
             continue;
         }
         let Some(theirs) = &e.fields else { continue };
-        for p in new_fields
-            .iter()
-            .filter(|p| value_at(live, p) != value_at(req.applied, p))
-        {
-            for q in theirs.iter().filter(|q| overlaps(p, q)) {
+        for p in new_fields.iter().filter(|p| changes(live, req.applied, p)) {
+            for q in theirs.iter().filter(|q| q.starts_with(p)) {
                 conflicts.insert((i, q.clone()));
             }
         }
@@ -343,21 +364,23 @@ pub(crate) fn apply(live: Option<&Value>, req: &ApplyRequest<'_>) -> Result<Valu
 
     let mut out = live.clone();
     // What this manager applied before and no longer applies goes, unless
-    // another manager owns it too.
+    // it (or a field inside it) is still applied or owned by another manager.
     for p in old_fields.difference(&new_fields) {
-        let kept = new_fields.iter().any(|n| overlaps(n, p))
+        let kept = new_fields.iter().any(|n| n.starts_with(p))
             || entries.iter().enumerate().any(|(i, e)| {
                 Some(i) != mine
                     && e.fields
                         .as_ref()
-                        .is_some_and(|s| s.iter().any(|q| overlaps(p, q)))
+                        .is_some_and(|s| s.iter().any(|q| q.starts_with(p)))
             });
         if !kept {
             remove_at(&mut out, p);
         }
     }
     for p in &new_fields {
-        if let Some(v) = value_at(req.applied, p) {
+        if changes(&out, req.applied, p)
+            && let Some(v) = value_at(req.applied, p)
+        {
             set_at(&mut out, p, v.clone());
         }
     }
@@ -367,32 +390,23 @@ pub(crate) fn apply(live: Option<&Value>, req: &ApplyRequest<'_>) -> Result<Valu
         }
     }
 
-    // The managed fields: this manager's entry now; others as they were
-    // (less what was forced from them), empty ones dropped.
-    // The entry's time moves only when its fields do (kube-apiserver's
-    // ManagedFieldsUpdater): applying the same configuration again then
-    // changes nothing, and nothing is written.
-    let time = match mine {
-        Some(i) if old_fields == new_fields => entries[i]
-            .raw
-            .get("time")
-            .cloned()
-            .unwrap_or_else(|| req.now.into()),
-        _ => req.now.into(),
+    // The managed fields: this manager's entry (none when it applies
+    // nothing); others as they were, less what was forced from them, empty
+    // ones dropped; in kube-apiserver's order.
+    let mine_entry = |time: Value| {
+        let mut e = Map::new();
+        e.insert("manager".into(), req.manager.into());
+        e.insert("operation".into(), APPLY.into());
+        e.insert("apiVersion".into(), req.api_version.into());
+        e.insert("time".into(), time);
+        e.insert("fieldsType".into(), "FieldsV1".into());
+        e.insert("fieldsV1".into(), to_fields_v1(&new_fields));
+        e
     };
-    let mut mine_entry = Map::new();
-    mine_entry.insert("manager".into(), req.manager.into());
-    mine_entry.insert("operation".into(), APPLY.into());
-    mine_entry.insert("apiVersion".into(), req.api_version.into());
-    mine_entry.insert("time".into(), time);
-    mine_entry.insert("fieldsType".into(), "FieldsV1".into());
-    mine_entry.insert("fieldsV1".into(), to_fields_v1(&new_fields));
-    let mut list = Vec::with_capacity(entries.len() + 1);
-    let mut placed = false;
+    let old_time = mine.and_then(|i| entries[i].raw.get("time").cloned());
+    let mut list: Vec<Map<String, Value>> = Vec::with_capacity(entries.len() + 1);
     for (i, mut e) in entries.drain(..).enumerate() {
         if Some(i) == mine {
-            list.push(Value::Object(std::mem::take(&mut mine_entry)));
-            placed = true;
             continue;
         }
         match &e.fields {
@@ -402,20 +416,39 @@ pub(crate) fn apply(live: Option<&Value>, req: &ApplyRequest<'_>) -> Result<Valu
             }
             None => {}
         }
-        list.push(Value::Object(e.raw));
+        list.push(e.raw);
     }
-    if !placed && !new_fields.is_empty() {
-        list.push(Value::Object(mine_entry));
+    let with_entry = |out: &Value, time: Option<Value>| -> Value {
+        let mut list = list.clone();
+        if !new_fields.is_empty() {
+            list.push(mine_entry(time.unwrap_or_else(|| req.now.into())));
+        }
+        list.sort_by(entry_order);
+        let mut out = if out.is_object() {
+            out.clone()
+        } else {
+            Value::Object(Map::new())
+        };
+        if list.is_empty() {
+            remove_at(&mut out, &["f:metadata".into(), "f:managedFields".into()]);
+        } else {
+            let list = list.into_iter().map(Value::Object).collect();
+            set_at(
+                &mut out,
+                &["f:metadata".into(), "f:managedFields".into()],
+                Value::Array(list),
+            );
+        }
+        out
+    };
+    // The entry's time moves when the object does (kube-apiserver's
+    // ManagedFieldsUpdater, less its timestamp-only changes): applying the
+    // same configuration again changes nothing, and nothing is written.
+    let kept_time = with_entry(&out, old_time);
+    if kept_time == *live {
+        return Ok(kept_time);
     }
-    if !out.is_object() {
-        out = Value::Object(Map::new());
-    }
-    set_at(
-        &mut out,
-        &["f:metadata".into(), "f:managedFields".into()],
-        Value::Array(list),
-    );
-    Ok(out)
+    Ok(with_entry(&out, None))
 }
 
 /// kube-apiserver's apply conflict: 409 `Conflict`, a
@@ -564,6 +597,21 @@ mod tests {
             ..req(&a, "m", false)
         };
         assert_eq!(apply(Some(&first), &later).unwrap(), first);
+        // The same fields, another value: the object moved, so the time does.
+        let c = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a"}, "data": {"k": "w"}});
+        let changed = apply(
+            Some(&first),
+            &ApplyRequest {
+                applied: &c,
+                ..later
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            changed["metadata"]["managedFields"][0]["time"],
+            "2030-01-01T00:00:00Z"
+        );
         // New fields: a new time.
         let b = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "a"}, "data": {"k": "v", "l": "w"}});
@@ -638,11 +686,65 @@ mod tests {
         let out = apply(Some(&live), &req(&applied, "helm", true)).unwrap();
         assert_eq!(out["spec"], json!({"replicas": 5, "paused": true}));
         assert_eq!(out["status"], json!({"ready": 1}));
+        // Apply entries first, then Update ones by time (none is oldest).
         let entries = out["metadata"]["managedFields"].as_array().unwrap();
         assert_eq!(entries.len(), 3, "{entries:?}");
-        assert_eq!(entries[0]["fieldsV1"], json!({"f:status": {"f:ready": {}}}));
+        assert_eq!(entries[0]["manager"], "helm");
         assert_eq!(entries[1]["fieldsType"], "FieldsV2", "kept untouched");
-        assert_eq!(entries[2]["manager"], "helm");
+        assert_eq!(entries[2]["fieldsV1"], json!({"f:status": {"f:ready": {}}}));
+    }
+
+    /// kube-apiserver's `Update` entries own parents with `"."` (the labels
+    /// map itself): a new label inside is no conflict, and the parent stays
+    /// theirs. An empty map applied keeps what the live map holds.
+    #[test]
+    fn owning_a_map_is_not_owning_its_fields_and_empty_maps_merge() {
+        let live = json!({"metadata": {"name": "a", "labels": {"app": "x"},
+            "annotations": {"note": "n"},
+            "managedFields": [{"manager": "kubectl-create", "operation": "Update",
+                "apiVersion": "v1", "time": "2026-01-01T00:00:00Z", "fieldsType": "FieldsV1",
+                "fieldsV1": {"f:metadata": {"f:labels": {".": {}, "f:app": {}}}}}]},
+            "status": {"phase": "Running"}});
+        let applied = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "labels": {"tier": "fe"}, "annotations": {}},
+            "status": {}});
+        let out = apply(Some(&live), &req(&applied, "m", false)).expect("no conflict");
+        assert_eq!(out["metadata"]["labels"], json!({"app": "x", "tier": "fe"}));
+        assert_eq!(out["metadata"]["annotations"], json!({"note": "n"}));
+        assert_eq!(out["status"], json!({"phase": "Running"}));
+        let entries = out["metadata"]["managedFields"].as_array().unwrap();
+        assert_eq!(entries[0]["manager"], "m");
+        assert_eq!(
+            entries[1]["fieldsV1"],
+            json!({"f:metadata": {"f:labels": {".": {}, "f:app": {}}}})
+        );
+        // A different value for their label conflicts; the same does not.
+        let other = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "labels": {"app": "y"}}});
+        let err = apply(Some(&live), &req(&other, "m", false)).unwrap_err();
+        assert!(
+            err.message.ends_with(".metadata.labels.app"),
+            "{}",
+            err.message
+        );
+        // An empty map where there is none, or where a value is, sets it.
+        let bare = json!({"metadata": {"name": "a", "labels": "odd"}});
+        let out = apply(Some(&bare), &req(&applied, "m", false)).unwrap();
+        assert_eq!(out["metadata"]["labels"], json!({"tier": "fe"}));
+        assert_eq!(out["status"], json!({}));
+    }
+
+    /// A manager that applies nothing any more has no entry; with no
+    /// entries left there is no managedFields.
+    #[test]
+    fn a_manager_that_applies_nothing_has_no_entry() {
+        let a = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "a"}, "data": {"k": "v"}});
+        let live = apply(None, &req(&a, "m", false)).unwrap();
+        let nothing = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a"}});
+        let out = apply(Some(&live), &req(&nothing, "m", false)).unwrap();
+        assert_eq!(out["data"], json!({}));
+        assert!(out["metadata"].get("managedFields").is_none(), "{out}");
     }
 
     #[test]

@@ -413,9 +413,9 @@ fn prepare_update_body(body: &[u8], target: &Target<'_>) -> Result<Value, ApiSta
 }
 
 /// Copies the server-owned fields (uid, creationTimestamp) of `current` into
-/// `obj` and strips resourceVersion. `managedFields` left out of `obj` are
-/// kept, as kube-apiserver keeps them for an update that does not send them
-/// (kubectl replace, an edit of an object read without them).
+/// `obj` and strips resourceVersion. `managedFields` left out of `obj` (or
+/// null) are kept, as kube-apiserver keeps them for an update that does not
+/// send them (kubectl replace); `[]` and `[{}]` clear them, as there.
 fn carry_system_fields(obj: &mut Value, current: &Value) -> Result<(), ApiStatus> {
     let uid = metadata_str(current, "uid").map(str::to_string);
     let created = metadata_str(current, "creationTimestamp").map(str::to_string);
@@ -424,11 +424,18 @@ fn carry_system_fields(obj: &mut Value, current: &Value) -> Result<(), ApiStatus
         .and_then(|m| m.get("managedFields"))
         .cloned();
     let meta = meta_mut(obj)?;
-    if let Some(managed) = managed
-        && !meta.contains_key("managedFields")
-    {
-        meta.insert("managedFields".into(), managed);
-    }
+    match meta.get("managedFields") {
+        // Not sent (or null): the stored entries stay.
+        None | Some(Value::Null) => match managed {
+            Some(m) => meta.insert("managedFields".into(), m),
+            None => meta.remove("managedFields"),
+        },
+        // `[]` or `[{}]`: kube-apiserver's way to clear them.
+        Some(Value::Array(a)) if a.iter().all(|e| e.as_object().is_some_and(Map::is_empty)) => {
+            meta.remove("managedFields")
+        }
+        Some(_) => None,
+    };
     match uid {
         Some(u) => meta.insert("uid".into(), Value::String(u)),
         None => meta.remove("uid"),
@@ -639,11 +646,6 @@ pub(crate) async fn patch(
     if ct.as_deref() == Some(APPLY_PATCH) {
         return apply_patch(state, target, query, body).await;
     }
-    if query.has("force") {
-        return Err(ApiStatus::invalid(
-            "force: Forbidden: may not be specified for non-apply patch",
-        ));
-    }
     let kind = match ct.as_deref() {
         Some("application/merge-patch+json") => PatchKind::Merge(parse_json(&body)?),
         Some("application/strategic-merge-patch+json") => PatchKind::Strategic(parse_json(&body)?),
@@ -666,6 +668,11 @@ pub(crate) async fn patch(
             )));
         }
     };
+    if query.has("force") {
+        return Err(ApiStatus::invalid(
+            "PatchOptions.meta.k8s.io \"\" is invalid: force: Forbidden: may not be specified for non-apply patch",
+        ));
+    }
     if let PatchKind::Merge(v) | PatchKind::Strategic(v) = &kind
         && !v.is_object()
     {
@@ -741,7 +748,12 @@ fn parse_applied(body: &[u8], target: &Target<'_>) -> Result<Value, ApiStatus> {
                 .map_err(|_| ApiStatus::bad_request("the applied configuration is not UTF-8"))?;
             // serde_saphyr's default budget bounds what aliases expand to;
             // no snippet of the body (a Secret's data) in the error.
-            let options = serde_saphyr::options! { with_snippet: false };
+            // Leading-zero octal (`defaultMode: 0644`) as YAML 1.1 reads it,
+            // like kube-apiserver's sigs.k8s.io/yaml.
+            let options = serde_saphyr::options! {
+                with_snippet: false,
+                legacy_octal_numbers: true,
+            };
             serde_saphyr::from_str_with_options(text, options)
                 .map_err(|e| ApiStatus::bad_request(format!("error decoding YAML: {e}")))?
         }
@@ -793,7 +805,7 @@ fn parse_applied(body: &[u8], target: &Target<'_>) -> Result<Value, ApiStatus> {
 
 /// `PATCH` with `application/apply-patch+yaml` (`field_manager` has the
 /// rules): merged into the stored object, or created when there is none
-/// (201). `metadata.resourceVersion` in the configuration is a precondition.
+/// (201). A `metadata.uid` in the configuration must be the object's.
 async fn apply_patch(
     state: &State,
     target: &Target<'_>,
@@ -813,12 +825,22 @@ async fn apply_patch(
             "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Too long: may not be more than {MAX_FIELD_MANAGER_LEN} bytes"
         )));
     }
+    if manager.chars().any(char::is_control) {
+        return Err(ApiStatus::invalid(format!(
+            "PatchOptions.meta.k8s.io \"\" is invalid: fieldManager: Invalid value: {manager:?}: must only contain printable characters"
+        )));
+    }
     let force = query.bool("force");
     let dry_run = query.dry_run()?;
     let res = target.resource;
     let mut applied = parse_applied(&body, target)?;
-    let precondition = meta_string(&applied, "resourceVersion")?.filter(|rv| !rv.is_empty());
+    // A resourceVersion is a precondition on an existing object (0 or none:
+    // unconditional), ignored on a create, as kube-apiserver's store does.
+    let precondition =
+        parse_resource_version(meta_string(&applied, "resourceVersion")?.as_deref())?
+            .filter(|rv| *rv > 0);
     strip_resource_version(&mut applied);
+    let applied_uid = meta_string(&applied, "uid")?.filter(|u| !u.is_empty());
     let name = target.name.unwrap_or_default();
     let key = res.cacher.codec().key(target.namespace, name);
     let opts = write_options(res, dry_run);
@@ -844,12 +866,19 @@ async fn apply_patch(
                 suggestion,
                 &opts,
                 |cur| -> Result<UpdateAction, UpdateError> {
-                    if let Some(rv) = &precondition
-                        && *rv != cur.mod_revision.to_string()
-                    {
+                    if precondition.is_some_and(|rv| rv != cur.mod_revision) {
                         return Err(StorageError::modified(&key).into());
                     }
                     let current = parse_stored(cur)?;
+                    if applied_uid
+                        .as_deref()
+                        .is_some_and(|u| Some(u) != metadata_str(&current, "uid"))
+                    {
+                        return Err(ApiStatus::invalid(
+                            "metadata.uid: Invalid value: field is immutable",
+                        )
+                        .into());
+                    }
                     let mut out = field_manager::apply(Some(&current), &req)?;
                     reconcile_namespace(&mut out, target)?;
                     meta_mut(&mut out)?.insert("name".into(), Value::String(name.to_string()));
@@ -858,13 +887,15 @@ async fn apply_patch(
                 },
             )
             .await;
-        let not_found = match updated {
+        match updated {
             Ok(stored) => return Ok(stored_response(200, res, &stored)),
-            Err(UpdateError::Storage(e @ StorageError::NotFound { .. })) => e,
+            Err(UpdateError::Storage(StorageError::NotFound { .. })) => {}
             Err(e) => return Err(update_status(e, &what)),
-        };
-        if precondition.is_some() {
-            return Err(storage_status(not_found, &what));
+        }
+        if let Some(uid) = &applied_uid {
+            return Err(ApiStatus::conflict(format!(
+                "uid mismatch: the provided object specified uid {uid}, and no existing object was found"
+            )));
         }
         validate_name(res, name)?;
         if let Some(ns) = &target.namespace {
