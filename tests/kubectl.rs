@@ -465,8 +465,9 @@ async fn kubectl_server_side_apply() {
 
 /// Server-side apply's own rules, over raw requests: a field manager is
 /// required, `force` only goes with apply, the body must be an object with
-/// its type, managedFields may not be sent, and a resourceVersion in the
-/// configuration is a precondition. Nothing refused is written.
+/// its type, managedFields may not be sent, a uid must be the object's, and
+/// a resourceVersion is a precondition on an existing object (none on a
+/// create, `0` unconditional). Nothing refused is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_side_apply_refuses_bad_requests() {
     let ts = TestServer::start("ssa-bad", |_| {}).await;

@@ -127,16 +127,8 @@ impl ApiStatus {
     }
 
     /// One `details.causes` entry (`reason` is Kubernetes' cause type).
-    pub fn with_cause(mut self, reason: &str, message: &str) -> ApiStatus {
-        self.details
-            .get_or_insert_with(Box::default)
-            .causes
-            .push(StatusCause {
-                reason: reason.to_string(),
-                message: message.to_string(),
-                field: String::new(),
-            });
-        self
+    pub fn with_cause(self, reason: &str, message: &str) -> ApiStatus {
+        self.with_field_cause(reason, message, "")
     }
 
     /// One `details.causes` entry about a field (`.spec.replicas`).
