@@ -23,10 +23,10 @@ use super::ApiStatus;
 
 /// One field: the `fieldsV1` keys from the object's root (`f:spec`,
 /// `f:replicas`; `k:{..}`, `v:..`, `i:..` in kube-apiserver's own entries).
-pub(crate) type FieldPath = Vec<String>;
+pub type FieldPath = Vec<String>;
 
 /// A set of fields, each owned whole (with everything under it).
-pub(crate) type FieldSet = BTreeSet<FieldPath>;
+pub type FieldSet = BTreeSet<FieldPath>;
 
 /// Top-level and `metadata` fields no manager owns (kube-apiserver's
 /// `stripmeta`): identity and system fields.
@@ -49,7 +49,7 @@ const APPLY: &str = "Apply";
 
 /// The fields an applied configuration sets: every value that is not an
 /// object, and every empty object, by its path; nulls set nothing.
-pub(crate) fn applied_fields(applied: &Value) -> FieldSet {
+pub fn applied_fields(applied: &Value) -> FieldSet {
     fn walk(v: &Map<String, Value>, path: &mut FieldPath, top: bool, out: &mut FieldSet) {
         for (k, child) in v {
             let stripped = if top {
@@ -79,7 +79,7 @@ pub(crate) fn applied_fields(applied: &Value) -> FieldSet {
 
 /// Reads a `fieldsV1` value: a key with an empty object, or with `"."`
 /// among its keys, is an owned field.
-pub(crate) fn parse_fields_v1(v: &Value) -> Option<FieldSet> {
+pub fn parse_fields_v1(v: &Value) -> Option<FieldSet> {
     fn walk(v: &Map<String, Value>, path: &mut FieldPath, out: &mut FieldSet) -> Option<()> {
         for (k, child) in v {
             if k == "." {
@@ -110,7 +110,7 @@ pub(crate) fn parse_fields_v1(v: &Value) -> Option<FieldSet> {
 }
 
 /// Writes a set as `fieldsV1`: a field with fields owned under it gets `"."`.
-pub(crate) fn to_fields_v1(set: &FieldSet) -> Value {
+pub fn to_fields_v1(set: &FieldSet) -> Value {
     let mut root = Map::new();
     for path in set {
         let mut node = &mut root;
@@ -189,7 +189,7 @@ fn remove_at(root: &mut Value, path: &[String]) {
 
 /// A field path as kube-apiserver prints it: `.spec.replicas`,
 /// `.spec.containers[name="c"].image`.
-pub(crate) fn display_path(path: &[String]) -> String {
+pub fn display_path(path: &[String]) -> String {
     let mut s = String::new();
     for seg in path {
         if let Some(f) = seg.strip_prefix("f:") {
@@ -285,7 +285,7 @@ fn read_entries(live: &Value) -> Result<Vec<Entry>, ApiStatus> {
 }
 
 /// What an apply asks for.
-pub(crate) struct ApplyRequest<'a> {
+pub struct ApplyRequest<'a> {
     /// The applied configuration (identity and type meta already checked).
     pub applied: &'a Value,
     pub manager: &'a str,
@@ -326,7 +326,7 @@ fn entry_order(a: &Map<String, Value>, b: &Map<String, Value>) -> std::cmp::Orde
 /// Applies `req` to `live` (the stored object, or `None` to create), giving
 /// the new object with its `managedFields`; identity fields (name,
 /// namespace, uid, creationTimestamp) are the caller's.
-pub(crate) fn apply(live: Option<&Value>, req: &ApplyRequest<'_>) -> Result<Value, ApiStatus> {
+pub fn apply(live: Option<&Value>, req: &ApplyRequest<'_>) -> Result<Value, ApiStatus> {
     let empty = Value::Object(Map::new());
     let live = live.unwrap_or(&empty);
     let mut entries = read_entries(live)?;

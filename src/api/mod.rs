@@ -36,7 +36,7 @@ mod compression;
 mod connection;
 pub mod discovery;
 mod errors;
-mod field_manager;
+pub mod field_manager;
 pub mod k8s;
 pub mod list_body_cache;
 pub mod ops;
