@@ -463,6 +463,17 @@ async fn kubectl_server_side_apply() {
     );
 }
 
+/// A server-side apply of raw (YAML) bytes: (status, JSON body).
+async fn apply_raw(ts: &TestServer, path: &str, body: Vec<u8>) -> (u16, Value) {
+    ts.send(
+        reqwest::Method::PATCH,
+        path,
+        Some("application/apply-patch+yaml"),
+        Some(body),
+    )
+    .await
+}
+
 /// Server-side apply's own rules, over raw requests: a field manager is
 /// required, `force` only goes with apply, the body must be an object with
 /// its type, managedFields may not be sent, a uid must be the object's, and
@@ -473,12 +484,9 @@ async fn server_side_apply_refuses_bad_requests() {
     let ts = TestServer::start("ssa-bad", |_| {}).await;
     let path = "/api/v1/namespaces/ns1/pods/p";
     let ct = "application/apply-patch+yaml";
-    let body = |v: Value| Some(v.to_string().into_bytes());
     let good = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
                       "spec": {"nodeName": "n1"}});
-    let (c, v) = ts
-        .send(reqwest::Method::PATCH, path, Some(ct), body(good.clone()))
-        .await;
+    let (c, v) = ts.patch_json(path, ct, &good).await;
     assert_eq!(c, 422, "{v}");
     assert!(
         v["message"].as_str().unwrap().contains("fieldManager"),
@@ -498,19 +506,15 @@ async fn server_side_apply_refuses_bad_requests() {
             400,
         ),
     ] {
-        let (c, v) = ts
-            .send(reqwest::Method::PATCH, &apply, Some(ct), body(bad.clone()))
-            .await;
+        let (c, v) = ts.patch_json(&apply, ct, &bad).await;
         assert_eq!(c, want, "{bad}: {v}");
     }
-    let (c, v) = ts
-        .send(
-            reqwest::Method::PATCH,
-            &apply,
-            Some(ct),
-            Some(b"apiVersion: v1\nkind: Pod\nmetadata: [unclosed".to_vec()),
-        )
-        .await;
+    let (c, v) = apply_raw(
+        &ts,
+        &apply,
+        b"apiVersion: v1\nkind: Pod\nmetadata: [unclosed".to_vec(),
+    )
+    .await;
     assert_eq!(c, 400, "{v}");
     // Aliases that would expand to a billion nodes: refused, not expanded.
     let mut bomb = String::from("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\n");
@@ -521,14 +525,7 @@ async fn server_side_apply_refuses_bad_requests() {
             "a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"
         ));
     }
-    let (c, v) = ts
-        .send(
-            reqwest::Method::PATCH,
-            &apply,
-            Some(ct),
-            Some(bomb.into_bytes()),
-        )
-        .await;
+    let (c, v) = apply_raw(&ts, &apply, bomb.into_bytes()).await;
     assert_eq!(c, 400, "{v}");
     assert!(v["message"].as_str().unwrap().contains("budget"), "{v}");
     assert!(ts.etcd_get(&ts.pod_key("ns1", "p")).await.is_none());
@@ -544,14 +541,7 @@ async fn server_side_apply_refuses_bad_requests() {
     // A uid names an object that must exist: 409 when none does.
     let mut with_uid = good.clone();
     with_uid["metadata"]["uid"] = json!("not-there");
-    let (c, v) = ts
-        .send(
-            reqwest::Method::PATCH,
-            &apply,
-            Some(ct),
-            body(with_uid.clone()),
-        )
-        .await;
+    let (c, v) = ts.patch_json(&apply, ct, &with_uid).await;
     assert_eq!(c, 409, "{v}");
     assert!(
         v["message"].as_str().unwrap().contains("uid mismatch"),
@@ -562,50 +552,25 @@ async fn server_side_apply_refuses_bad_requests() {
     // `010` is octal, as YAML 1.1 and kube-apiserver read it), the same
     // again changes nothing but is 200.
     let yaml = b"apiVersion: v1\nkind: Pod\nmetadata:\n  name: p\n  resourceVersion: \"1\"\nspec:\n  nodeName: n1\n  terminationGracePeriodSeconds: 010\n";
-    let (c, created) = ts
-        .send(
-            reqwest::Method::PATCH,
-            &apply,
-            Some(ct),
-            Some(yaml.to_vec()),
-        )
-        .await;
+    let (c, created) = apply_raw(&ts, &apply, yaml.to_vec()).await;
     assert_eq!(c, 201, "{created}");
     assert_eq!(created["metadata"]["namespace"], "ns1");
     assert_eq!(created["spec"]["terminationGracePeriodSeconds"], 8);
     // On the object that now exists, the same "1" (never a key's revision: etcd's first write is 2) is a failed precondition.
-    let (c, v) = ts
-        .send(
-            reqwest::Method::PATCH,
-            &apply,
-            Some(ct),
-            Some(yaml.to_vec()),
-        )
-        .await;
+    let (c, v) = apply_raw(&ts, &apply, yaml.to_vec()).await;
     assert_eq!(c, 409, "{v}");
     let yaml = String::from_utf8_lossy(yaml).replace("  resourceVersion: \"1\"\n", "");
-    let (c, again) = ts
-        .send(
-            reqwest::Method::PATCH,
-            &apply,
-            Some(ct),
-            Some(yaml.into_bytes()),
-        )
-        .await;
+    let (c, again) = apply_raw(&ts, &apply, yaml.into_bytes()).await;
     assert_eq!(c, 200, "{again}");
     assert_eq!(again, created, "the same configuration writes nothing");
     // Another object's uid: 422, as for any write that changes it.
-    let (c, v) = ts
-        .send(reqwest::Method::PATCH, &apply, Some(ct), body(with_uid))
-        .await;
+    let (c, v) = ts.patch_json(&apply, ct, &with_uid).await;
     assert_eq!(c, 422, "{v}");
     // A stale resourceVersion: 409, nothing written.
     let mut stale = good.clone();
     stale["metadata"]["resourceVersion"] = json!("1");
     stale["spec"]["nodeName"] = json!("n2");
-    let (c, v) = ts
-        .send(reqwest::Method::PATCH, &apply, Some(ct), body(stale))
-        .await;
+    let (c, v) = ts.patch_json(&apply, ct, &stale).await;
     assert_eq!(c, 409, "{v}");
     let stored = ts.etcd_get(&ts.pod_key("ns1", "p")).await.expect("stored");
     assert_eq!(stored["spec"]["nodeName"], "n1");
@@ -613,9 +578,7 @@ async fn server_side_apply_refuses_bad_requests() {
     let mut any = good.clone();
     any["metadata"]["resourceVersion"] = json!("0");
     any["spec"]["nodeName"] = json!("n3");
-    let (c, v) = ts
-        .send(reqwest::Method::PATCH, &apply, Some(ct), body(any))
-        .await;
+    let (c, v) = ts.patch_json(&apply, ct, &any).await;
     assert_eq!(c, 200, "{v}");
     assert_eq!(v["spec"]["nodeName"], "n3");
     // A merge patch that nulls managedFields keeps them; a PUT of `[{}]`

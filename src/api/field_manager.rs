@@ -124,9 +124,9 @@ pub fn to_fields_v1(set: &FieldSet) -> Value {
             let Value::Object(m) = entry else {
                 break;
             };
-            // Owned itself, with fields owned under it.
-            let last = i + 1 == path.len();
-            if (last && !m.is_empty()) || (!last && set.contains(&path[..=i])) {
+            // Owned itself, with fields owned under it (a set lists a
+            // field before the fields inside it).
+            if i + 1 < path.len() && set.contains(&path[..=i]) {
                 m.insert(".".into(), Value::Object(Map::new()));
             }
             node = m;
@@ -260,16 +260,14 @@ impl Entry {
 }
 
 fn read_entries(live: &Value) -> Result<Vec<Entry>, ApiStatus> {
-    let Some(list) = live.get("metadata").and_then(|m| m.get("managedFields")) else {
-        return Ok(Vec::new());
-    };
-    let Value::Array(items) = list else {
-        return match list {
-            Value::Null => Ok(Vec::new()),
-            _ => Err(ApiStatus::internal(
+    let items = match live.get("metadata").and_then(|m| m.get("managedFields")) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiStatus::internal(
                 "the stored object's metadata.managedFields is not a list",
-            )),
-        };
+            ));
+        }
     };
     Ok(items
         .iter()

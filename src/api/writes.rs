@@ -344,14 +344,7 @@ pub(crate) async fn create(
             "metadata.name: Required value: name or generateName is required",
         ));
     }
-    {
-        let meta = meta_mut(&mut obj)?;
-        meta.insert(
-            "uid".into(),
-            Value::String(uuid::Uuid::new_v4().to_string()),
-        );
-        meta.insert("creationTimestamp".into(), Value::String(now_rfc3339()));
-    }
+    stamp_new(&mut obj, &now_rfc3339())?;
     strip_resource_version(&mut obj);
     let opts = write_options(res, dry_run);
     let mut last = None;
@@ -395,21 +388,30 @@ fn prepare_update_body(body: &[u8], target: &Target<'_>) -> Result<Value, ApiSta
     let mut obj = parse_json(body)?;
     check_type_meta(&mut obj, target.resource)?;
     let path_name = target.name.unwrap_or_default();
-    match meta_string(&obj, "name")?.as_deref() {
+    match meta_string(&obj, "name")? {
         Some(n) if n == path_name => {}
-        Some("") | None => {
-            return Err(ApiStatus::bad_request(format!(
-                "the name of the object () does not match the name on the URL ({path_name})"
-            )));
-        }
-        Some(n) => {
-            return Err(ApiStatus::bad_request(format!(
-                "the name of the object ({n}) does not match the name on the URL ({path_name})"
-            )));
-        }
+        other => return Err(name_mismatch(&other.unwrap_or_default(), path_name)),
     }
     reconcile_namespace(&mut obj, target)?;
     Ok(obj)
+}
+
+/// The 400 for a body whose name is not the one on the URL.
+fn name_mismatch(body_name: &str, path_name: &str) -> ApiStatus {
+    ApiStatus::bad_request(format!(
+        "the name of the object ({body_name}) does not match the name on the URL ({path_name})"
+    ))
+}
+
+/// The server-owned fields of a new object: a fresh uid, created `now`.
+fn stamp_new(obj: &mut Value, now: &str) -> Result<(), ApiStatus> {
+    let meta = meta_mut(obj)?;
+    meta.insert(
+        "uid".into(),
+        Value::String(uuid::Uuid::new_v4().to_string()),
+    );
+    meta.insert("creationTimestamp".into(), Value::String(now.to_string()));
+    Ok(())
 }
 
 /// Copies the server-owned fields (uid, creationTimestamp) of `current` into
@@ -419,17 +421,15 @@ fn prepare_update_body(body: &[u8], target: &Target<'_>) -> Result<Value, ApiSta
 fn carry_system_fields(obj: &mut Value, current: &Value) -> Result<(), ApiStatus> {
     let uid = metadata_str(current, "uid").map(str::to_string);
     let created = metadata_str(current, "creationTimestamp").map(str::to_string);
-    let managed = current
-        .get("metadata")
-        .and_then(|m| m.get("managedFields"))
-        .cloned();
     let meta = meta_mut(obj)?;
     match meta.get("managedFields") {
-        // Not sent (or null): the stored entries stay.
-        None | Some(Value::Null) => match managed {
-            Some(m) => meta.insert("managedFields".into(), m),
-            None => meta.remove("managedFields"),
-        },
+        // Not sent (or null): the stored entries stay (copied only then).
+        None | Some(Value::Null) => {
+            match current.get("metadata").and_then(|m| m.get("managedFields")) {
+                Some(m) => meta.insert("managedFields".into(), m.clone()),
+                None => meta.remove("managedFields"),
+            }
+        }
         // `[]` or `[{}]`: kube-apiserver's way to clear them.
         Some(Value::Array(a)) if a.iter().all(|e| e.as_object().is_some_and(Map::is_empty)) => {
             meta.remove("managedFields")
@@ -702,13 +702,7 @@ pub(crate) async fn patch(
         check_type_meta(&mut doc, res).map_err(|s| ApiStatus::invalid(s.message))?;
         match meta_string(&doc, "name")? {
             Some(n) if n == name => {}
-            other => {
-                return Err(ApiStatus::bad_request(format!(
-                    "the name of the object ({}) does not match the name on the URL ({name})",
-                    other.unwrap_or_default()
-                ))
-                .into());
-            }
+            other => return Err(name_mismatch(&other.unwrap_or_default(), name).into()),
         }
         reconcile_namespace(&mut doc, target)?;
         if let Some(rv) = meta_string(&doc, "resourceVersion")?.filter(|s| !s.is_empty())
@@ -763,19 +757,14 @@ fn parse_applied(body: &[u8], target: &Target<'_>) -> Result<Value, ApiStatus> {
             "the applied configuration must be an object",
         ));
     }
-    for field in ["apiVersion", "kind"] {
+    for (field, shown) in [("apiVersion", "apiVersion"), ("kind", "Kind")] {
         if obj
             .get(field)
             .and_then(Value::as_str)
             .is_none_or(str::is_empty)
         {
             return Err(ApiStatus::bad_request(format!(
-                "Object '{}' is missing in the applied configuration",
-                if field == "kind" {
-                    "Kind"
-                } else {
-                    "apiVersion"
-                }
+                "Object '{shown}' is missing in the applied configuration"
             )));
         }
     }
@@ -786,11 +775,7 @@ fn parse_applied(body: &[u8], target: &Target<'_>) -> Result<Value, ApiStatus> {
             meta_mut(&mut obj)?.insert("name".into(), Value::String(path_name.to_string()));
         }
         Some(n) if n == path_name => {}
-        Some(n) => {
-            return Err(ApiStatus::bad_request(format!(
-                "the name of the object ({n}) does not match the name on the URL ({path_name})"
-            )));
-        }
+        Some(n) => return Err(name_mismatch(n, path_name)),
     }
     reconcile_namespace(&mut obj, target)?;
     if obj
@@ -903,13 +888,8 @@ async fn apply_patch(
         }
         let mut out = field_manager::apply(None, &req)?;
         reconcile_namespace(&mut out, target)?;
-        let meta = meta_mut(&mut out)?;
-        meta.insert("name".into(), Value::String(name.to_string()));
-        meta.insert(
-            "uid".into(),
-            Value::String(uuid::Uuid::new_v4().to_string()),
-        );
-        meta.insert("creationTimestamp".into(), Value::String(now.clone()));
+        meta_mut(&mut out)?.insert("name".into(), Value::String(name.to_string()));
+        stamp_new(&mut out, &now)?;
         match state
             .storage
             .create(&key, to_bytes(res, &out)?, &opts)

@@ -369,7 +369,7 @@ fn time_to_json(message: &DynamicMessage, format: SecondsFormat) -> Value {
 
 /// RFC 3339 in UTC as Go's `Time.AppendFormat` writes it: chrono truncates
 /// to the digits asked for, as Go does, but writes a year past 9999 with a
-/// `+` that Go does not (`141338-07-18T...`). Go's parser refuses such a
+/// `+` that Go does not (`10000-01-01T...`). Go's parser refuses such a
 /// year, and so does ours: a client can read it, not write it back, as with
 /// kube-apiserver.
 fn go_rfc3339(seconds: i64, nanos: u32, format: SecondsFormat) -> Option<String> {
