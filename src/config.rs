@@ -1,4 +1,4 @@
-//! TOML configuration (DESIGN.md section 6).
+//! TOML configuration (docs/DESIGN.md section 6).
 //!
 //! Loading is two steps: serde parses the file (unknown fields are errors, so a
 //! typo never silently falls back to a default), then [`Config::validate`]
@@ -576,22 +576,36 @@ impl ResourceConfig {
 impl Config {
     /// Reads, parses and validates a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let cfg = Config::read(path)?;
+        cfg.validate(&path.display().to_string())?;
+        Ok(cfg)
+    }
+
+    /// Reads and parses a config file without validating it: for a caller
+    /// that completes it first (the daemon's command-line flags, such as
+    /// `--etcd-cafile` for `https://` endpoints) and then calls
+    /// [`Config::validate`] once on the result.
+    pub fn read(path: &Path) -> Result<Config, ConfigError> {
         let file = path.display().to_string();
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             file: file.clone(),
             source,
         })?;
-        Config::parse(&text, &file)
+        Config::parse_unvalidated(&text, &file)
     }
 
     /// Parses and validates config text; `file` names the source in errors.
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let cfg: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
-            file: file.to_string(),
-            message: parse_message(&e, text),
-        })?;
+        let cfg = Config::parse_unvalidated(text, file)?;
         cfg.validate(file)?;
         Ok(cfg)
+    }
+
+    fn parse_unvalidated(text: &str, file: &str) -> Result<Config, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            file: file.to_string(),
+            message: parse_message(&e, text),
+        })
     }
 
     /// The example configuration shipped in `config/watchcache.toml` (used by dev mode).

@@ -124,10 +124,13 @@ fn init_tracing(format: LogFormat) {
 }
 
 /// Loads the config named on the command line (or the example in dev mode)
-/// and applies the command-line overrides, validating the result.
+/// and applies the command-line overrides, then validates the result once:
+/// flags may complete a file that is not valid on its own (`https://`
+/// endpoints in the file, their CA in `--etcd-cafile`, as kube-apiserver
+/// takes them).
 fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     let (mut cfg, file) = match (&cli.config, cli.dev) {
-        (Some(path), _) => (Config::load(path)?, path.display().to_string()),
+        (Some(path), _) => (Config::read(path)?, path.display().to_string()),
         (None, true) => (Config::example(), "config/watchcache.toml".to_string()),
         (None, false) => {
             return Err(ConfigError::Invalid {
@@ -174,6 +177,8 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
     }
     if overridden {
         cfg.validate(&format!("{file} (with command-line overrides)"))?;
+    } else {
+        cfg.validate(&file)?;
     }
     Ok(cfg)
 }

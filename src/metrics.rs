@@ -1,4 +1,4 @@
-//! Prometheus metrics (DESIGN.md section 7).
+//! Prometheus metrics (docs/DESIGN.md section 7).
 //!
 //! One process-wide registry: every layer records into [`metrics()`] without
 //! threading a handle through each constructor, and `/metrics` renders it with

@@ -1,4 +1,4 @@
-//! The Cacher against a real etcd: DESIGN.md section 2's Get/List table cell
+//! The Cacher against a real etcd: docs/DESIGN.md section 2's Get/List table cell
 //! by cell, watch semantics, consistent reads, selectors, slow watchers and
 //! pagination.
 mod common;

@@ -399,6 +399,71 @@ async fn startup_refuses_bad_tls_files_naming_the_field() {
     assert!(err.contains("etcd.tls.ca_file"), "{err}");
 }
 
+/// kube-apiserver's way: `https://` endpoints in the file, every TLS file
+/// on the command line (`--etcd-cafile`, `--etcd-certfile`,
+/// `--etcd-keyfile`). The file alone is not valid; the flags complete it, so
+/// the daemon serves over mTLS, and a missing CA file given by flag is named
+/// in the exit-2 message (not "https:// endpoints need [etcd.tls] ca_file").
+#[tokio::test]
+async fn tls_flags_complete_a_file_with_https_endpoints() {
+    let pki = Pki::generate();
+    let etcd = tls_etcd(&pki).await;
+    let prefix = common::unique_prefix("tls-flags");
+    let text = config(&etcd.endpoint(), &prefix, "", "");
+    let (ca, cert, key) = (
+        pki.path("ca.crt").display().to_string(),
+        pki.path("client.crt").display().to_string(),
+        pki.path("client.key").display().to_string(),
+    );
+    let d = Daemon::start(
+        &text,
+        &[
+            "--etcd-cafile",
+            &ca,
+            "--etcd-certfile",
+            &cert,
+            "--etcd-keyfile",
+            &key,
+        ],
+    )
+    .await;
+    d.wait_ready().await;
+    let http = reqwest::Client::new();
+    let r = http
+        .post(d.url("/api/v1/namespaces/default/pods"))
+        .json(&pod("p1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        201,
+        "{}\nlog:\n{}",
+        r.text().await.unwrap(),
+        d.log()
+    );
+    drop(d);
+
+    let missing = pki.dir().join("missing-ca.crt").display().to_string();
+    let (code, err) = run_expecting_exit(
+        &text,
+        &[
+            "--etcd-cafile",
+            &missing,
+            "--etcd-certfile",
+            &cert,
+            "--etcd-keyfile",
+            &key,
+        ],
+    );
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("etcd.tls.ca_file") && err.contains("missing-ca.crt"),
+        "{err}"
+    );
+    assert!(!err.contains("need [etcd.tls]"), "{err}");
+}
+
 // ---- encryption at rest ------------------------------------------------------
 
 #[derive(serde::Deserialize)]

@@ -253,14 +253,13 @@ async fn kubectl_apply_creates_then_updates() {
     assert!(!text.contains("\"$"), "no patch directives stored: {text}");
 }
 
-/// A Pod stored by kube-apiserver as protobuf (the shared fixture, byte for
-/// byte) reads through kubectl like any other: `kubectl get -o json` prints
+/// A Pod stored by kube-apiserver as protobuf (Kubernetes 1.34's fixture, byte
+/// for byte) reads through kubectl like any other: `kubectl get -o json` prints
 /// kube-apiserver's JSON, resourceVersion = the etcd mod revision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_protobuf_pod_json() {
     let ts = TestServer::start("kc-protobuf", |_| {}).await;
-    let fixtures =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/k8s-api-v1.34");
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/k8s-api-testdata/v1.34.0");
     let read = |name: &str| {
         std::fs::read(fixtures.join(name))
             .unwrap_or_else(|e| panic!("fixture {name} missing in {} ({e})", fixtures.display()))

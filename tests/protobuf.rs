@@ -12,12 +12,13 @@ use serde_json::{Value, json};
 
 use api_support::{TestServer, rv_of};
 
-/// The shared Kubernetes fixtures (`../shared/fixtures/k8s-api-v1.34`).
+/// Kubernetes 1.34's own serialization fixtures (k8s.io/api's
+/// `testdata/v1.34.0`, linked by `scripts/setup.sh`).
 fn fixture(name: &str) -> Vec<u8> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/k8s-api-v1.34");
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/k8s-api-testdata/v1.34.0");
     std::fs::read(dir.join(name)).unwrap_or_else(|e| {
         panic!(
-            "fixture {} is missing ({e}): the protobuf tests need the shared fixtures folder",
+            "fixture {} is missing ({e}): run scripts/setup.sh (make test does)",
             dir.join(name).display()
         )
     })

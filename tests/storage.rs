@@ -1,4 +1,4 @@
-//! The etcd3 store against a real etcd (DESIGN.md section 3).
+//! The etcd3 store against a real etcd (docs/DESIGN.md section 3).
 mod common;
 
 use std::collections::HashSet;

@@ -1,4 +1,4 @@
-//! `watchcache-bench`: the load generator of DESIGN.md section 9.
+//! `watchcache-bench`: the load generator of docs/DESIGN.md section 9.
 //!
 //! Scenarios: `fanout` (F1), `list` (L1), `get` (G1), `startup` (S1), `idle`
 //! (M1), each against `--target proxy` (watchcache's HTTP API) or `--target

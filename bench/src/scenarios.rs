@@ -1,4 +1,4 @@
-//! The scenarios of DESIGN.md section 9: fanout (F1), list (L1), get (G1),
+//! The scenarios of docs/DESIGN.md section 9: fanout (F1), list (L1), get (G1),
 //! startup (S1) and idle (M1). Each runs against one target and returns its
 //! figures as JSON; the caller tabulates and compares.
 

@@ -1,4 +1,4 @@
-//! Opaque, validated continue tokens (DESIGN.md section 2).
+//! Opaque, validated continue tokens (docs/DESIGN.md section 2).
 //!
 //! Same shape as Kubernetes' etcd3 tokens: URL-safe base64 of
 //! `{"v":"meta.k8s.io/v1","rv":N,"start":"<key relative to the resource prefix>"}`,

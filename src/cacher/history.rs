@@ -1,4 +1,4 @@
-//! `History`: the fixed-capacity ring of recent events (DESIGN.md sections 4, 5).
+//! `History`: the fixed-capacity ring of recent events (docs/DESIGN.md sections 4, 5).
 //!
 //! The ring is the fan-out medium: watchers are cursors (sequence numbers)
 //! into it, so no per-watcher queue exists. Cursors are by sequence number,

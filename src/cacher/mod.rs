@@ -1,8 +1,8 @@
-//! The per-resource watch cache (DESIGN.md sections 2, 4, 5).
+//! The per-resource watch cache (docs/DESIGN.md sections 2, 4, 5).
 //!
 //! [`Cacher`] is the public face: it owns a [`Reflector`] task that keeps a
 //! [`WatchCache`] in step with one etcd prefix, answers Get/List from
-//! immutable [`Snapshot`]s following the resourceVersion table of DESIGN.md
+//! immutable [`Snapshot`]s following the resourceVersion table of docs/DESIGN.md
 //! section 2, and serves watches as cursors into the [`History`] ring.
 //!
 //! One file per concept: [`read_plan`] (which RV a request is served at),
@@ -113,7 +113,7 @@ pub struct GetRequest<'a> {
     pub resource_version: Option<i64>,
 }
 
-/// A List (see DESIGN.md section 2's table).
+/// A List (see docs/DESIGN.md section 2's table).
 #[derive(Debug, Clone, Default)]
 pub struct ListRequest {
     pub namespace: Option<String>,
@@ -400,7 +400,7 @@ impl Cacher {
         })
     }
 
-    /// Get (DESIGN.md section 2): unset -> most recent, 0 -> any, N -> not older than N.
+    /// Get (docs/DESIGN.md section 2): unset -> most recent, 0 -> any, N -> not older than N.
     pub async fn get(&self, req: &GetRequest<'_>) -> Result<Arc<Object>, CacherError> {
         self.check_open()?;
         let plan = plan_get(req.resource_version)?;
@@ -412,7 +412,7 @@ impl Cacher {
             return answer;
         }
         if !self.cache.is_ready() {
-            // Not ready: Get may fall back to etcd (DESIGN.md section 4).
+            // Not ready: Get may fall back to etcd (docs/DESIGN.md section 4).
             let rev = match plan {
                 ReadPlan::NotOlderThan(n) => {
                     let cur = self.storage.current_revision().await?;
@@ -434,7 +434,7 @@ impl Cacher {
         }
     }
 
-    /// List (DESIGN.md section 2's table).
+    /// List (docs/DESIGN.md section 2's table).
     pub async fn list(&self, req: &ListRequest) -> Result<ListResult, CacherError> {
         self.check_open()?;
         let plan = plan_list(req, self.codec.key_prefix())?;
@@ -533,7 +533,7 @@ impl Cacher {
         })
     }
 
-    /// Watch (DESIGN.md sections 2, 4, 5). A watch from an RV older than the
+    /// Watch (docs/DESIGN.md sections 2, 4, 5). A watch from an RV older than the
     /// history yields a watcher whose only item is a 410 `Error` chunk (the
     /// API sends it as an ERROR event).
     pub async fn watch(&self, req: WatchRequest) -> Result<Watcher, CacherError> {

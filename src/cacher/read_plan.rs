@@ -1,12 +1,12 @@
 //! The read plan: which resourceVersion a Get, List or Watch is served at
-//! (the table of DESIGN.md section 2, 400 cells included), decided from the
+//! (the table of docs/DESIGN.md section 2, 400 cells included), decided from the
 //! request alone before the cache is asked. The [`delegator`](super::delegator)
 //! then serves the plan from a snapshot or from etcd.
 
 use super::continue_token;
 use super::{CacherError, ListRequest, ResourceVersionMatch, WatchRequest};
 
-/// How a Get or List read is to be served (the cells of DESIGN.md section 2's table).
+/// How a Get or List read is to be served (the cells of docs/DESIGN.md section 2's table).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum ReadPlan {
     /// RV unset: consistent read.
@@ -47,7 +47,7 @@ impl From<continue_token::ContinueToken> for ReadPlan {
     }
 }
 
-/// Applies the List table of DESIGN.md section 2, 400 cells included.
+/// Applies the List table of docs/DESIGN.md section 2, 400 cells included.
 pub(crate) fn plan_list(req: &ListRequest, key_prefix: &str) -> Result<ReadPlan, CacherError> {
     let rv = req.resource_version;
     if let Some(n) = rv
@@ -131,7 +131,7 @@ pub(crate) enum WatchPlan {
     After(i64),
 }
 
-/// Applies the watch rules of DESIGN.md section 2.
+/// Applies the watch rules of docs/DESIGN.md section 2.
 pub(crate) fn plan_watch(req: &WatchRequest) -> Result<WatchPlan, CacherError> {
     if let Some(n) = req.resource_version
         && n < 0

@@ -1,5 +1,5 @@
 //! `Reflector`: keeps a [`WatchCache`] in step with one etcd prefix
-//! (DESIGN.md section 4).
+//! (docs/DESIGN.md section 4).
 //!
 //! List in pages at one revision, then watch from list RV+1 (prev_kv,
 //! progress notify) on its own watch stream. A broken stream resumes from

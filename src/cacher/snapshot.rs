@@ -1,4 +1,4 @@
-//! `Snapshot`: the cache's state at one RV (DESIGN.md section 5).
+//! `Snapshot`: the cache's state at one RV (docs/DESIGN.md section 5).
 //!
 //! Persistent (imbl) maps make a clone O(1), so the reflector publishes a new
 //! immutable snapshot after every batch and readers never block it. Label and

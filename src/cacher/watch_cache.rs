@@ -1,5 +1,5 @@
 //! `WatchCache`: the current [`Snapshot`], recent snapshots, the [`History`]
-//! ring, readiness, and watch routes (DESIGN.md sections 4, 5).
+//! ring, readiness, and watch routes (docs/DESIGN.md sections 4, 5).
 //!
 //! Only the reflector writes (through [`WatchCache::apply`]); readers load
 //! the current snapshot through an `ArcSwap` and never block it. Applying a

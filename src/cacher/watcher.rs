@@ -1,4 +1,4 @@
-//! `Watcher`: a cursor into the [`History`](super::History) (DESIGN.md section 5).
+//! `Watcher`: a cursor into the [`History`](super::History) (docs/DESIGN.md section 5).
 //!
 //! A watcher owns no queue: it remembers a sequence number, is woken through
 //! its route's `watch` channel, and drains everything available into one

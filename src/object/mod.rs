@@ -1,4 +1,4 @@
-//! The object layer: a JSON view of stored values (DESIGN.md section 1, "object").
+//! The object layer: a JSON view of stored values (docs/DESIGN.md section 1, "object").
 //!
 //! Each etcd value is decoded ONCE at ingest by an [`ObjectCodec`] into an
 //! immutable [`Object`] (shared as `Arc<Object>`): namespace and name come from
@@ -45,7 +45,7 @@ pub const FIELD_NAMESPACE: &str = "metadata.namespace";
 /// Why a stored key/value could not be turned into an [`Object`].
 ///
 /// The cacher skips such values (counting them in a metric and logging once
-/// per key, DESIGN.md section 2).
+/// per key, docs/DESIGN.md section 2).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ObjectError {
     /// The etcd key does not have the shape `{prefix}{ns}/{name}` (namespaced)

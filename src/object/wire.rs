@@ -1,4 +1,4 @@
-//! Watch stream lines and `Status` objects (DESIGN.md section 2).
+//! Watch stream lines and `Status` objects (docs/DESIGN.md section 2).
 //!
 //! A watch body is one JSON object per line:
 //! `{"type":"ADDED|MODIFIED|DELETED|BOOKMARK|ERROR","object":{..}}\n`.

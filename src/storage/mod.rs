@@ -1,4 +1,4 @@
-//! The etcd3 store (DESIGN.md section 3), after the Kubernetes
+//! The etcd3 store (docs/DESIGN.md section 3), after the Kubernetes
 //! `storage/etcd3` store: CAS create/update/delete as etcd transactions,
 //! `GuaranteedUpdate`, preconditions, lease reuse for TTLs, a value
 //! transformer hook and dry-run.

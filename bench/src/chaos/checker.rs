@@ -9,7 +9,7 @@
 //! at its resourceVersion, that every acknowledged write is in etcd's history,
 //! and that the daemon's final List equals etcd.
 //!
-//! One allowance, from DESIGN.md section 4: when etcd compacts history the
+//! One allowance, from docs/DESIGN.md section 4: when etcd compacts history the
 //! daemon has not seen (the bench does that only while it cuts the daemon
 //! off), the daemon relists and sends watchers the difference: each changed
 //! key once at its newest revision, deletions at the relist revision. Inside

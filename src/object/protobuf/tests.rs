@@ -1,20 +1,123 @@
-//! The fixture contract (`../shared/fixtures/k8s-api-v1.34`, see its README):
-//! every `.pb` decodes to its `.json`, every `.json` encodes to its `.pb` byte
-//! for byte; and bad input yields a typed error, never a panic.
+//! The fixture contract: Kubernetes' own serialization fixtures (k8s.io/api's
+//! `testdata/`, from the Go module proxy: `scripts/k8s-modules.sh`, linked at
+//! `tools/k8s-api-testdata` by `scripts/setup.sh`). Every `.pb` decodes to its
+//! `.json`, every `.json` encodes to its `.pb` byte for byte, for `HEAD` and
+//! every older release's directory, as Kubernetes' own compatibility test
+//! (`k8s.io/apimachinery/pkg/api/apitesting/roundtrip`) reads them; and bad
+//! input yields a typed error, never a panic.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
 use super::*;
 
-/// The fixtures folder; `WATCHCACHE_K8S_FIXTURES` may name another one with
-/// the same layout (e.g. kubernetes/api's whole `testdata/v1.34.0`).
-fn fixtures_dir() -> PathBuf {
+/// The testdata folder (`HEAD`, `v1.34.0`, ...); `WATCHCACHE_K8S_FIXTURES`
+/// may name another one with the same layout.
+fn testdata_dir() -> PathBuf {
     match std::env::var_os("WATCHCACHE_K8S_FIXTURES") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/k8s-api-v1.34"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tools/k8s-api-testdata"),
     }
+}
+
+/// One fixture: what a Go client of one release wrote, and what the
+/// newest release reads it as and writes back.
+struct Fixture {
+    /// `v1.34.0/core.v1.Pod`, for messages.
+    name: String,
+    stem: String,
+    /// What the release wrote to etcd.
+    pb: Vec<u8>,
+    /// The object as the newest release serves it: the release's `.json`,
+    /// or its `.after_roundtrip.json` where the newest release writes it
+    /// otherwise (a field since removed, a default since added).
+    json: Value,
+    /// The bytes the newest release writes for the object: the `.pb`, or
+    /// its `.after_roundtrip.pb`.
+    pb_after: Vec<u8>,
+}
+
+/// The stems (`<group>.<version>.<Kind>`) of one fixture directory's `.pb`s.
+fn stems_in(dir: &Path) -> Vec<String> {
+    let entries = std::fs::read_dir(dir).unwrap_or_else(|e| {
+        panic!(
+            "the Kubernetes API fixtures {} are missing ({e}): run scripts/setup.sh \
+             (make test does), which fetches them from the Go module proxy",
+            dir.display()
+        )
+    });
+    let mut stems: Vec<String> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter_map(|name| name.strip_suffix(".pb").map(str::to_string))
+        .filter(|stem| !stem.ends_with(".after_roundtrip"))
+        .collect();
+    stems.sort();
+    stems
+}
+
+/// Every fixture of `HEAD` and of every older release. As in Kubernetes'
+/// compatibility test, an older release's fixture is read only when its
+/// kind is one the newest release serves (has a `HEAD` fixture): a type
+/// since removed, such as 1.34's certificates/v1alpha1
+/// PodCertificateRequest, is skipped there too.
+fn fixtures() -> Vec<Fixture> {
+    let root = testdata_dir();
+    let head = stems_in(&root.join("HEAD"));
+    assert!(
+        head.len() > 100,
+        "only {} fixtures in {}/HEAD",
+        head.len(),
+        root.display()
+    );
+    let mut sets: Vec<String> = std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .collect();
+    sets.sort();
+    assert!(
+        sets.iter().any(|s| s == "v1.34.0"),
+        "no v1.34.0 fixtures in {}",
+        root.display()
+    );
+    let read =
+        |path: PathBuf| std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut out = Vec::new();
+    for set in &sets {
+        let dir = root.join(set);
+        for stem in stems_in(&dir) {
+            if !head.contains(&stem) {
+                continue;
+            }
+            let pb = read(dir.join(format!("{stem}.pb")));
+            let after = dir.join(format!("{stem}.after_roundtrip.json"));
+            let json_path = if after.exists() {
+                after
+            } else {
+                dir.join(format!("{stem}.json"))
+            };
+            let json: Value = serde_json::from_slice(&read(json_path.clone()))
+                .unwrap_or_else(|e| panic!("{}: {e}", json_path.display()));
+            let after = dir.join(format!("{stem}.after_roundtrip.pb"));
+            let pb_after = if after.exists() {
+                read(after)
+            } else {
+                pb.clone()
+            };
+            out.push(Fixture {
+                name: format!("{set}/{stem}"),
+                stem,
+                pb,
+                json,
+                pb_after,
+            });
+        }
+    }
+    out
 }
 
 /// `apps.v1.Deployment` -> ("apps/v1", "Deployment"); `core.v1.Pod` -> ("v1", "Pod").
@@ -33,29 +136,6 @@ fn type_from_stem(stem: &str) -> Option<(String, String)> {
 fn first_difference(a: &[u8], b: &[u8]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
-
-/// Fixtures the schema cannot serve, each with its reason. The schema is
-/// Kubernetes 1.36 (Debian sid) plus the API versions 1.36 dropped that
-/// Debian trixie (1.32) still has; these alpha types of 1.34 are in neither,
-/// and no package registry carries the 1.34 `generated.proto` files (Debian
-/// forky has 1.36, experimental none; the `k8s-pb` crates are prost code,
-/// 0.9 is 1.35+). The test checks that they still fail, so the list cannot
-/// go stale.
-const KNOWN_FAILURES: &[(&str, &str)] = &[
-    (
-        "certificates.k8s.io.v1alpha1.PodCertificateRequest",
-        "certificates/v1alpha1 PodCertificateRequest existed in 1.34-1.35 only (moved to v1beta1)",
-    ),
-    (
-        "resource.k8s.io.v1alpha3.DeviceTaintRule",
-        "1.36 removed DeviceTaintSelector.deviceClassName (field 1) from resource/v1alpha3",
-    ),
-    (
-        "core.v1.ListOptions",
-        "1.36 added ListOptions.shardSelector (field 15), a non-pointer string that Go's \
-         marshaler writes even when empty; 1.34 has no such field (never stored in etcd)",
-    ),
-];
 
 /// Go's generated marshalers write every non-pointer field that is not a
 /// slice, map or `[]byte`, even when zero (`generated.pb.go`: ObjectMeta's
@@ -141,94 +221,53 @@ fn every_message_encodes_from_empty_json() {
 
 #[test]
 fn every_fixture_round_trips_both_ways() {
-    let dir = fixtures_dir();
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| {
-        panic!(
-            "the protobuf fixtures folder {} is missing ({e}); it is the codec's contract \
-             (issue 11), see its README",
-            dir.display()
-        )
-    });
-    let mut stems: Vec<String> = entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .filter_map(|name| name.strip_suffix(".pb").map(str::to_string))
-        // kubernetes/api's `X.after_roundtrip.pb` records what a newer Go
-        // writes; the contract is X.json <-> X.pb.
-        .filter(|stem| !stem.ends_with(".after_roundtrip"))
-        .collect();
-    stems.sort();
-    assert!(!stems.is_empty(), "no .pb fixtures in {}", dir.display());
-    let mut all_failures = Vec::new();
-    let mut known = Vec::new();
-    for stem in &stems {
-        let mut failures_here = Vec::new();
-        let failures = &mut failures_here;
-        let Some((api_version, kind)) = type_from_stem(stem) else {
-            failures.push(format!("{stem}: file name is not <group>.<version>.<Kind>"));
+    let fixtures = fixtures();
+    let mut failures = Vec::new();
+    for f in &fixtures {
+        let Some((api_version, kind)) = type_from_stem(&f.stem) else {
+            failures.push(format!(
+                "{}: file name is not <group>.<version>.<Kind>",
+                f.name
+            ));
             continue;
         };
-        let pb = match std::fs::read(dir.join(format!("{stem}.pb"))) {
-            Ok(b) => b,
-            Err(e) => {
-                failures.push(format!("{stem}.pb: {e}"));
-                continue;
-            }
-        };
-        let expected: Value = match std::fs::read(dir.join(format!("{stem}.json")))
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
-        {
-            Ok(v) => v,
-            Err(e) => {
-                failures.push(format!("{stem}.json: {e}"));
-                continue;
-            }
-        };
-        match decode_as(&pb, &api_version, &kind) {
-            Ok(decoded) if decoded == expected => {}
+        match decode_as(&f.pb, &api_version, &kind) {
+            Ok(decoded) if decoded == f.json => {}
             Ok(decoded) => failures.push(format!(
-                "{stem}: decode differs:\n  got      {decoded}\n  expected {expected}"
+                "{}: decode differs:\n  got      {decoded}\n  expected {}",
+                f.name, f.json
             )),
-            Err(e) => failures.push(format!("{stem}: decode failed: {e}")),
+            Err(e) => failures.push(format!("{}: decode failed: {e}", f.name)),
         }
-        match encode_as(&expected, &api_version, &kind) {
-            Ok(encoded) if encoded == pb => {}
+        match encode_as(&f.json, &api_version, &kind) {
+            Ok(encoded) if encoded == f.pb_after => {}
             Ok(encoded) => failures.push({
                 // A debugging aid: the bytes made, to compare with `protoc --decode`.
                 if let Some(dump) = std::env::var_os("WATCHCACHE_K8S_FIXTURES_DUMP") {
-                    let _ =
-                        std::fs::write(PathBuf::from(dump).join(format!("{stem}.pb")), &encoded);
+                    let _ = std::fs::write(
+                        PathBuf::from(dump).join(format!("{}.pb", f.name.replace('/', "_"))),
+                        &encoded,
+                    );
                 }
                 format!(
-                    "{stem}: encode differs at byte {} (got {} bytes, expected {})",
-                    first_difference(&encoded, &pb),
+                    "{}: encode differs at byte {} (got {} bytes, expected {})",
+                    f.name,
+                    first_difference(&encoded, &f.pb_after),
                     encoded.len(),
-                    pb.len()
+                    f.pb_after.len()
                 )
             }),
-            Err(e) => failures.push(format!("{stem}: encode failed: {e}")),
+            Err(e) => failures.push(format!("{}: encode failed: {e}", f.name)),
         }
-        if KNOWN_FAILURES.iter().any(|(k, _)| k == stem) {
-            known.push((stem.clone(), failures_here.is_empty()));
-        } else {
-            all_failures.extend(failures_here);
-        }
-    }
-    let failures = all_failures;
-    for (stem, passed) in known {
-        assert!(
-            !passed,
-            "{stem} is listed in KNOWN_FAILURES but now passes: remove it from the list"
-        );
     }
     assert!(
         failures.is_empty(),
         "{} of {} fixtures fail:\n{}",
         failures.len(),
-        stems.len(),
+        fixtures.len(),
         failures.join("\n")
     );
+    assert!(fixtures.len() > 500, "only {} fixtures", fixtures.len());
 }
 
 fn pod_bytes() -> Vec<u8> {
@@ -373,10 +412,6 @@ fn resolves_groups_named_unlike_their_package() {
 /// typed error, never a panic.
 #[test]
 fn mutated_fixtures_never_panic() {
-    let dir = fixtures_dir();
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        panic!("the protobuf fixtures folder {} is missing", dir.display());
-    };
     let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = move || {
         seed ^= seed << 13;
@@ -385,14 +420,9 @@ fn mutated_fixtures_never_panic() {
         seed
     };
     let mut checked = 0;
-    for entry in entries.filter_map(|e| e.ok()) {
-        let path = entry.path();
-        if path.extension().and_then(|e| e.to_str()) != Some("pb") {
-            continue;
-        }
-        let Ok(bytes) = std::fs::read(&path) else {
-            continue;
-        };
+    // The newest release's fixtures: every kind once.
+    for f in fixtures().iter().filter(|f| f.name.starts_with("HEAD/")) {
+        let bytes = &f.pb;
         for _ in 0..20 {
             let mut m = bytes.clone();
             for _ in 0..1 + next() % 4 {
@@ -408,7 +438,7 @@ fn mutated_fixtures_never_panic() {
             checked += 1;
         }
     }
-    assert!(checked > 0, "no .pb fixtures in {}", dir.display());
+    assert!(checked > 1000, "only {checked} mutations checked");
 }
 
 /// Fields without `omitempty` are served even when unset, as Go writes them:
@@ -490,23 +520,13 @@ fn custom_resource_definitions_round_trip() {
 /// are empty).
 #[test]
 fn stored_messages_at_a_revision_are_the_json_encoded() {
-    let dir = fixtures_dir();
     let schema = Schema::get().expect("schema");
     let mut checked = 0;
     let mut failures = Vec::new();
-    let mut stems: Vec<String> = std::fs::read_dir(&dir)
-        .expect("fixtures folder")
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().map(str::to_string))
-        .filter_map(|name| name.strip_suffix(".pb").map(str::to_string))
-        .filter(|stem| !stem.ends_with(".after_roundtrip"))
-        .filter(|stem| !KNOWN_FAILURES.iter().any(|(k, _)| k == stem))
-        .collect();
-    stems.sort();
-    for stem in &stems {
-        let (api_version, kind) = type_from_stem(stem).expect("fixture name");
-        let pb = std::fs::read(dir.join(format!("{stem}.pb"))).expect("fixture");
-        let (mut json, stored) = decode_parts(schema, &pb, Some((&api_version, &kind)), 0)
+    for f in fixtures().iter().filter(|f| f.name.starts_with("HEAD/")) {
+        let (stem, pb) = (&f.name, &f.pb);
+        let (api_version, kind) = type_from_stem(&f.stem).expect("fixture name");
+        let (mut json, stored) = decode_parts(schema, pb, Some((&api_version, &kind)), 0)
             .unwrap_or_else(|e| panic!("{stem}: {e}"));
         let has_meta = resolve(schema, &api_version, &kind)
             .expect("resolves")

@@ -1,0 +1,740 @@
+//! kube-apiserver as the oracle: a real kube-apiserver (built from the Go
+//! module `k8s.io/kubernetes` by `scripts/peers.sh`) and watchcache on the
+//! same etcd, with the same encryption config. kube-apiserver writes a
+//! realistic cluster; then, for every resource of the shipped
+//! `config/kubernetes.toml`, the same request to both must get the same
+//! answer: Lists (cluster-wide, per namespace, by label and field, paged),
+//! Gets as JSON, protobuf and Table, and errors. A difference fails the test
+//! unless `docs/KUBERNETES.md`'s table "Differences from kube-apiserver"
+//! lists it with its reason; a row of that table that no longer differs
+//! fails it too, so the list cannot go stale.
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use common::kube_apiserver::{KubeApiserver, peer, write_encryption_config};
+use common::{Daemon, PrivateEtcd};
+
+const NS: &str = "oracle";
+const JSON: &str = "application/json";
+const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
+
+/// One resource of `config/kubernetes.toml`.
+#[derive(Clone, Debug)]
+struct Resource {
+    group: String,
+    version: String,
+    plural: String,
+    namespaced: bool,
+}
+
+impl Resource {
+    fn base(&self) -> String {
+        if self.group.is_empty() {
+            format!("/api/{}", self.version)
+        } else {
+            format!("/apis/{}/{}", self.group, self.version)
+        }
+    }
+    fn all(&self) -> String {
+        format!("{}/{}", self.base(), self.plural)
+    }
+    fn in_ns(&self, ns: &str) -> String {
+        format!("{}/namespaces/{ns}/{}", self.base(), self.plural)
+    }
+    /// The path of one object.
+    fn object(&self, ns: Option<&str>, name: &str) -> String {
+        match ns {
+            Some(ns) if self.namespaced => format!("{}/{name}", self.in_ns(ns)),
+            _ => format!("{}/{name}", self.all()),
+        }
+    }
+}
+
+fn shipped_resources() -> Vec<Resource> {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/kubernetes.toml"),
+    )
+    .expect("config/kubernetes.toml");
+    let cfg = watchcache::config::Config::parse(&text, "config/kubernetes.toml")
+        .expect("shipped config parses");
+    cfg.resources
+        .iter()
+        .map(|r| Resource {
+            group: r.group.clone(),
+            version: r.version.clone(),
+            plural: r.plural.clone(),
+            namespaced: r.namespaced,
+        })
+        .collect()
+}
+
+/// `config/kubernetes.toml` pointed at a plain-HTTP test etcd: its
+/// resources and settings as shipped, TLS to etcd aside.
+fn watchcache_config(etcd: &str) -> String {
+    let text = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config/kubernetes.toml"),
+    )
+    .expect("config/kubernetes.toml");
+    let mut out = String::new();
+    let mut in_tls = false;
+    for line in text.lines() {
+        if line.starts_with('[') {
+            in_tls = line.trim() == "[etcd.tls]";
+        }
+        if in_tls {
+            continue;
+        }
+        if line.starts_with("endpoints") {
+            out.push_str(&format!("endpoints = [\"{etcd}\"]\n"));
+        } else {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+/// A known difference: `docs/KUBERNETES.md`'s table rows
+/// `| resource | where | why |` between the `differences` markers.
+/// `resource` is a plural or `*`; `where` a JSON path whose segments may be
+/// `*`, or a request kind such as `table` or `protobuf`.
+struct Known {
+    resource: String,
+    path: String,
+    seen: bool,
+}
+
+fn known_differences() -> Vec<Known> {
+    let doc = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/KUBERNETES.md"),
+    )
+    .expect("docs/KUBERNETES.md");
+    let start = doc
+        .find("<!-- differences:begin -->")
+        .expect("docs/KUBERNETES.md has the differences table");
+    let end = doc.find("<!-- differences:end -->").expect("end marker");
+    doc[start..end]
+        .lines()
+        .filter(|l| l.starts_with('|') && !l.starts_with("|---") && !l.starts_with("| resource"))
+        .map(|l| {
+            let cells: Vec<&str> = l.trim_matches('|').split('|').map(str::trim).collect();
+            Known {
+                resource: cells[0].trim_matches('`').to_string(),
+                path: cells[1].trim_matches('`').to_string(),
+                seen: false,
+            }
+        })
+        .collect()
+}
+
+fn path_matches(pattern: &str, path: &str) -> bool {
+    let p: Vec<&str> = pattern.split('/').collect();
+    let q: Vec<&str> = path.split('/').collect();
+    // A trailing `**` matches anything below.
+    if let Some((&"**", head)) = p.split_last() {
+        return q.len() >= head.len() && head.iter().zip(&q).all(|(a, b)| *a == "*" || a == b);
+    }
+    p.len() == q.len() && p.iter().zip(&q).all(|(a, b)| *a == "*" || a == b)
+}
+
+/// Collects the differences between two JSON values as
+/// `path: watchcache X, kube-apiserver Y`.
+fn diff(path: &str, w: &Value, k: &Value, out: &mut Vec<(String, String)>) {
+    match (w, k) {
+        (Value::Object(a), Value::Object(b)) => {
+            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+            for key in keys {
+                let p = format!("{path}/{key}");
+                match (a.get(key), b.get(key)) {
+                    (Some(x), Some(y)) => diff(&p, x, y, out),
+                    (x, y) => out.push((p, format!("watchcache {x:?}, kube-apiserver {y:?}"))),
+                }
+            }
+        }
+        (Value::Array(a), Value::Array(b)) if a.len() == b.len() => {
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                diff(&format!("{path}/{i}"), x, y, out);
+            }
+        }
+        _ if w == k => {}
+        _ => {
+            let short = |v: &Value| {
+                let s = v.to_string();
+                if s.len() > 300 {
+                    format!("{}...", &s[..300])
+                } else {
+                    s
+                }
+            };
+            out.push((
+                path.to_string(),
+                format!("watchcache {}, kube-apiserver {}", short(w), short(k)),
+            ))
+        }
+    }
+}
+
+/// The two servers and what the comparison found.
+struct Oracle {
+    kube: KubeApiserver,
+    watchcache: Daemon,
+    http: reqwest::Client,
+    known: Vec<Known>,
+    failures: Vec<String>,
+    compared: usize,
+}
+
+impl Oracle {
+    async fn kube_get(&self, path: &str, accept: &str) -> (u16, Vec<u8>) {
+        let r = self
+            .kube
+            .http
+            .get(self.kube.url(path))
+            .header("accept", accept)
+            .send()
+            .await
+            .expect("kube-apiserver GET");
+        (r.status().as_u16(), r.bytes().await.expect("body").to_vec())
+    }
+
+    async fn wc_get(&self, path: &str, accept: &str) -> (u16, Vec<u8>) {
+        let r = self
+            .http
+            .get(self.watchcache.url(path))
+            .header("accept", accept)
+            .send()
+            .await
+            .expect("watchcache GET");
+        (r.status().as_u16(), r.bytes().await.expect("body").to_vec())
+    }
+
+    /// Records the differences of one comparison, less the known ones.
+    fn record(&mut self, resource: &str, what: &str, diffs: Vec<(String, String)>) {
+        self.compared += 1;
+        for (path, detail) in diffs {
+            let known = self.known.iter_mut().find(|k| {
+                (k.resource == "*" || k.resource == resource) && path_matches(&k.path, &path)
+            });
+            match known {
+                Some(k) => k.seen = true,
+                None => self
+                    .failures
+                    .push(format!("{resource} {what}: {path}: {detail}")),
+            }
+        }
+    }
+
+    /// The same GET to both as JSON: code and body compared as values.
+    async fn compare_json(&mut self, resource: &str, wc_path: &str, kube_path: &str) -> Value {
+        let (wc_code, wc_body) = self.wc_get(wc_path, JSON).await;
+        let (k_code, k_body) = self.kube_get(kube_path, JSON).await;
+        let parse = |b: &[u8]| {
+            serde_json::from_slice::<Value>(b)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned()))
+        };
+        let (w, k) = (parse(&wc_body), parse(&k_body));
+        let mut diffs = Vec::new();
+        if wc_code != k_code {
+            diffs.push((
+                "/code".to_string(),
+                format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+            ));
+        }
+        diff("", &w, &k, &mut diffs);
+        self.record(resource, &format!("GET {wc_path}"), diffs);
+        w
+    }
+
+    /// The same GET to both as protobuf: the same bytes.
+    async fn compare_protobuf(&mut self, resource: &str, wc_path: &str, kube_path: &str) {
+        let (wc_code, wc_body) = self.wc_get(wc_path, PROTOBUF).await;
+        let (k_code, k_body) = self.kube_get(kube_path, PROTOBUF).await;
+        let mut diffs = Vec::new();
+        if wc_code != k_code {
+            diffs.push((
+                "protobuf/code".to_string(),
+                format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+            ));
+        } else if wc_body != k_body {
+            let at = wc_body
+                .iter()
+                .zip(&k_body)
+                .take_while(|(a, b)| a == b)
+                .count();
+            diffs.push((
+                "protobuf/bytes".to_string(),
+                format!(
+                    "differ at byte {at} (watchcache {} bytes, kube-apiserver {})",
+                    wc_body.len(),
+                    k_body.len()
+                ),
+            ));
+        }
+        self.record(resource, &format!("GET {wc_path} (protobuf)"), diffs);
+    }
+
+    /// The same List as a Table: the same columns and cells, the Age
+    /// column aside (it is the time of the request).
+    async fn compare_table(&mut self, resource: &str, wc_path: &str, kube_path: &str) {
+        let (wc_code, wc_body) = self.wc_get(wc_path, TABLE).await;
+        let (k_code, k_body) = self.kube_get(kube_path, TABLE).await;
+        let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null);
+        let (mut w, mut k) = (parse(&wc_body), parse(&k_body));
+        for t in [&mut w, &mut k] {
+            let age = t["columnDefinitions"]
+                .as_array()
+                .and_then(|c| c.iter().position(|c| c["name"] == "Age"));
+            if let (Some(age), Some(rows)) = (age, t["rows"].as_array_mut()) {
+                for row in rows {
+                    if let Some(cells) = row["cells"].as_array_mut() {
+                        cells[age] = Value::Null;
+                    }
+                }
+            }
+        }
+        let mut diffs = Vec::new();
+        if wc_code != k_code {
+            diffs.push((
+                "table/code".to_string(),
+                format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+            ));
+        }
+        diff("table", &w, &k, &mut diffs);
+        self.record(resource, &format!("GET {wc_path} (Table)"), diffs);
+    }
+
+    /// A List and its variants at the revision watchcache answered at.
+    async fn compare_list(&mut self, resource: &str, path: &str, query: &str) -> Value {
+        let sep = |p: &str| if p.contains('?') { '&' } else { '?' };
+        let wc_path = if query.is_empty() {
+            path.to_string()
+        } else {
+            format!("{path}?{query}")
+        };
+        let (_, wc_body) = self.wc_get(&wc_path, JSON).await;
+        let w: Value = serde_json::from_slice(&wc_body).unwrap_or(Value::Null);
+        let Some(rv) = w["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string)
+        else {
+            self.failures.push(format!(
+                "{resource}: GET {wc_path}: no resourceVersion in {}",
+                String::from_utf8_lossy(&wc_body)
+            ));
+            return Value::Null;
+        };
+        let exact = format!("resourceVersion={rv}&resourceVersionMatch=Exact");
+        let wc_exact = format!("{wc_path}{}{exact}", sep(&wc_path));
+        self.compare_json(resource, &wc_exact, &wc_exact).await;
+        self.compare_table(resource, &wc_exact, &wc_exact).await;
+        w
+    }
+
+    /// Both Lists page by page (`limit=2`), each server following its own
+    /// continue tokens: the same items, remainingItemCount and ends.
+    async fn compare_pages(&mut self, resource: &str, path: &str) {
+        let (_, body) = self.wc_get(path, JSON).await;
+        let w: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let Some(rv) = w["metadata"]["resourceVersion"]
+            .as_str()
+            .map(str::to_string)
+        else {
+            return;
+        };
+        let mut wc_next = format!("{path}?limit=2&resourceVersion={rv}&resourceVersionMatch=Exact");
+        let mut k_next = wc_next.clone();
+        for page in 0..100 {
+            let (_, wb) = self.wc_get(&wc_next, JSON).await;
+            let (_, kb) = self.kube_get(&k_next, JSON).await;
+            let mut w: Value = serde_json::from_slice(&wb).unwrap_or(Value::Null);
+            let mut k: Value = serde_json::from_slice(&kb).unwrap_or(Value::Null);
+            let wc_cont = w["metadata"]["continue"].as_str().map(str::to_string);
+            let k_cont = k["metadata"]["continue"].as_str().map(str::to_string);
+            // The tokens are each server's own; whether there is one is compared.
+            for v in [&mut w, &mut k] {
+                if let Some(m) = v["metadata"].as_object_mut()
+                    && m.contains_key("continue")
+                {
+                    m.insert("continue".into(), json!("<token>"));
+                }
+            }
+            let mut diffs = Vec::new();
+            diff("", &w, &k, &mut diffs);
+            self.record(resource, &format!("GET {path} page {page}"), diffs);
+            match (wc_cont, k_cont) {
+                (Some(a), Some(b)) => {
+                    wc_next = format!("{path}?limit=2&continue={a}");
+                    k_next = format!("{path}?limit=2&continue={b}");
+                }
+                _ => return,
+            }
+        }
+    }
+}
+
+fn names(list: &Value) -> Vec<(Option<String>, String)> {
+    list["items"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|i| {
+                    let m = &i["metadata"];
+                    Some((
+                        m["namespace"].as_str().map(str::to_string),
+                        m["name"].as_str()?.to_string(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A realistic cluster written through kube-apiserver: a namespace with
+/// objects of most built-in kinds, labels, updates, deletes, a server-side
+/// apply (managedFields), a sealed Secret and ConfigMap, a CRD.
+async fn populate(k: &KubeApiserver) {
+    let labels = |app: &str| json!({"app": app, "tier": "oracle"});
+    k.create(
+        "/api/v1/namespaces",
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS, "labels": {"team": "oracle"}}}),
+    )
+    .await;
+    let ns = |p: &str| format!("/api/v1/namespaces/{NS}/{p}");
+    let nsg = |g: &str, p: &str| format!("/apis/{g}/namespaces/{NS}/{p}");
+    for (name, app) in [("cm-a", "web"), ("cm-b", "db"), ("cm-c", "web")] {
+        k.create(
+            &ns("configmaps"),
+            &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": labels(app)}, "data": {"k": name}}),
+        )
+        .await;
+    }
+    // An update and a delete.
+    let (code, body) = k
+        .send(
+            Method::PATCH,
+            &ns("configmaps/cm-a"),
+            "application/merge-patch+json",
+            Some(json!({"data": {"k2": "v2"}}).to_string()),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = k
+        .send(Method::DELETE, &ns("configmaps/cm-c"), JSON, None)
+        .await;
+    assert_eq!(code, 200, "{body}");
+    // Server-side apply: managedFields of an Apply manager.
+    let (code, body) = k
+        .send(
+            Method::PATCH,
+            &format!("{}?fieldManager=oracle-apply", ns("configmaps/cm-applied")),
+            "application/apply-patch+yaml",
+            Some(
+                "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-applied\n  labels:\n    app: web\ndata:\n  a: b\n"
+                    .into(),
+            ),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    k.create(
+        &ns("secrets"),
+        &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s-a", "labels": labels("web")}, "type": "Opaque", "stringData": {"password": "hunter2"}}),
+    )
+    .await;
+    k.create(
+        "/api/v1/nodes",
+        &json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "node-1", "labels": {"kubernetes.io/hostname": "node-1"}}}),
+    )
+    .await;
+    let pod = |name: &str, app: &str, node: &str| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels(app)},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10",
+                "ports": [{"containerPort": 80}], "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}})
+    };
+    for (name, app, node) in [
+        ("p-a", "web", "node-1"),
+        ("p-b", "db", "node-1"),
+        ("p-c", "web", "node-2"),
+        ("p-d", "web", "node-2"),
+    ] {
+        k.create(&ns("pods"), &pod(name, app, node)).await;
+    }
+    let (code, body) = k.send(Method::DELETE, &ns("pods/p-d"), JSON, None).await;
+    assert_eq!(code, 200, "{body}");
+    k.create(
+        &ns("services"),
+        &json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svc-a", "labels": labels("web")},
+            "spec": {"selector": {"app": "web"}, "ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}),
+    )
+    .await;
+    k.create(
+        &ns("serviceaccounts"),
+        &json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "sa-a"}}),
+    )
+    .await;
+    k.create(
+        "/api/v1/persistentvolumes",
+        &json!({"apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "pv-a"},
+            "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "hostPath": {"path": "/tmp/pv-a"}}}),
+    )
+    .await;
+    k.create(
+        &ns("persistentvolumeclaims"),
+        &json!({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "pvc-a"},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}}),
+    )
+    .await;
+    k.create(
+        &ns("events"),
+        &json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "ev-a"},
+            "involvedObject": {"kind": "Pod", "namespace": NS, "name": "p-a"}, "reason": "Oracle", "message": "made by the test", "type": "Normal"}),
+    )
+    .await;
+    k.create(
+        &ns("limitranges"),
+        &json!({"apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "lr-a"},
+            "spec": {"limits": [{"type": "Container", "default": {"cpu": "200m"}}]}}),
+    )
+    .await;
+    k.create(
+        &ns("resourcequotas"),
+        &json!({"apiVersion": "v1", "kind": "ResourceQuota", "metadata": {"name": "rq-a"}, "spec": {"hard": {"pods": "10"}}}),
+    )
+    .await;
+    let template = json!({"metadata": {"labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}});
+    k.create(
+        &ns("podtemplates"),
+        &json!({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "pt-a"}, "template": template}),
+    )
+    .await;
+    k.create(
+        &ns("replicationcontrollers"),
+        &json!({"apiVersion": "v1", "kind": "ReplicationController", "metadata": {"name": "rc-a"},
+            "spec": {"replicas": 1, "selector": {"app": "web"}, "template": template}}),
+    )
+    .await;
+    let selector = json!({"matchLabels": {"app": "web"}});
+    for (plural, kind, spec) in [
+        (
+            "deployments",
+            "Deployment",
+            json!({"replicas": 2, "selector": selector, "template": template}),
+        ),
+        (
+            "replicasets",
+            "ReplicaSet",
+            json!({"replicas": 1, "selector": selector, "template": template}),
+        ),
+        (
+            "statefulsets",
+            "StatefulSet",
+            json!({"serviceName": "svc-a", "selector": selector, "template": template}),
+        ),
+        (
+            "daemonsets",
+            "DaemonSet",
+            json!({"selector": selector, "template": template}),
+        ),
+    ] {
+        k.create(
+            &nsg("apps/v1", plural),
+            &json!({"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": format!("{plural}-a"), "labels": labels("web")}, "spec": spec}),
+        )
+        .await;
+    }
+    k.create(
+        &nsg("apps/v1", "controllerrevisions"),
+        &json!({"apiVersion": "apps/v1", "kind": "ControllerRevision", "metadata": {"name": "cr-a"}, "revision": 1, "data": {"spec": {"a": 1}}}),
+    )
+    .await;
+    let job_template = json!({"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}});
+    k.create(
+        &nsg("batch/v1", "jobs"),
+        &json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "job-a"}, "spec": {"template": job_template}}),
+    )
+    .await;
+    k.create(
+        &nsg("batch/v1", "cronjobs"),
+        &json!({"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "cj-a"},
+            "spec": {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": job_template}}}}),
+    )
+    .await;
+    k.create(
+        &nsg("autoscaling/v2", "horizontalpodautoscalers"),
+        &json!({"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": {"name": "hpa-a"},
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "deployments-a"}, "minReplicas": 1, "maxReplicas": 3,
+                "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 80}}}]}}),
+    )
+    .await;
+    k.create(
+        &nsg("policy/v1", "poddisruptionbudgets"),
+        &json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "pdb-a"}, "spec": {"minAvailable": 1, "selector": selector}}),
+    )
+    .await;
+    k.create(
+        "/apis/networking.k8s.io/v1/ingressclasses",
+        &json!({"apiVersion": "networking.k8s.io/v1", "kind": "IngressClass", "metadata": {"name": "ic-a"}, "spec": {"controller": "example.com/ingress"}}),
+    )
+    .await;
+    k.create(
+        &nsg("networking.k8s.io/v1", "ingresses"),
+        &json!({"apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": {"name": "ing-a"},
+            "spec": {"ingressClassName": "ic-a", "rules": [{"host": "a.example.com", "http": {"paths": [{"path": "/", "pathType": "Prefix",
+                "backend": {"service": {"name": "svc-a", "port": {"number": 80}}}}]}}]}}),
+    )
+    .await;
+    k.create(
+        &nsg("networking.k8s.io/v1", "networkpolicies"),
+        &json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": {"name": "np-a"},
+            "spec": {"podSelector": selector, "policyTypes": ["Ingress"]}}),
+    )
+    .await;
+    k.create(
+        &nsg("discovery.k8s.io/v1", "endpointslices"),
+        &json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice", "metadata": {"name": "eps-a", "labels": {"kubernetes.io/service-name": "svc-a"}},
+            "addressType": "IPv4", "endpoints": [{"addresses": ["10.1.0.5"], "conditions": {"ready": true}}], "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}]}),
+    )
+    .await;
+    k.create(
+        &nsg("coordination.k8s.io/v1", "leases"),
+        &json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": "lease-a"},
+            "spec": {"holderIdentity": "oracle", "leaseDurationSeconds": 15}}),
+    )
+    .await;
+    let rules =
+        json!([{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]);
+    k.create(
+        &nsg("rbac.authorization.k8s.io/v1", "roles"),
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": {"name": "role-a"}, "rules": rules}),
+    )
+    .await;
+    k.create(
+        &nsg("rbac.authorization.k8s.io/v1", "rolebindings"),
+        &json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": {"name": "rb-a"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "role-a"},
+            "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": "alice"}]}),
+    )
+    .await;
+    k.create(
+        "/apis/storage.k8s.io/v1/storageclasses",
+        &json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass", "metadata": {"name": "sc-a"}, "provisioner": "example.com/disk"}),
+    )
+    .await;
+    k.create(
+        "/apis/storage.k8s.io/v1/csidrivers",
+        &json!({"apiVersion": "storage.k8s.io/v1", "kind": "CSIDriver", "metadata": {"name": "disk.example.com"}, "spec": {"attachRequired": true}}),
+    )
+    .await;
+    k.create(
+        "/apis/scheduling.k8s.io/v1/priorityclasses",
+        &json!({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "pc-a"}, "value": 1000, "description": "oracle"}),
+    )
+    .await;
+    k.create(
+        "/apis/node.k8s.io/v1/runtimeclasses",
+        &json!({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "rtc-a"}, "handler": "runc"}),
+    )
+    .await;
+    k.create(
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        &json!({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition", "metadata": {"name": "widgets.oracle.example.com"},
+            "spec": {"group": "oracle.example.com", "scope": "Namespaced",
+                "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {"type": "object", "properties": {"size": {"type": "integer", "maximum": 65535}}}}}}}]}}),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watchcache_serves_what_kube_apiserver_serves() {
+    let binary = peer("kube-apiserver-1.34");
+    let etcd = PrivateEtcd::start().await.expect("start etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let encryption = write_encryption_config(dir.path());
+    let kube = KubeApiserver::start(&binary, &etcd.endpoint(), "/registry", &encryption, &[]).await;
+    populate(&kube).await;
+
+    let enc = encryption.display().to_string();
+    let watchcache = Daemon::start(
+        &watchcache_config(&etcd.endpoint()),
+        &["--encryption-provider-config", &enc],
+    )
+    .await;
+    watchcache.wait_ready().await;
+    let mut o = Oracle {
+        kube,
+        watchcache,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client"),
+        known: known_differences(),
+        failures: Vec::new(),
+        compared: 0,
+    };
+
+    for r in shipped_resources() {
+        let res = r.plural.as_str();
+        let all = o.compare_list(res, &r.all(), "").await;
+        o.compare_list(res, &r.all(), "labelSelector=app%3Dweb")
+            .await;
+        o.compare_list(
+            res,
+            &r.all(),
+            "labelSelector=tier%20in%20(oracle),app!%3Ddb",
+        )
+        .await;
+        if r.namespaced {
+            o.compare_list(res, &r.in_ns(NS), "").await;
+        }
+        o.compare_pages(res, &r.all()).await;
+        for (ns, name) in names(&all).into_iter().take(4) {
+            let path = r.object(ns.as_deref(), &name);
+            o.compare_json(res, &path, &path).await;
+            o.compare_protobuf(res, &path, &path).await;
+            let by_name = format!("fieldSelector=metadata.name%3D{name}");
+            o.compare_list(res, &r.all(), &by_name).await;
+        }
+        // A missing object.
+        let missing = r.object(Some(NS), "no-such-object");
+        o.compare_json(res, &missing, &missing).await;
+    }
+
+    // Errors: a bad selector, an invalid name, a conflict.
+    let pods = "/api/v1/namespaces/oracle/pods";
+    for q in [
+        "labelSelector=a%20in%20(",
+        "fieldSelector=spec.nodeName%3D%3D%3Dx",
+        "fieldSelector=spec.unknown%3Dx",
+    ] {
+        let p = format!("{pods}?{q}");
+        o.compare_json("pods", &p, &p).await;
+    }
+
+    let unseen: Vec<String> = o
+        .known
+        .iter()
+        .filter(|k| !k.seen)
+        .map(|k| format!("{} {}", k.resource, k.path))
+        .collect();
+    assert!(o.compared > 200, "only {} comparisons", o.compared);
+    assert!(
+        o.failures.is_empty(),
+        "{} differences from kube-apiserver (of {} comparisons) not listed in docs/KUBERNETES.md:\n{}",
+        o.failures.len(),
+        o.compared,
+        o.failures.join("\n")
+    );
+    assert!(
+        unseen.is_empty(),
+        "rows of docs/KUBERNETES.md's differences table that no longer differ (remove them): {unseen:?}"
+    );
+}
