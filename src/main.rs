@@ -274,7 +274,7 @@ async fn shutdown_signal() {
 /// thread than the one that allocated them, and glibc then takes the owning
 /// arena's lock: under consistent Gets, `malloc` and `free` with their
 /// futex wake-ups were 18% of the daemon's CPU. Against glibc (tuned as the
-/// daemon had it), in interleaved runs (docs/BENCHMARKS.md, session 12):
+/// daemon had it), in interleaved runs (docs/BENCHMARKS.md#build-and-allocator):
 /// CPU per Get -2 to -6%, per delivered event -6 to -12%; RSS per idle
 /// watcher the same, per cached object lower. jemalloc keeps freed pages a
 /// while for reuse (its dirty-page decay), so a List's frames are not

@@ -1,6 +1,6 @@
 //! What the daemon's response compression (`api::compression`: flate2 on
 //! zlib-rs, level 1, fed the List's 1 MiB frames) costs on a given body:
-//! its ratio and its speed on one core (docs/BENCHMARKS.md, session 15).
+//! its ratio and its speed on one core (docs/BENCHMARKS.md#gzip).
 //! The bench's own objects are padded with one repeated byte and compress
 //! far better than real ones, so the body comes from a file, e.g. a PodList
 //! shaped like a real cluster's from `docs/bench/gzip_pods.py`:

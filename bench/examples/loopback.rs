@@ -1,8 +1,8 @@
 //! How long 10,480,000 bytes (a full List of 10,000 x 1 KB Pods) take to
 //! cross a bare loopback TCP connection, by write and read size: the
-//! transport under L1, with no HTTP and no server (docs/BENCHMARKS.md,
-//! session 13). `list` measures the same with 1 MiB in its `loopback` row
-//! (64 KiB until session 18).
+//! transport under L1, with no HTTP and no server
+//! (docs/BENCHMARKS.md#list-floor). `list` measures the same with 1 MiB in
+//! its `loopback` row.
 //!
 //! ```sh
 //! cargo run --release -p watchcache-bench --example loopback -- 65536 65536

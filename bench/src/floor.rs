@@ -2,7 +2,7 @@
 //! TCP connection, with no HTTP and no server, in the same run as the Lists.
 //!
 //! A full List from the cache is bytes already serialized in memory, so what
-//! is left of its time is the transport (docs/BENCHMARKS.md, session 13). This
+//! is left of its time is the transport (docs/BENCHMARKS.md#list-floor). This
 //! measures that transport alone, so a run shows how far a List is from it
 //! and about the most a server could reach against etcd's List in that
 //! minute (the bare transfer has a slow mode of its own: a reference, not a
@@ -17,9 +17,9 @@ use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 
 /// Size of each write and read: 1 MiB, the size of the daemon's kept List
-/// frames and of the bench client's HTTP/2 frames. 64 KiB (session 13's
-/// choice) became slower than the daemon's own List on a later machine, so
-/// it was no longer a floor (docs/BENCHMARKS.md, session 18).
+/// frames and of the bench client's HTTP/2 frames. 64 KiB writes were
+/// slower than the daemon's own List on the benchmark machine, so no floor
+/// (docs/BENCHMARKS.md#what-did-not-work).
 const IO_CHUNK: usize = 1024 * 1024;
 
 /// Moves `body` from one thread to another over a fresh loopback TCP

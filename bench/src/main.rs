@@ -185,8 +185,9 @@ struct Cli {
     /// get: split --duration into this many rounds and run the targets in
     /// turn, round after round (proxy, etcd, proxy, etcd...), summing each
     /// target's gets, time and CPU. A comparison of phases run one after the
-    /// other moves with the machine's speed in each phase (docs/BENCHMARKS.md,
-    /// session 12); in turns, every target sees the same minutes.
+    /// other moves with the machine's speed in each phase
+    /// (docs/BENCHMARKS.md#get-g1); in turns, every target sees the same
+    /// minutes.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
     rounds: u32,
     /// Run the whole comparison this many times, each with a fresh etcd

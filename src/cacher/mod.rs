@@ -191,7 +191,7 @@ pub enum CacherError {
 /// which run in the same task (an informer's watches share its List's
 /// connection). Below this, the walk (under half a millisecond) costs
 /// less than the hand-off: at 10,000 objects, the first page's hand-off
-/// made paged Lists slower (docs/BENCHMARKS.md, session 13).
+/// made paged Lists slower (docs/BENCHMARKS.md#what-did-not-work).
 const INLINE_SELECTION_MAX: usize = 32_768;
 
 /// Selections on the blocking pool at once: about the cores. A burst of
