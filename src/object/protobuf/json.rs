@@ -105,17 +105,48 @@ fn fields_to_json(
     embedding: usize,
     out: &mut Map<String, Value>,
 ) -> Result<(), ProtobufError> {
-    // Fields without omitempty are written by Go even when unset: null for
-    // nil slices, maps and pointers (e.g. an aggregated ClusterRole's `"rules": null`).
+    // Fields absent from the bytes that Go writes all the same.
     for field in message.descriptor().fields() {
-        if let Some(tag) = schema.field_tag(&field)
-            && tag.keep
-            && !tag.inline
-            && (field.is_list() || tag.pointer)
-            && !message.has_field(&field)
-            && let Some(name) = &tag.json_name
-        {
-            out.insert(name.clone(), Value::Null);
+        if message.has_field(&field) {
+            continue;
+        }
+        let tag = schema.field_tag(&field);
+        let name = match tag {
+            Some(t) if t.inline => continue,
+            Some(t) => match &t.json_name {
+                Some(n) => n.as_str(),
+                None => continue,
+            },
+            None => field.name(),
+        };
+        let (keep, pointer) = tag.map_or((false, false), |t| (t.keep, t.pointer));
+        let struct_desc = match field.kind() {
+            Kind::Message(d) if !field.is_list() && !field.is_map() => Some(d),
+            _ => None,
+        };
+        let nil_able = field.is_list()
+            || field.is_map()
+            || pointer
+            || field.kind() == Kind::Bytes
+            || struct_desc
+                .as_ref()
+                .is_some_and(|d| schema.is_slice_wrapper(d));
+        if nil_able {
+            // Without omitempty a nil slice, map or pointer is written as
+            // null (an aggregated ClusterRole's `"rules": null`).
+            if keep {
+                out.insert(name.to_string(), Value::Null);
+            }
+        } else if let Some(desc) = struct_desc {
+            // A non-pointer struct is written even when zero (omitempty
+            // never omits a struct); Go's own bytes always hold it, so it is
+            // absent only from an older release's bytes, as a field added
+            // since (1.34's CSINode read by 1.37: `"status": {}`).
+            let zero = match go_zero_json(schema, &desc) {
+                Value::Object(_) => message_to_json(schema, &DynamicMessage::new(desc), embedding)?,
+                v => v,
+            };
+            out.insert(name.to_string(), zero);
         }
     }
     for (field, value) in message.fields() {
