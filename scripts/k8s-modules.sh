@@ -7,6 +7,7 @@
 #                                  release) and its generated.proto files
 #   k8s.io/apimachinery            meta/v1, runtime, ... generated.proto
 #   k8s.io/apiextensions-apiserver the CustomResourceDefinition types
+#   k8s.io/kube-aggregator         the APIService types
 #
 # Usage:
 #   scripts/k8s-modules.sh testdata   print the k8s.io/api testdata directory

@@ -9,12 +9,14 @@
 #                                   mapping (JSON name = proto name, omitempty,
 #                                   not a pointer): "<Message>.<field> <jsonName|-> [flags]",
 #                                   flags: inline (embedded struct), keep (no
-#                                   omitempty), ptr (Go pointer: zero is not empty);
+#                                   omitempty), ptr (Go pointer: zero is not empty),
+#                                   omitzero (a zero struct is left out too);
 #                                   "<Message> - slice": a named Go slice type (the
 #                                   message wraps it, its JSON is the bare list)
 #
 # The .proto and Go files come from the Go modules k8s.io/api,
-# k8s.io/apimachinery and k8s.io/apiextensions-apiserver of the newest
+# k8s.io/apimachinery, k8s.io/apiextensions-apiserver (CustomResourceDefinitions)
+# and k8s.io/kube-aggregator (APIServices) of the newest
 # Kubernetes release, fetched by module name from the Go module proxy
 # (scripts/k8s-modules.sh pins the version). Only the API versions that
 # release serves are in the schema, as in kube-apiserver.
@@ -34,6 +36,7 @@ trap 'rm -rf "$work"' EXIT
 api=$(scripts/k8s-modules.sh dir k8s.io/api)
 apimachinery=$(scripts/k8s-modules.sh dir k8s.io/apimachinery)
 apiextensions=$(scripts/k8s-modules.sh dir k8s.io/apiextensions-apiserver)
+aggregator=$(scripts/k8s-modules.sh dir k8s.io/kube-aggregator)
 echo "k8s-proto-descriptors: Kubernetes API modules $(scripts/k8s-modules.sh version)"
 
 # One tree laid out by import path, as the .proto files import one another.
@@ -42,10 +45,12 @@ mkdir -p "$tree/k8s.io/apiextensions-apiserver/pkg"
 cp -a "$api" "$tree/k8s.io/api"
 cp -a "$apimachinery" "$tree/k8s.io/apimachinery"
 cp -a "$apiextensions/pkg/apis" "$tree/k8s.io/apiextensions-apiserver/pkg/"
+mkdir -p "$tree/k8s.io/kube-aggregator/pkg"
+cp -a "$aggregator/pkg/apis" "$tree/k8s.io/kube-aggregator/pkg/"
 chmod -R u+w "$tree"
 
 cd "$tree"
-mapfile -t dirs < <(find k8s.io/api k8s.io/apimachinery k8s.io/apiextensions-apiserver -name generated.proto -printf '%h\n' | grep -v /testapigroup | LC_ALL=C sort)
+mapfile -t dirs < <(find k8s.io/api k8s.io/apimachinery k8s.io/apiextensions-apiserver k8s.io/kube-aggregator -name generated.proto -printf '%h\n' | grep -v /testapigroup | LC_ALL=C sort)
 [ "${#dirs[@]}" -gt 0 ] || { echo "k8s-proto-descriptors: no generated.proto found" >&2; exit 1; }
 files=()
 for d in "${dirs[@]}"; do files+=("$d/generated.proto"); done
@@ -75,15 +80,15 @@ protoc -I . --include_imports --descriptor_set_out="$desc" "${files[@]}" 2> >(gr
         if (match(p, /name=[^,"]+/)) pname = substr(p, RSTART + 5, RLENGTH - 5)
         else if (jt ~ /inline/ || ($2 ~ /^`/ && jt ~ /^(,|$)/)) pname = tolower(substr($1, 1, 1)) substr($1, 2)  # go-to-protobuf: the type name, lowerCamel
         else next
-        n = split(jt, parts, ","); jname = parts[1]; omit = 0; inl = 0
-        for (i = 2; i <= n; i++) { if (parts[i] == "omitempty") omit = 1; if (parts[i] == "inline") inl = 1 }
+        n = split(jt, parts, ","); jname = parts[1]; omit = 0; inl = 0; oz = 0
+        for (i = 2; i <= n; i++) { if (parts[i] == "omitempty") omit = 1; if (parts[i] == "inline") inl = 1; if (parts[i] == "omitzero") oz = 1 }
         # An embedded struct without a JSON name (`json:""`) is inlined by
         # encoding/json just as one tagged `json:",inline"`.
         if ($2 ~ /^`/ && jname == "") inl = 1
         ptr = ($2 ~ /^\*/)
-        flags = inl ? " inline" : ((omit ? "" : " keep") (ptr ? " ptr" : ""))
+        flags = inl ? " inline" : ((omit ? "" : " keep") (ptr ? " ptr" : "") (oz ? " omitzero" : ""))
         if (jname == "") jname = "-"
-        if (inl || jname != pname || !omit || ptr) print pkg "." typ "." pname " " jname flags
+        if (inl || jname != pname || !omit || ptr || oz) print pkg "." typ "." pname " " jname flags
       }' "${gofiles[@]}"
   done
 } >"$tags"

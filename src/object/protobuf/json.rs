@@ -137,7 +137,9 @@ fn fields_to_json(
             if keep {
                 out.insert(name.to_string(), Value::Null);
             }
-        } else if let Some(desc) = struct_desc {
+        } else if let Some(desc) = struct_desc
+            && !tag.is_some_and(|t| t.omitzero)
+        {
             // A non-pointer struct is written even when zero (omitempty
             // never omits a struct); Go's own bytes always hold it, so it is
             // absent only from an older release's bytes, as a field added
@@ -168,6 +170,12 @@ fn fields_to_json(
         };
         let zero_is_written = tag.is_some_and(|t| t.keep || t.pointer);
         if !zero_is_written && is_zero_scalar(value) {
+            continue;
+        }
+        if tag.is_some_and(|t| t.omitzero)
+            && let PValue::Message(m) = value
+            && m.fields().next().is_none()
+        {
             continue;
         }
         out.insert(

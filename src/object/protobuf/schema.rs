@@ -17,7 +17,7 @@ use super::ProtobufError;
 
 /// The committed descriptor set (a FileDescriptorSet).
 static DESCRIPTORS: &[u8] = include_bytes!("../k8s-protos.desc");
-/// The committed Go JSON tags: `<Message>.<field> <jsonName|-> [inline] [keep] [ptr]`.
+/// The committed Go JSON tags: `<Message>.<field> <jsonName|-> [inline] [keep] [ptr] [omitzero]`.
 static JSON_FIELDS: &str = include_str!("../k8s-json-fields.txt");
 
 /// How Go's `encoding/json` writes one field, where it differs from the
@@ -32,6 +32,9 @@ pub(crate) struct FieldTag {
     pub(crate) keep: bool,
     /// A Go pointer: a zero value that is present (non-nil) is written.
     pub(crate) pointer: bool,
+    /// `omitzero`: a zero value is left out even for a struct (ObjectMeta's
+    /// `creationTimestamp` since Kubernetes 1.34: no `null` in a template).
+    pub(crate) omitzero: bool,
 }
 
 /// Maps and sets of the per-field lookups: SipHash over long full names was
@@ -334,6 +337,7 @@ fn parse_field_tags(text: &str) -> Result<ParsedTags, ProtobufError> {
                 "inline" => tag.inline = true,
                 "keep" => tag.keep = true,
                 "ptr" => tag.pointer = true,
+                "omitzero" => tag.omitzero = true,
                 "slice" => {
                     slices.insert(field.to_string());
                 }
