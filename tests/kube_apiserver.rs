@@ -27,6 +27,9 @@ const TABLE: &str = "application/json;as=Table;v=v1;g=meta.k8s.io";
 /// One resource of `config/kubernetes.toml`.
 #[derive(Clone, Debug)]
 struct Resource {
+    /// Its etcd key prefix, ending in `/`.
+    key_prefix: String,
+    protobuf: bool,
     group: String,
     version: String,
     plural: String,
@@ -66,6 +69,8 @@ fn shipped_resources() -> Vec<Resource> {
     cfg.resources
         .iter()
         .map(|r| Resource {
+            key_prefix: r.key_prefix(&cfg.etcd.prefix),
+            protobuf: r.storage_encoding == watchcache::config::StorageEncoding::Protobuf,
             group: r.group.clone(),
             version: r.version.clone(),
             plural: r.plural.clone(),
@@ -102,8 +107,9 @@ fn watchcache_config(etcd: &str) -> String {
 
 /// A known difference: `docs/KUBERNETES.md`'s table rows
 /// `| resource | where | why |` between the `differences` markers.
-/// `resource` is a plural or `*`; `where` a JSON path whose segments may be
-/// `*`, or a request kind such as `table` or `protobuf`.
+/// `resource` is a plural (`pods:write` for objects written through
+/// watchcache) or `*`; `where` a JSON path whose segments may be `*`, or
+/// under `table/` or `protobuf/`.
 struct Known {
     resource: String,
     path: String,
@@ -696,6 +702,26 @@ async fn watchcache_serves_what_kube_apiserver_serves() {
             o.compare_list(res, &r.in_ns(NS), "").await;
         }
         o.compare_pages(res, &r.all()).await;
+        // kube-apiserver stores built-in types as protobuf (and an
+        // APIService as JSON): the shipped config writes what it writes.
+        if let Some((ns, name)) = names(&all).into_iter().next()
+            && r.plural != "secrets"
+            && r.plural != "configmaps"
+        {
+            let key = match &ns {
+                Some(ns) => format!("{}{ns}/{name}", r.key_prefix),
+                None => format!("{}{name}", r.key_prefix),
+            };
+            let stored = etcd_value(&etcd.endpoint(), &key).await;
+            let kube_protobuf = stored.starts_with(b"k8s\0");
+            if kube_protobuf != r.protobuf {
+                o.failures.push(format!(
+                    "{res}: kube-apiserver stored {key} as {}, config/kubernetes.toml writes {}",
+                    if kube_protobuf { "protobuf" } else { "JSON" },
+                    if r.protobuf { "protobuf" } else { "JSON" },
+                ));
+            }
+        }
         for (ns, name) in names(&all).into_iter().take(4) {
             let path = r.object(ns.as_deref(), &name);
             o.compare_json(res, &path, &path).await;
@@ -719,6 +745,8 @@ async fn watchcache_serves_what_kube_apiserver_serves() {
         o.compare_json("pods", &p, &p).await;
     }
 
+    writes_through_watchcache(&mut o, &etcd.endpoint()).await;
+
     let unseen: Vec<String> = o
         .known
         .iter()
@@ -737,4 +765,218 @@ async fn watchcache_serves_what_kube_apiserver_serves() {
         unseen.is_empty(),
         "rows of docs/KUBERNETES.md's differences table that no longer differ (remove them): {unseen:?}"
     );
+}
+
+impl Oracle {
+    /// Sends a request to watchcache: (status, body as JSON).
+    async fn wc_send(
+        &self,
+        method: Method,
+        path: &str,
+        content_type: &str,
+        body: String,
+    ) -> (u16, Value) {
+        let r = self
+            .http
+            .request(method, self.watchcache.url(path))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+            .await
+            .expect("watchcache request");
+        let code = r.status().as_u16();
+        let bytes = r.bytes().await.expect("body");
+        (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    }
+
+    /// Once watchcache's cache holds `path` at resourceVersion `rv` or later,
+    /// the same Get to both, as JSON and protobuf.
+    /// Recorded as `<resource>:write`, the table's name for objects
+    /// written through watchcache.
+    async fn compare_object(&mut self, resource: &str, path: &str, rv: &str) {
+        let at = format!("{path}?resourceVersion={rv}");
+        let (code, _) = self.wc_get(&at, JSON).await;
+        assert!(code == 200 || code == 404, "GET {at}: {code}");
+        let resource = format!("{resource}:write");
+        self.compare_json(&resource, path, path).await;
+        self.compare_protobuf(&resource, path, path).await;
+    }
+}
+
+/// The raw value etcd holds at `key`.
+async fn etcd_value(endpoint: &str, key: &str) -> Vec<u8> {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("etcd client");
+    let r = c.get(key, None).await.expect("etcd get");
+    r.kvs()
+        .first()
+        .map(|kv| kv.value().to_vec())
+        .unwrap_or_default()
+}
+
+/// Writes through watchcache (create, update, JSON, merge and strategic
+/// merge patches, server-side apply, delete) read back the same through
+/// kube-apiserver, and are stored as kube-apiserver stores them: protobuf
+/// for built-in types, sealed by the first provider of the shared
+/// encryption config. Errors (conflict, invalid name) get the same Status.
+async fn writes_through_watchcache(o: &mut Oracle, etcd: &str) {
+    let cms = format!("/api/v1/namespaces/{NS}/configmaps");
+    let cm = |rv: Option<&str>, data: Value| {
+        let mut v = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "wc-cm", "labels": {"app": "web"}}, "data": data});
+        if let Some(rv) = rv {
+            v["metadata"]["resourceVersion"] = json!(rv);
+        }
+        v.to_string()
+    };
+    let rv_of = |v: &Value| {
+        v["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap_or("")
+            .to_string()
+    };
+
+    let (code, created) = o
+        .wc_send(Method::POST, &cms, JSON, cm(None, json!({"a": "1"})))
+        .await;
+    assert_eq!(code, 201, "{created}");
+    let path = format!("{cms}/wc-cm");
+    o.compare_object("configmaps", &path, &rv_of(&created))
+        .await;
+    let stored = etcd_value(etcd, &format!("/registry/configmaps/{NS}/wc-cm")).await;
+    assert!(
+        stored.starts_with(b"k8s:enc:secretbox:v1:key1:"),
+        "a ConfigMap written through watchcache is sealed as kube-apiserver seals it: {:?}",
+        String::from_utf8_lossy(&stored[..stored.len().min(40)])
+    );
+
+    let (code, updated) = o
+        .wc_send(
+            Method::PUT,
+            &path,
+            JSON,
+            cm(Some(&rv_of(&created)), json!({"a": "2"})),
+        )
+        .await;
+    assert_eq!(code, 200, "{updated}");
+    o.compare_object("configmaps", &path, &rv_of(&updated))
+        .await;
+    // The same stale update to both: 409 Conflict with the same Status.
+    let stale = cm(Some(&rv_of(&created)), json!({"a": "3"}));
+    let (wc_code, wc_status) = o.wc_send(Method::PUT, &path, JSON, stale.clone()).await;
+    let (k_code, k_status) = o.kube.send(Method::PUT, &path, JSON, Some(stale)).await;
+    let mut diffs = Vec::new();
+    diff("", &wc_status, &k_status, &mut diffs);
+    if wc_code != k_code {
+        diffs.push((
+            "/code".into(),
+            format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+        ));
+    }
+    o.record("configmaps:write", "stale PUT", diffs);
+
+    for (content_type, patch) in [
+        (
+            "application/json-patch+json",
+            json!([{"op": "add", "path": "/data/b", "value": "x"}]),
+        ),
+        (
+            "application/merge-patch+json",
+            json!({"metadata": {"labels": {"merged": "yes"}}}),
+        ),
+        (
+            "application/strategic-merge-patch+json",
+            json!({"data": {"c": "y"}}),
+        ),
+    ] {
+        let (code, patched) = o
+            .wc_send(Method::PATCH, &path, content_type, patch.to_string())
+            .await;
+        assert_eq!(code, 200, "{content_type}: {patched}");
+        o.compare_object("configmaps", &path, &rv_of(&patched))
+            .await;
+    }
+    let apply = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: wc-applied\ndata:\n  k: v\n";
+    let (code, applied) = o
+        .wc_send(
+            Method::PATCH,
+            &format!("{cms}/wc-applied?fieldManager=oracle"),
+            "application/apply-patch+yaml",
+            apply.into(),
+        )
+        .await;
+    assert_eq!(code, 201, "{applied}");
+    o.compare_object("configmaps", &format!("{cms}/wc-applied"), &rv_of(&applied))
+        .await;
+
+    let secrets = format!("/api/v1/namespaces/{NS}/secrets");
+    let (code, secret) = o
+        .wc_send(
+            Method::POST,
+            &secrets,
+            JSON,
+            json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "wc-secret"}, "stringData": {"token": "t0ps3cret"}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(code, 201, "{secret}");
+    o.compare_object("secrets", &format!("{secrets}/wc-secret"), &rv_of(&secret))
+        .await;
+    let stored = etcd_value(etcd, &format!("/registry/secrets/{NS}/wc-secret")).await;
+    assert!(
+        stored.starts_with(b"k8s:enc:aesgcm:v1:key1:"),
+        "a Secret written through watchcache is sealed with aesgcm"
+    );
+
+    let pods = format!("/api/v1/namespaces/{NS}/pods");
+    let (code, pod) = o
+        .wc_send(
+            Method::POST,
+            &pods,
+            JSON,
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "wc-pod", "labels": {"app": "web"}},
+                "spec": {"nodeName": "node-1", "containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(code, 201, "{pod}");
+    let pod_path = format!("{pods}/wc-pod");
+    o.compare_object("pods", &pod_path, &rv_of(&pod)).await;
+    let stored = etcd_value(etcd, &format!("/registry/pods/{NS}/wc-pod")).await;
+    assert!(
+        stored.starts_with(b"k8s\0"),
+        "a Pod written through watchcache is stored as protobuf, as kube-apiserver stores it"
+    );
+    let (code, patched) = o
+        .wc_send(
+            Method::PATCH,
+            &pod_path,
+            "application/strategic-merge-patch+json",
+            json!({"spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.9"}]}})
+                .to_string(),
+        )
+        .await;
+    assert_eq!(code, 200, "{patched}");
+    o.compare_object("pods", &pod_path, &rv_of(&patched)).await;
+    let (code, deleted) = o
+        .wc_send(Method::DELETE, &pod_path, JSON, String::new())
+        .await;
+    assert_eq!(code, 200, "{deleted}");
+    o.compare_object("pods", &pod_path, &rv_of(&deleted)).await;
+
+    // An invalid name: 422 with the same Status from both.
+    let bad = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Not_Valid"}})
+        .to_string();
+    let (wc_code, wc_status) = o.wc_send(Method::POST, &cms, JSON, bad.clone()).await;
+    let (k_code, k_status) = o.kube.send(Method::POST, &cms, JSON, Some(bad)).await;
+    let mut diffs = Vec::new();
+    diff("", &wc_status, &k_status, &mut diffs);
+    if wc_code != k_code {
+        diffs.push((
+            "/code".into(),
+            format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+        ));
+    }
+    o.record("configmaps:write", "invalid name", diffs);
 }
