@@ -1,0 +1,318 @@
+//! Watches etcd serves: one etcd watch stream per client stream carries
+//! them, its answers passed on unchanged (bar progress answers, which wait
+//! for the cached watches). A forwarded watch over a cached range moves
+//! onto the ring once etcd's catch-up reaches it.
+
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+use tracing::debug;
+
+use etcd_client::proto::*;
+
+use super::progress::is_progress_answer;
+use super::stream::{ClientStream, CreateSpec};
+use super::{OUT_BUFFER, count_watch, move_watch};
+
+/// etcd's watch stream towards one client stream's forwarded watches.
+pub(super) struct UpstreamWatch {
+    pub(super) requests: mpsc::Sender<PbWatchRequest>,
+    pub(super) responses: mpsc::Receiver<Result<PbWatchResponse, Status>>,
+}
+
+/// A creation etcd has not answered yet.
+pub(super) struct AwaitingCreated {
+    pub(super) id: i64,
+    /// `next_id` before an auto-assigned `id`: etcd refusing the creation
+    /// gives it back, as etcd assigns an id only to a watch it creates.
+    prev_next_id: Option<i64>,
+}
+
+impl ClientStream {
+    /// Forwards a creation (`req`, carrying `id`) etcd serves; `spec` when
+    /// a cache could take the watch over later.
+    pub(super) async fn forward_create(
+        &mut self,
+        id: i64,
+        prev_next_id: Option<i64>,
+        spec: Option<CreateSpec>,
+        req: PbWatchRequest,
+    ) -> Result<(), Status> {
+        self.forwarded.insert(id, spec);
+        self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
+        count_watch(&self.front, "etcd", 1);
+        self.send_upstream(req).await
+    }
+
+    /// Passes the client's cancel (`req`) of forwarded watch `id` on to
+    /// etcd, once.
+    pub(super) async fn cancel_forwarded(
+        &mut self,
+        id: i64,
+        req: PbWatchRequest,
+    ) -> Result<(), Status> {
+        let Some(spec) = self.forwarded.get_mut(&id) else {
+            return Ok(()); // etcd ignores an unknown id
+        };
+        // No handover once the client canceled: an event
+        // answer in flight would bring the watch back.
+        *spec = None;
+        if !self.canceling.insert(id) {
+            return Ok(()); // asked already; etcd answers once
+        }
+        self.send_upstream(req).await
+    }
+
+    pub(super) async fn send_upstream(&mut self, req: PbWatchRequest) -> Result<(), Status> {
+        if self.upstream.is_none() {
+            self.upstream = Some(self.open_upstream());
+        }
+        let Some(up) = &self.upstream else {
+            return Err(Status::internal("no etcd watch stream"));
+        };
+        up.requests
+            .send(req)
+            .await
+            .map_err(|_| Status::unavailable("etcd watch stream closed"))
+    }
+
+    /// Opens etcd's stream for this client stream's forwarded watches; a
+    /// task pumps its answers into a bounded channel (etcd waits when the
+    /// client is slow).
+    fn open_upstream(&self) -> UpstreamWatch {
+        let (req_tx, req_rx) = mpsc::channel::<PbWatchRequest>(64);
+        let (resp_tx, resp_rx) = mpsc::channel(OUT_BUFFER);
+        let upstream = self.front.upstream.clone();
+        let md = self.md.clone();
+        tokio::spawn(async move {
+            let mut stream = match upstream
+                .streaming::<_, PbWatchResponse, _>(
+                    "/etcdserverpb.Watch/Watch",
+                    &md,
+                    ReceiverStream::new(req_rx),
+                )
+                .await
+            {
+                Ok(r) => r.into_inner(),
+                Err(s) => {
+                    let _ = resp_tx.send(Err(s)).await;
+                    return;
+                }
+            };
+            loop {
+                tokio::select! {
+                    _ = resp_tx.closed() => return,
+                    m = stream.message() => {
+                        let item = match m {
+                            Ok(Some(r)) => Ok(r),
+                            Ok(None) => Err(Status::unavailable("etcd closed the watch stream")),
+                            Err(s) => Err(s),
+                        };
+                        let end = item.is_err();
+                        if resp_tx.send(item).await.is_err() || end {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        UpstreamWatch {
+            requests: req_tx,
+            responses: resp_rx,
+        }
+    }
+
+    /// An answer from etcd for a forwarded watch, passed on unchanged
+    /// (progress answers wait for the cached watches, see `answer_progress`);
+    /// the cancel for etcd when the watch moves onto the ring.
+    pub(super) fn on_upstream(&mut self, resp: PbWatchResponse) -> Option<PbWatchRequest> {
+        if let Some(h) = &resp.header {
+            self.front.headers.learn(h);
+        }
+        if self.dropped(&resp) {
+            return None;
+        }
+        if is_progress_answer(&resp) {
+            self.upstream_progress(&resp);
+            return None;
+        }
+        self.note_sent(&resp.events);
+        self.settle_ids(&resp);
+        let handover = self.handover_point(&resp);
+        self.track_fragment(&resp);
+        self.pending.push_back(resp);
+        let (id, from) = handover?;
+        self.hand_over(id, from)
+    }
+
+    /// Whether etcd's answer is dropped: for a watch handed over (the ring
+    /// delivers its events) or canceled by the client (who asked for no
+    /// more), until etcd's `canceled`, which only the latter passes on.
+    fn dropped(&mut self, resp: &PbWatchResponse) -> bool {
+        if self.handing_over.contains(&resp.watch_id) {
+            if resp.canceled {
+                self.handing_over.remove(&resp.watch_id);
+            }
+            return true;
+        }
+        if self.canceling.contains(&resp.watch_id) {
+            if !resp.canceled {
+                return true;
+            }
+            self.canceling.remove(&resp.watch_id);
+        }
+        false
+    }
+
+    /// Follows etcd's `created` and `canceled` in the stream's watch ids.
+    fn settle_ids(&mut self, resp: &PbWatchResponse) {
+        if resp.created
+            && let Some(AwaitingCreated { id, prev_next_id }) = self.awaiting_created.take()
+            && resp.watch_id != id
+        {
+            // etcd refused it (id -1) or chose another id (our 0 = "auto").
+            let spec = self.forwarded.remove(&id).flatten();
+            if resp.canceled {
+                count_watch(&self.front, "etcd", -1);
+                if let Some(n) = prev_next_id {
+                    self.next_id = n;
+                }
+            } else {
+                self.forwarded.insert(resp.watch_id, spec);
+            }
+        }
+        if resp.canceled && self.forwarded.remove(&resp.watch_id).is_some() {
+            count_watch(&self.front, "etcd", -1);
+        }
+    }
+
+    /// The revision a forwarded watch could continue from in the ring after
+    /// this answer: etcd sent every event of the watch up to the answer's
+    /// last one (whole revisions; the last fragment of a split one).
+    fn handover_point(&self, resp: &PbWatchResponse) -> Option<(i64, i64)> {
+        if resp.fragment || resp.canceled || resp.events.is_empty() {
+            return None;
+        }
+        let spec = self.forwarded.get(&resp.watch_id)?.as_ref()?;
+        let cache = self.front.cache_for(&spec.key, &spec.range_end)?;
+        let last = resp
+            .events
+            .iter()
+            .filter_map(|e| e.kv.as_ref())
+            .map(|kv| kv.mod_revision)
+            .max()?;
+        cache.cursor_at(last + 1).map(|_| (resp.watch_id, last + 1))
+    }
+
+    /// Moves a forwarded watch onto its cache's ring from revision `from`
+    /// (etcd sent everything before it) and returns the cancel for etcd.
+    fn hand_over(&mut self, id: i64, from: i64) -> Option<PbWatchRequest> {
+        let spec = self.forwarded.get(&id)?.clone()?;
+        let mut w = self.place(
+            id,
+            CreateSpec {
+                start_revision: from,
+                ..spec
+            },
+        )?;
+        debug!(
+            watch_id = id,
+            from, "etcd's catch-up reached the ring; handed over"
+        );
+        self.forwarded.remove(&id);
+        self.handing_over.insert(id);
+        // etcd sent its events up to `from - 1`.
+        w.notified_rev = from - 1;
+        self.watches.push(w);
+        move_watch(&self.front);
+        let mut cancel = PbWatchRequestUnion::CancelRequest(Default::default());
+        if let PbWatchRequestUnion::CancelRequest(c) = &mut cancel {
+            c.watch_id = id;
+        }
+        Some(PbWatchRequest {
+            request_union: Some(cancel),
+        })
+    }
+}
+
+/// etcd's next answer; never without its stream.
+pub(super) async fn recv_upstream(
+    up: &mut Option<UpstreamWatch>,
+) -> Option<Result<PbWatchResponse, Status>> {
+    match up {
+        Some(u) => u.responses.recv().await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::grpc::watch::INVALID_WATCH_ID;
+    use crate::grpc::watch::test_support::*;
+
+    #[tokio::test]
+    async fn a_canceled_forwarded_watch_is_not_handed_over() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        // A forwarded watch catching up over the cached range.
+        h.cache.apply(vec![put("/c/a", b"1".to_vec(), 11)], 12);
+        s.forwarded.insert(5, Some(spec("/c/a", 11)));
+        s.handle(cancel(5)).await.expect("handled");
+        s.handle(cancel(5)).await.expect("handled");
+        assert!(matches!(
+            h.to_etcd.try_recv().map(|r| r.request_union),
+            Ok(Some(PbWatchRequestUnion::CancelRequest(c))) if c.watch_id == 5
+        ));
+        assert!(h.to_etcd.try_recv().is_err(), "etcd is asked once");
+        // etcd's event in flight reaches the ring: no handover, not passed on.
+        assert!(s.on_upstream(event_answer(5, "/c/a", 11)).is_none());
+        assert!(s.watches.is_empty(), "not resurrected as a cached watch");
+        assert!(s.pending.is_empty(), "no events after the cancel");
+        // etcd's `canceled`, once.
+        let canceled = PbWatchResponse {
+            watch_id: 5,
+            canceled: true,
+            ..Default::default()
+        };
+        assert!(s.on_upstream(canceled).is_none());
+        let got: Vec<(i64, bool)> = s.pending.iter().map(|r| (r.watch_id, r.canceled)).collect();
+        assert_eq!(got, vec![(5, true)]);
+        assert!(s.forwarded.is_empty() && s.canceling.is_empty());
+    }
+
+    /// A forwarded creation etcd refuses (its auth, say) gives its
+    /// auto-assigned id back.
+    #[tokio::test]
+    async fn a_creation_etcd_refuses_uses_up_no_watch_id() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.handle(create_from("/x/a", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(0));
+        let created = PbWatchResponse {
+            watch_id: 0,
+            created: true,
+            ..Default::default()
+        };
+        assert!(s.on_upstream(created).is_none());
+        s.handle(create_from("/x/b", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(1));
+        let refused = PbWatchResponse {
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: "etcdserver: permission denied".to_string(),
+            ..Default::default()
+        };
+        assert!(s.on_upstream(refused).is_none());
+        s.handle(create_from("/x/c", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(1), "1 again");
+        assert_eq!(
+            s.forwarded.keys().copied().collect::<HashSet<_>>(),
+            HashSet::from([0, 1])
+        );
+    }
+}

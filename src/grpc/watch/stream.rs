@@ -1,0 +1,489 @@
+//! One client stream: its state, the task that owns it (a loop over what
+//! comes first: the client's reading, its requests, etcd's answers, cache
+//! changes, ticks), and the client's requests, a creation routed to a cache
+//! or to etcd. The other files of `watch` add the rest of `ClientStream`.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, Interval};
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+use etcd_client::proto::*;
+
+use super::cached::CachedWatch;
+use super::forwarded::{AwaitingCreated, UpstreamWatch, recv_upstream};
+use super::progress::PendingProgress;
+use super::{Front, INVALID_WATCH_ID, MAX_PENDING, count_watch};
+
+/// What the front reads of a `WatchCreateRequest` (whose type etcd-client
+/// does not export by name).
+#[derive(Clone)]
+pub(super) struct CreateSpec {
+    pub(super) key: Vec<u8>,
+    pub(super) range_end: Vec<u8>,
+    pub(super) start_revision: i64,
+    pub(super) prev_kv: bool,
+    pub(super) filters: Vec<i32>,
+    pub(super) fragment: bool,
+    pub(super) progress_notify: bool,
+}
+
+/// One client stream's watches and queue, owned by its task (`run`).
+pub(super) struct ClientStream {
+    pub(super) front: Arc<Front>,
+    pub(super) md: MetadataMap,
+    pub(super) out: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    /// Control answers and the fragments of one batch, in order.
+    pub(super) pending: VecDeque<PbWatchResponse>,
+    pub(super) watches: Vec<CachedWatch>,
+    /// Where the next round-robin turn starts.
+    pub(super) rr: usize,
+    /// Watches etcd serves; with their creation when a cache could take
+    /// them over once etcd's catch-up reaches the ring.
+    pub(super) forwarded: HashMap<i64, Option<CreateSpec>>,
+    /// Handed over to a cache; etcd's answers for them (until its
+    /// `canceled`) are dropped: the ring delivers those events.
+    pub(super) handing_over: HashSet<i64>,
+    /// Forwarded watches the client canceled, until etcd's `canceled`:
+    /// etcd's answers in flight for them are dropped (the client asked for
+    /// no more), its `canceled` passed on once.
+    pub(super) canceling: HashSet<i64>,
+    pub(super) upstream: Option<UpstreamWatch>,
+    pub(super) next_id: i64,
+    pub(super) progress: Option<PendingProgress>,
+    /// A creation forwarded to etcd and not answered yet: later requests
+    /// wait, so `created` answers keep the order of the requests (clients
+    /// such as clientv3 match them in order).
+    pub(super) awaiting_created: Option<AwaitingCreated>,
+    /// The forwarded watch whose fragmented response is partly queued:
+    /// until its last fragment nothing else is queued, as clientv3 drops a
+    /// response for another watch while it assembles one, and discards the
+    /// fragments it has on a `created` or `canceled`.
+    pub(super) open_fragment: Option<i64>,
+    /// The highest event revision sent on this stream: a progress answer
+    /// never goes back behind it.
+    pub(super) max_sent: i64,
+}
+
+impl Drop for ClientStream {
+    fn drop(&mut self) {
+        count_watch(&self.front, "cache", -(self.watches.len() as i64));
+        count_watch(&self.front, "etcd", -(self.forwarded.len() as i64));
+    }
+}
+
+/// What woke a client stream's task.
+enum Step {
+    End,
+    Continue,
+    RequestsEnded,
+    Request(PbWatchRequest),
+    Upstream(Option<Result<PbWatchResponse, Status>>),
+    Tick,
+    /// A progress answer's catch-up took too long.
+    CatchUpExpired,
+}
+
+/// Why a client stream's task ends: the client or the front went away, or
+/// with an error the client is sent last.
+enum End {
+    Quietly,
+    With(Status),
+}
+
+impl From<Status> for End {
+    fn from(status: Status) -> End {
+        End::With(status)
+    }
+}
+
+/// What a client stream's task waits on besides its own state; kept
+/// across turns (the tick's schedule, the last change seen).
+struct Inputs<S> {
+    requests: S,
+    /// Like etcd, a client that closes its side still gets its events
+    /// until it goes away.
+    requests_open: bool,
+    changes: tokio::sync::watch::Receiver<u64>,
+    /// Checked ten times per interval, so a notification is late by a
+    /// tenth of it at most.
+    notify_tick: Interval,
+}
+
+impl ClientStream {
+    pub(super) fn new(
+        front: Arc<Front>,
+        md: MetadataMap,
+        out: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    ) -> ClientStream {
+        ClientStream {
+            front,
+            md,
+            out,
+            pending: VecDeque::new(),
+            watches: Vec::new(),
+            rr: 0,
+            forwarded: HashMap::new(),
+            handing_over: HashSet::new(),
+            canceling: HashSet::new(),
+            upstream: None,
+            next_id: 0,
+            progress: None,
+            awaiting_created: None,
+            open_fragment: None,
+            max_sent: 0,
+        }
+    }
+
+    /// The stream's task: turns until the client, etcd or the front ends it.
+    pub(super) async fn run<S>(mut self, requests: S)
+    where
+        S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin,
+    {
+        let every = self.front.progress_notify_interval;
+        let mut inputs = Inputs {
+            requests,
+            requests_open: true,
+            changes: self.front.changes.subscribe(),
+            notify_tick: tokio::time::interval((every / 10).max(Duration::from_millis(1))),
+        };
+        loop {
+            if let Err(end) = self.turn(&mut inputs).await {
+                if let End::With(status) = end {
+                    let _ = self.out.send(Err(status)).await;
+                }
+                return;
+            }
+        }
+    }
+
+    /// One turn: queue what is due when nothing is, wait for what comes
+    /// first, handle it.
+    async fn turn<S>(&mut self, inputs: &mut Inputs<S>) -> Result<(), End>
+    where
+        S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin,
+    {
+        // Mid-fragment nothing else is queued (see `open_fragment`):
+        // cached events stay in the ring, requests unread, progress
+        // pending; etcd's fragments are still taken while there is
+        // room, and the client's reading makes room.
+        let held = self.open_fragment.is_some();
+        if !held
+            && self.pending.is_empty()
+            && !self.next_events()
+            && let Some(again) = self.answer_progress()
+        {
+            self.send_upstream(again).await?;
+        }
+        let step = self.next_step(inputs, held).await;
+        self.on_step(step, inputs, held).await
+    }
+
+    /// Waits for what comes first. Full (`MAX_PENDING`): only the client's
+    /// reading (which drains `pending`) and what adds nothing to it go on;
+    /// etcd and the client wait.
+    async fn next_step<S>(&mut self, inputs: &mut Inputs<S>, held: bool) -> Step
+    where
+        S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin,
+    {
+        let has_out = !self.pending.is_empty();
+        let room = self.pending.len() < MAX_PENDING;
+        let catch_up_deadline = self
+            .progress
+            .as_ref()
+            .and_then(|p| p.catch_up)
+            .map(|c| c.deadline);
+        let takes_requests =
+            room && !held && inputs.requests_open && self.awaiting_created.is_none();
+        // The select only borrows fields; the step is handled after it.
+        tokio::select! {
+            _ = self.front.shutdown.cancelled() => Step::End,
+            permit = self.out.reserve(), if has_out => match permit {
+                Ok(permit) => {
+                    if let Some(r) = self.pending.pop_front() {
+                        permit.send(Ok(r));
+                    }
+                    Step::Continue
+                }
+                Err(_) => Step::End, // the client is gone
+            },
+            req = inputs.requests.next(), if takes_requests => match req {
+                Some(Ok(r)) => Step::Request(r),
+                None => Step::RequestsEnded,
+                Some(Err(_)) => Step::End, // the client broke the stream
+            },
+            _ = self.out.closed() => Step::End, // the client is gone
+            up = recv_upstream(&mut self.upstream), if room => Step::Upstream(up),
+            _ = inputs.changes.changed() => Step::Continue,
+            _ = inputs.notify_tick.tick() => Step::Tick,
+            _ = sleep_until_some(catch_up_deadline) => Step::CatchUpExpired,
+        }
+    }
+
+    /// Handles what woke the task; `Err` ends the stream.
+    async fn on_step<S>(
+        &mut self,
+        step: Step,
+        inputs: &mut Inputs<S>,
+        held: bool,
+    ) -> Result<(), End> {
+        match step {
+            Step::End => return Err(End::Quietly),
+            Step::Continue => {}
+            Step::RequestsEnded => inputs.requests_open = false,
+            Step::Request(r) => self.handle(r).await?,
+            Step::Upstream(Some(Ok(resp))) => {
+                if let Some(cancel) = self.on_upstream(resp) {
+                    self.send_upstream(cancel).await?;
+                }
+            }
+            Step::Upstream(Some(Err(status))) => return Err(End::With(status)),
+            Step::Upstream(None) => {
+                self.upstream = None;
+                if held {
+                    // The rest of the response never comes: the client
+                    // cannot complete it, and resumes after an error.
+                    let status = Status::unavailable("etcd's watch stream ended mid-fragment");
+                    return Err(End::With(status));
+                }
+            }
+            Step::Tick if held => {} // due again at the next tick
+            Step::Tick => self.progress_notify(),
+            Step::CatchUpExpired => {
+                if let Some(p) = &mut self.progress {
+                    p.catch_up = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn header(&self, revision: i64) -> Option<PbResponseHeader> {
+        Some(self.front.headers.header(revision))
+    }
+
+    fn id_in_use(&self, id: i64) -> bool {
+        self.forwarded.contains_key(&id)
+            || self.handing_over.contains(&id)
+            || self.watches.iter().any(|w| w.id == id)
+    }
+
+    /// One request of the client. The request itself goes on to etcd when
+    /// etcd serves it (a creation with the stream's id).
+    pub(super) async fn handle(&mut self, mut req: PbWatchRequest) -> Result<(), Status> {
+        match &mut req.request_union {
+            Some(PbWatchRequestUnion::CreateRequest(c)) => {
+                if c.key.is_empty() {
+                    c.key = vec![0]; // etcd: the smallest key
+                }
+                let Some((id, prev_next_id)) = self.admit(&c.key, &c.range_end, c.watch_id) else {
+                    return Ok(());
+                };
+                // If etcd serves it: same request, our id.
+                c.watch_id = id;
+                let spec = CreateSpec {
+                    key: c.key.clone(),
+                    range_end: c.range_end.clone(),
+                    start_revision: c.start_revision,
+                    prev_kv: c.prev_kv,
+                    filters: c.filters.clone(),
+                    fragment: c.fragment,
+                    progress_notify: c.progress_notify,
+                };
+                self.create(id, prev_next_id, spec, req).await
+            }
+            Some(PbWatchRequestUnion::CancelRequest(c)) => {
+                let id = c.watch_id;
+                if self.cancel_cached(id) {
+                    Ok(())
+                } else {
+                    self.cancel_forwarded(id, req).await
+                }
+            }
+            Some(PbWatchRequestUnion::ProgressRequest(_)) => self.request_progress(req).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A creation's id after etcd's checks, which come before it, as in
+    /// etcd's `watchStream.Watch`: a refused creation is answered here and
+    /// uses none. With `next_id` before an auto-assigned id, given back if
+    /// etcd refuses the creation.
+    fn admit(&mut self, key: &[u8], range_end: &[u8], watch_id: i64) -> Option<(i64, Option<i64>)> {
+        if !matches!(range_end, [] | [0]) && key >= range_end {
+            self.failed_create("mvcc: watcher range is empty");
+            return None;
+        }
+        if watch_id != 0 {
+            if self.id_in_use(watch_id) {
+                self.failed_create("mvcc: duplicate watch ID provided on the WatchStream");
+                return None;
+            }
+            return Some((watch_id, None));
+        }
+        let prev_next_id = self.next_id;
+        while self.id_in_use(self.next_id) {
+            self.next_id += 1;
+        }
+        self.next_id += 1;
+        Some((self.next_id - 1, Some(prev_next_id)))
+    }
+
+    /// Serves a creation from a cache when one can, else forwards `req`
+    /// (carrying `id`) to etcd.
+    async fn create(
+        &mut self,
+        id: i64,
+        prev_next_id: Option<i64>,
+        mut spec: CreateSpec,
+        req: PbWatchRequest,
+    ) -> Result<(), Status> {
+        let mut cache = self.front.cache_for(&spec.key, &spec.range_end).cloned();
+        // With etcd's auth on, a caller etcd does not let read this
+        // range is not served from the cache: etcd gets the
+        // creation and answers it (its refusal) itself.
+        let mut placeable = true;
+        if cache.is_some()
+            && !self
+                .front
+                .auth
+                .permits(&self.md, &spec.key, &spec.range_end)
+                .await
+        {
+            cache = None;
+            placeable = false;
+        }
+        let cacheable = cache.is_some();
+        // "From now" means after etcd's current revision, as etcd
+        // means it: the cache must have caught up with it first
+        // (bounded; else etcd serves the watch).
+        let mut created_at = None;
+        if spec.start_revision == 0
+            && let Some(cache) = cache.filter(|c| c.is_ready())
+        {
+            placeable = false;
+            if let Ok(fresh) = self.front.storage.fresh_revision().await
+                && cache
+                    .wait_for_rev(fresh, self.front.consistent_read_timeout)
+                    .await
+            {
+                spec.start_revision = fresh + 1;
+                created_at = Some(fresh);
+                placeable = true;
+            }
+        }
+        let placed = if placeable {
+            self.place(id, spec.clone())
+        } else {
+            None
+        };
+        if let Some(w) = placed {
+            self.start_cached(w, created_at);
+            return Ok(());
+        }
+        self.forward_create(id, prev_next_id, cacheable.then_some(spec), req)
+            .await
+    }
+
+    /// etcd's answer to a creation it refuses.
+    fn failed_create(&mut self, reason: &str) {
+        let rev = self.front.revision();
+        self.pending.push_back(PbWatchResponse {
+            header: self.header(rev),
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..Default::default()
+        });
+    }
+}
+
+/// Sleeps until `deadline`; never without one.
+async fn sleep_until_some(deadline: Option<Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::wrappers::ReceiverStream;
+
+    use super::*;
+    use crate::grpc::watch::OUT_BUFFER;
+    use crate::grpc::watch::test_support::*;
+
+    /// With the clock paused, a sleep ends only once every task waits: the
+    /// stream took all it will take.
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_holds_back_etcd() {
+        const N: usize = 100;
+        let mut h = harness(2 * N, Duration::from_secs(600)).await;
+        let (client, requests) = mpsc::channel(8);
+        let from_etcd = h.from_etcd.clone();
+        tokio::spawn(h.stream.run(ReceiverStream::new(requests).map(Ok)));
+        client.send(create("/x/a")).await.expect("stream runs");
+        let asked = h.to_etcd.recv().await.expect("creation sent to etcd");
+        assert!(matches!(
+            asked.request_union,
+            Some(PbWatchRequestUnion::CreateRequest(_))
+        ));
+        let created = PbWatchResponse {
+            watch_id: 0,
+            created: true,
+            ..Default::default()
+        };
+        from_etcd.send(Ok(created)).await.expect("stream runs");
+        let got = h.out.recv().await.expect("created").expect("ok");
+        assert!(got.created);
+        // etcd has N large answers ready; the client reads nothing.
+        for i in 0..N {
+            let mut r = event_answer(0, "/x/a", 11 + i as i64);
+            r.events[0].kv.as_mut().expect("kv").value = vec![b'x'; 64 * 1024];
+            from_etcd.try_send(Ok(r)).expect("room for every answer");
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let taken = N - (2 * N - from_etcd.capacity());
+        assert!(
+            taken <= MAX_PENDING + OUT_BUFFER,
+            "took {taken} of etcd's answers for a client that reads nothing"
+        );
+        // Reading again takes the rest, in order.
+        for i in 0..N {
+            let r = tokio::time::timeout(Duration::from_secs(60), h.out.recv())
+                .await
+                .expect("no deadlock")
+                .expect("stream open")
+                .expect("ok");
+            let rev = r.events[0].kv.as_ref().map(|kv| kv.mod_revision);
+            assert_eq!(rev, Some(11 + i as i64));
+        }
+    }
+
+    /// etcd checks the range before it assigns an id: a refused creation
+    /// does not use one up.
+    #[tokio::test]
+    async fn an_empty_range_uses_up_no_watch_id() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.handle(create_from("/x/b", "/x/a", 0))
+            .await
+            .expect("handled");
+        let got: Vec<(i64, bool, bool)> = s
+            .pending
+            .iter()
+            .map(|r| (r.watch_id, r.created, r.canceled))
+            .collect();
+        assert_eq!(got, vec![(-1, true, true)]);
+        s.handle(create_from("/x/a", "", 0)).await.expect("handled");
+        assert_eq!(sent_create_id(&mut h.to_etcd), Some(0));
+        assert_eq!(s.awaiting_created.as_ref().map(|a| a.id), Some(0));
+    }
+}
