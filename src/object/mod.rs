@@ -28,6 +28,7 @@ use serde_json::{Map, Value};
 
 use crate::config::ResourceConfig;
 
+pub mod conversion;
 pub mod protobuf;
 pub mod selector;
 pub mod validation;
