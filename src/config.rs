@@ -1,4 +1,4 @@
-//! TOML configuration (DESIGN.md section 6).
+//! TOML configuration (docs/DESIGN.md section 6).
 //!
 //! Loading is two steps: serde parses the file (unknown fields are errors, so a
 //! typo never silently falls back to a default), then [`Config::validate`]
@@ -831,7 +831,7 @@ impl Config {
                     return Err(ConfigError::invalid(file, field, "must not be empty"));
                 }
             }
-            crate::server_tls::MinVersion::parse(&tls.min_version)
+            crate::tls::MinVersion::parse(&tls.min_version)
                 .map_err(|m| ConfigError::invalid(file, "server.tls.min_version", m))?;
         }
         if s.authentication.client_ca_file.is_some() && s.tls.is_none() {
