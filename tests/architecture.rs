@@ -11,6 +11,9 @@
 //! inline (`crate::tls::crypto_provider()`), starting with `crate`, `super`,
 //! `self` or a child module's name. Each resolves to the deepest file it
 //! names (`crate::api::response::body::Body` -> `api/response/body.rs`).
+//! Test-only code (`#[cfg(test)]` items) is left out: a test may drive a
+//! layer from above. A module's own submodules are part of it: `mod.rs` declaring and
+//! re-exporting them is no import, but a child importing its parent is.
 //! `src/main.rs` is the binary's root: it imports the library by name, and
 //! nothing can import it.
 
@@ -173,7 +176,11 @@ fn expand_use(tree: &str) -> Vec<Vec<String>> {
             let head = tree[..open].trim().trim_end_matches("::");
             let inner = tree[open + 1..].trim_end().trim_end_matches('}');
             let mut p = prefix.to_vec();
-            p.extend(head.split("::").filter(|s| !s.is_empty()).map(str::to_string));
+            p.extend(
+                head.split("::")
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_string),
+            );
             for part in split_top(inner) {
                 go(&p, part, out);
             }
@@ -222,7 +229,17 @@ fn absolute(modules: &Modules, here: &[String], path: &[String]) -> Option<Vec<S
     Some(base)
 }
 
-/// The files each file imports from (itself left out).
+/// Whether an import of `dep` from module `module` counts: not the file
+/// itself, nor a module inside it (a parent holds its children: `mod.rs`
+/// declaring and re-exporting them is not an import). A child importing
+/// its parent does count.
+fn counts(module: &[String], dep: &str) -> bool {
+    let target = module_of(dep);
+    !target.starts_with(module)
+}
+
+/// The files each file imports from (itself and its own submodules left
+/// out, see [`counts`]).
 fn imports(modules: &Modules) -> BTreeMap<String, BTreeSet<String>> {
     let src = root().join("src");
     let mut graph = BTreeMap::new();
@@ -236,10 +253,31 @@ fn imports(modules: &Modules) -> BTreeMap<String, BTreeSet<String>> {
         // closes one with `}` at the indentation that opened it.
         let mut inline: Vec<(usize, String)> = Vec::new();
         let mut pending_use: Option<String> = None;
+        // Test-only code (`#[cfg(test)]` and the item after it) may reach
+        // any module, as a test of a layer uses the ones above to drive it.
+        let mut test_attr = false;
+        let mut test_item: Option<usize> = None;
         for raw in text.lines() {
             let code = code_of(raw);
             let trimmed = code.trim();
             let indent = code.len() - code.trim_start().len();
+            if let Some(i) = test_item {
+                if indent == i && trimmed.starts_with('}') {
+                    test_item = None;
+                }
+                continue;
+            }
+            if trimmed == "#[cfg(test)]" {
+                test_attr = true;
+                continue;
+            }
+            if test_attr && !trimmed.starts_with("#[") && !trimmed.is_empty() {
+                test_attr = false;
+                if trimmed.ends_with('{') {
+                    test_item = Some(indent);
+                }
+                continue;
+            }
             if let Some((i, _)) = inline.last()
                 && *i == indent
                 && trimmed == "}"
@@ -276,7 +314,7 @@ fn imports(modules: &Modules) -> BTreeMap<String, BTreeSet<String>> {
                 for p in paths {
                     if let Some(abs) = absolute(modules, &here, &p)
                         && let Some(dep) = modules.resolve(&abs)
-                        && dep != file
+                        && counts(module, dep)
                     {
                         deps.insert(dep.clone());
                     }
@@ -286,7 +324,7 @@ fn imports(modules: &Modules) -> BTreeMap<String, BTreeSet<String>> {
             for p in inline_paths(&code) {
                 if let Some(abs) = absolute(modules, &here, &p)
                     && let Some(dep) = modules.resolve(&abs)
-                    && dep != file
+                    && counts(module, dep)
                 {
                     deps.insert(dep.clone());
                 }
@@ -379,6 +417,47 @@ fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>>
     None
 }
 
+/// The strongly connected sets of more than one node (Kosaraju).
+fn knots(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<BTreeSet<String>> {
+    fn order(
+        n: &String,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        seen: &mut BTreeSet<String>,
+        out: &mut Vec<String>,
+    ) {
+        if !seen.insert(n.clone()) {
+            return;
+        }
+        for m in g.get(n).into_iter().flatten() {
+            order(m, g, seen, out);
+        }
+        out.push(n.clone());
+    }
+    let mut reverse: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, tos) in graph {
+        for to in tos {
+            reverse.entry(to.clone()).or_default().insert(from.clone());
+        }
+    }
+    let (mut seen, mut finished) = (BTreeSet::new(), Vec::new());
+    for n in graph.keys() {
+        order(n, graph, &mut seen, &mut finished);
+    }
+    let mut assigned = BTreeSet::new();
+    let mut out = Vec::new();
+    for n in finished.iter().rev() {
+        if assigned.contains(n) {
+            continue;
+        }
+        let mut members = Vec::new();
+        order(n, &reverse, &mut assigned, &mut members);
+        if members.len() > 1 {
+            out.push(members.into_iter().collect());
+        }
+    }
+    out
+}
+
 #[test]
 fn no_import_circles_between_modules() {
     let modules = Modules(
@@ -406,10 +485,38 @@ fn no_import_circles_between_modules() {
                 }
             }
         }
-        if let Some(c) = find_cycle(&graph) {
-            circles.push(format!("depth {d}: {}", c.join(" -> ")));
+        // One circle per knot of modules that reach each other.
+        for knot in knots(&graph) {
+            let sub: BTreeMap<String, BTreeSet<String>> = knot
+                .iter()
+                .map(|n| {
+                    let tos = graph.get(n).into_iter().flatten();
+                    (
+                        n.clone(),
+                        tos.filter(|t| knot.contains(*t)).cloned().collect(),
+                    )
+                })
+                .collect();
+            if let Some(c) = find_cycle(&sub) {
+                circles.push(format!("depth {d}: {}", c.join(" -> ")));
+            }
         }
     }
+    // Known and not yet untied: `config.rs` validates with
+    // `object/validation.rs` and `object/protobuf/` while `object/mod.rs`
+    // takes a `ResourceConfig`. Listed so nothing else can join it; the
+    // test fails once it is gone, so the entry goes with it.
+    const KNOWN: [&str; 2] = [
+        "depth 1: config -> object -> config",
+        "depth 2: config -> object/protobuf -> object -> config",
+    ];
+    for known in KNOWN {
+        assert!(
+            circles.iter().any(|c| c == known),
+            "{known:?} is gone: remove it from KNOWN"
+        );
+    }
+    circles.retain(|c| !KNOWN.contains(&c.as_str()));
     assert!(
         circles.is_empty(),
         "import circles in src/ (each module may import only from modules below it):\n  {}",
@@ -432,8 +539,14 @@ fn the_checker_reads_use_trees_and_finds_circles() {
         inline_paths("let p = crate::tls::crypto_provider(); ::json_patch::merge(x)"),
         vec![vec!["crate", "tls", "crypto_provider"]]
     );
-    assert_eq!(code_of(r#"let s = "a // b"; // crate::x"#), r#"let s = ""; "#);
-    assert_eq!(code_of(r#"c == '"' && crate::x::y()"#), r#"c == ' ' && crate::x::y()"#);
+    assert_eq!(
+        code_of(r#"let s = "a // b"; // crate::x"#),
+        r#"let s = ""; "#
+    );
+    assert_eq!(
+        code_of(r#"c == '"' && crate::x::y()"#),
+        r#"c == ' ' && crate::x::y()"#
+    );
     let g: BTreeMap<String, BTreeSet<String>> = [
         ("a", vec!["b"]),
         ("b", vec!["c"]),

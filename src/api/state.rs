@@ -51,31 +51,31 @@ impl State {
     /// Starts one [`Cacher`] per configured resource. Must be called inside
     /// a tokio runtime.
     pub fn new(config: Config, storage: Storage, security: Security) -> State {
-    let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
-    let max_watches = config.server.max_watches.min(Semaphore::MAX_PERMITS);
-    let list_body_budget = ListBodyBudget::new(config.server.list_body_cache_bytes);
-    let resources = config
-        .resources
-        .iter()
-        .map(|r| Resource {
-            config: r.clone(),
-            list_bodies: ListBodyCache::new(&r.plural, Arc::clone(&list_body_budget)),
-            cacher: Cacher::start(
-                r.clone(),
-                &config.etcd.prefix,
-                storage.clone(),
-                opts.clone(),
-            ),
-        })
-        .collect::<Vec<Resource>>();
-    let mut by_plural = foldhash::HashMap::<String, SmallVec<[usize; 2]>>::default();
-    for (i, r) in resources.iter().enumerate() {
-        by_plural
-            .entry(r.config.plural.clone())
-            .or_default()
-            .push(i);
-    }
-    State {
+        let opts = CacherOptions::from_config(&config.server, config.etcd.list_page_size);
+        let max_watches = config.server.max_watches.min(Semaphore::MAX_PERMITS);
+        let list_body_budget = ListBodyBudget::new(config.server.list_body_cache_bytes);
+        let resources = config
+            .resources
+            .iter()
+            .map(|r| Resource {
+                config: r.clone(),
+                list_bodies: ListBodyCache::new(&r.plural, Arc::clone(&list_body_budget)),
+                cacher: Cacher::start(
+                    r.clone(),
+                    &config.etcd.prefix,
+                    storage.clone(),
+                    opts.clone(),
+                ),
+            })
+            .collect::<Vec<Resource>>();
+        let mut by_plural = foldhash::HashMap::<String, SmallVec<[usize; 2]>>::default();
+        for (i, r) in resources.iter().enumerate() {
+            by_plural
+                .entry(r.config.plural.clone())
+                .or_default()
+                .push(i);
+        }
+        State {
             config,
             storage,
             resources,

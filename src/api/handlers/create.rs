@@ -120,7 +120,10 @@ mod tests {
         let b = generate_name("web-");
         assert_eq!(a.len(), "web-".len() + GENERATE_SUFFIX_LEN);
         let suffix = a.strip_prefix("web-").unwrap();
-        assert!(suffix.bytes().all(|c| GENERATE_ALPHABET.contains(&c)), "{a}");
+        assert!(
+            suffix.bytes().all(|c| GENERATE_ALPHABET.contains(&c)),
+            "{a}"
+        );
         // 27^5 suffixes: two alike in a row would be a broken generator.
         assert_ne!(a, b);
     }

@@ -123,13 +123,19 @@ mod tests {
     fn malformed_options_are_400() {
         for (body, message) in [
             ("[]", "DeleteOptions must be a JSON object"),
-            (r#"{"preconditions":{"uid":1}}"#, "preconditions.uid must be a string"),
+            (
+                r#"{"preconditions":{"uid":1}}"#,
+                "preconditions.uid must be a string",
+            ),
             (
                 r#"{"preconditions":{"resourceVersion":7}}"#,
                 "preconditions.resourceVersion must be a string",
             ),
             (r#"{"dryRun":"All"}"#, "dryRun must be a list"),
-            (r#"{"dryRun":["Some"]}"#, r#"invalid dryRun value "Some": only "All" is supported"#),
+            (
+                r#"{"dryRun":["Some"]}"#,
+                r#"invalid dryRun value "Some": only "All" is supported"#,
+            ),
         ] {
             let e = options(body, false).unwrap_err();
             assert_eq!((e.code, e.message.as_str()), (400, message), "{body}");

@@ -284,9 +284,9 @@ pub(crate) fn serve(
                 .map(|v| json_value(200, &v))
                 .ok_or_else(|| not_found_path(path))
         }
-        ["apis", group] => {
+        ["apis", name] => {
             get_only(method, path)?;
-            group(resources, group)
+            group(resources, name)
                 .map(|v| json_value(200, &v))
                 .ok_or_else(|| not_found_path(path))
         }
@@ -298,10 +298,7 @@ pub(crate) fn serve(
         }
         ["openapi", "v3"] => {
             get_only(method, path)?;
-            Ok(json_value(
-                200,
-                &openapi_v3_root(resources),
-            ))
+            Ok(json_value(200, &openapi_v3_root(resources)))
         }
         ["openapi", "v3", gv @ ..] => {
             get_only(method, path)?;

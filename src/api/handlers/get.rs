@@ -95,7 +95,8 @@ fn get_response(
     req: &Request<Incoming>,
 ) -> Response<Body> {
     match table {
-        None if negotiation::protobuf(req, &res.config) => match protobuf::object(&res.config, obj) {
+        None if negotiation::protobuf(req, &res.config) => match protobuf::object(&res.config, obj)
+        {
             Ok(body) => response(200, PROTOBUF, full(body)),
             Err(e) => {
                 protobuf::fell_back(&res.config, res.cacher.stats(), &obj.key, &e);

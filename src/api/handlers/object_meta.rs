@@ -6,8 +6,8 @@
 
 use serde_json::{Map, Value};
 
-use crate::config::ResourceConfig;
 use crate::api::status::ApiStatus;
+use crate::config::ResourceConfig;
 use crate::object::{metadata_str, strip_resource_version};
 
 /// Checks `apiVersion`/`kind` (filling them when absent) and that the body
@@ -94,7 +94,10 @@ pub(crate) fn validate_name(c: &ResourceConfig, name: &str) -> Result<(), ApiSta
 
 /// The namespace in the body must match the path (filled when absent);
 /// cluster-scoped objects carry none.
-pub(crate) fn reconcile_namespace(obj: &mut Value, namespace: Option<&str>) -> Result<(), ApiStatus> {
+pub(crate) fn reconcile_namespace(
+    obj: &mut Value,
+    namespace: Option<&str>,
+) -> Result<(), ApiStatus> {
     let body_ns = meta_string(obj, "namespace")?;
     let meta = meta_mut(obj)?;
     match (namespace, body_ns.as_deref()) {
@@ -183,7 +186,10 @@ mod tests {
     fn type_meta_is_filled_when_absent_and_checked_when_sent() {
         let mut obj = json!({"metadata": null});
         check_type_meta(&mut obj, &pods()).unwrap();
-        assert_eq!(obj, json!({"apiVersion": "v1", "kind": "Pod", "metadata": {}}));
+        assert_eq!(
+            obj,
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {}})
+        );
         let mut empty = json!({"apiVersion": "", "kind": "Pod", "metadata": {"name": "a"}});
         check_type_meta(&mut empty, &pods()).unwrap();
         assert_eq!(empty["apiVersion"], "v1");
@@ -195,7 +201,11 @@ mod tests {
             "the kind in the data (Service) does not match the expected kind (Pod)"
         );
         let e = check_type_meta(&mut json!({"apiVersion": "apps/v1"}), &pods()).unwrap_err();
-        assert!(e.message.contains("API version in the data (apps/v1)"), "{}", e.message);
+        assert!(
+            e.message.contains("API version in the data (apps/v1)"),
+            "{}",
+            e.message
+        );
         for bad in [json!([]), json!("pod"), json!({"metadata": []})] {
             let e = check_type_meta(&mut bad.clone(), &pods()).unwrap_err();
             assert_eq!(e.code, 400, "{bad}");
@@ -212,8 +222,11 @@ mod tests {
         assert_eq!(empty["metadata"]["namespace"], "ns1");
         let mut same = json!({"metadata": {"namespace": "ns1"}});
         reconcile_namespace(&mut same, Some("ns1")).unwrap();
-        let e = reconcile_namespace(&mut json!({"metadata": {"namespace": "other"}}), Some("ns1"))
-            .unwrap_err();
+        let e = reconcile_namespace(
+            &mut json!({"metadata": {"namespace": "other"}}),
+            Some("ns1"),
+        )
+        .unwrap_err();
         assert_eq!(e.code, 400);
         assert_eq!(
             e.message,
@@ -248,8 +261,7 @@ mod tests {
             "metadata.generation must be a string"
         );
         assert!(invalid_field("metadata.name", "a", Vec::new()).is_ok());
-        let e = invalid_field("metadata.name", "A_", vec!["one".into(), "two".into()])
-            .unwrap_err();
+        let e = invalid_field("metadata.name", "A_", vec!["one".into(), "two".into()]).unwrap_err();
         assert_eq!(e.code, 422);
         assert_eq!(
             e.message,
@@ -309,7 +321,11 @@ mod tests {
         ] {
             let mut obj = json!({"metadata": {"managedFields": sent.clone()}});
             carry_system_fields(&mut obj, &current).unwrap();
-            assert_eq!(obj["metadata"].get("managedFields"), kept.as_ref(), "{sent}");
+            assert_eq!(
+                obj["metadata"].get("managedFields"),
+                kept.as_ref(),
+                "{sent}"
+            );
         }
         // Fields the stored object lacks are not invented (nor kept).
         let mut obj = json!({"metadata": {"uid": "u2", "creationTimestamp": "t2"}});

@@ -9,7 +9,9 @@ use hyper::http::request::Parts;
 use serde_json::Value;
 
 use super::apply::{APPLY_PATCH, apply_patch};
-use super::object_meta::{carry_system_fields, check_type_meta, meta_string, name_mismatch, reconcile_namespace};
+use super::object_meta::{
+    carry_system_fields, check_type_meta, meta_string, name_mismatch, reconcile_namespace,
+};
 use super::target::Target;
 use super::write::{guaranteed_update, parse_stored, stored_response, to_bytes, write_options};
 use crate::api::patch::{json_patch, strategic_merge};
@@ -113,7 +115,9 @@ fn patch_kind(media_type: Option<&str>, body: &[u8]) -> Result<PatchKind, ApiSta
         Some("application/strategic-merge-patch+json") => {
             Ok(PatchKind::Strategic(parse_json(body)?))
         }
-        Some("application/json-patch+json") => Ok(PatchKind::Json(json_patch::parse(parse_json(body)?)?)),
+        Some("application/json-patch+json") => {
+            Ok(PatchKind::Json(json_patch::parse(parse_json(body)?)?))
+        }
         other => Err(ApiStatus::unsupported_media_type(format!(
             "the body of the request was in an unknown format ({}) - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml, application/strategic-merge-patch+json",
             other.unwrap_or("no Content-Type")
@@ -149,8 +153,10 @@ mod tests {
             let e = patch_kind(ct, b"{}").unwrap_err();
             assert_eq!(e.code, 415, "{ct:?}");
             assert!(
-                e.message
-                    .contains(&format!("unknown format ({})", ct.unwrap_or("no Content-Type"))),
+                e.message.contains(&format!(
+                    "unknown format ({})",
+                    ct.unwrap_or("no Content-Type")
+                )),
                 "{}",
                 e.message
             );
@@ -159,6 +165,10 @@ mod tests {
         assert_eq!(e.code, 400);
         let e = patch_kind(Some("application/json-patch+json"), br#"{"op":"add"}"#).unwrap_err();
         assert_eq!(e.code, 400);
-        assert!(e.message.starts_with("the JSON patch is malformed"), "{}", e.message);
+        assert!(
+            e.message.starts_with("the JSON patch is malformed"),
+            "{}",
+            e.message
+        );
     }
 }

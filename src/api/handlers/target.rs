@@ -22,7 +22,10 @@ impl Target<'_> {
 
 /// What a resource request's path addresses, or the Status of a path that
 /// addresses nothing.
-pub(crate) fn resolve<'a>(state: &'a State, info: &'a RequestInfo) -> Result<Target<'a>, ApiStatus> {
+pub(crate) fn resolve<'a>(
+    state: &'a State,
+    info: &'a RequestInfo,
+) -> Result<Target<'a>, ApiStatus> {
     let path = info.path();
     // No subresources (or proxying) are served.
     if info.parts_len() > 2 || info.verb() == "proxy" {

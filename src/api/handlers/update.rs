@@ -6,9 +6,13 @@ use hyper::Response;
 use hyper::http::request::Parts;
 use serde_json::Value;
 
-use super::object_meta::{carry_system_fields, check_type_meta, meta_string, name_mismatch, reconcile_namespace};
+use super::object_meta::{
+    carry_system_fields, check_type_meta, meta_string, name_mismatch, reconcile_namespace,
+};
 use super::target::Target;
-use super::write::{guaranteed_update, parse_stored, stored_response, suggestion, to_bytes, write_options};
+use super::write::{
+    guaranteed_update, parse_stored, stored_response, suggestion, to_bytes, write_options,
+};
 use crate::api::request::body::{check_json_content_type, parse_json};
 use crate::api::request::params::{Query, parse_resource_version};
 use crate::api::response::Body;
@@ -156,9 +160,13 @@ mod tests {
             "the name of the object (web) does not match the name on the URL (db)"
         );
         // No name at all is a mismatch too (kube-apiserver's message).
-        let e = prepare_update_body(br#"{"metadata":{}}"#, &pods(), Some("ns1"), "web")
-            .unwrap_err();
-        assert!(e.message.starts_with("the name of the object () "), "{}", e.message);
+        let e =
+            prepare_update_body(br#"{"metadata":{}}"#, &pods(), Some("ns1"), "web").unwrap_err();
+        assert!(
+            e.message.starts_with("the name of the object () "),
+            "{}",
+            e.message
+        );
         let e = prepare_update_body(
             br#"{"metadata":{"name":"web","namespace":"ns2"}}"#,
             &pods(),
@@ -167,6 +175,11 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.code, 400);
-        assert_eq!(prepare_update_body(b"not json", &pods(), None, "web").unwrap_err().code, 400);
+        assert_eq!(
+            prepare_update_body(b"not json", &pods(), None, "web")
+                .unwrap_err()
+                .code,
+            400
+        );
     }
 }

@@ -92,7 +92,8 @@ pub(crate) async fn watch(
     } else {
         "application/json"
     };
-    let table = table.map(|include| TableWatch::new(res.cacher.codec().index_paths().to_vec(), include));
+    let table =
+        table.map(|include| TableWatch::new(res.cacher.codec().index_paths().to_vec(), include));
     // HTTP/2 streams end through flow control; only an HTTP/1.1 connection
     // is closed when its watch's end cannot be written.
     let http1_connection = (req.version() < hyper::Version::HTTP_2).then(|| conn.clone());

@@ -30,11 +30,7 @@ pub fn parse(v: Value) -> Result<Patch, ApiStatus> {
 /// kube-apiserver (`jsonpatch.AccumulatedCopySizeLimit`, set to the request
 /// body limit), the bytes all copies add are summed and the patch is
 /// refused (422) once they pass `copy_limit`.
-pub fn apply(
-    doc: &mut Value,
-    ops: &[PatchOperation],
-    copy_limit: usize,
-) -> Result<(), ApiStatus> {
+pub fn apply(doc: &mut Value, ops: &[PatchOperation], copy_limit: usize) -> Result<(), ApiStatus> {
     let mut copied = 0usize;
     for (i, op) in ops.iter().enumerate() {
         if let PatchOperation::Copy(c) = op
@@ -106,7 +102,8 @@ mod tests {
         let e = apply(&mut doc, &p.0, 1 << 20).unwrap_err();
         assert_eq!(e.code, 422);
         assert!(
-            e.message.contains("operation '/1' failed at path '/missing'"),
+            e.message
+                .contains("operation '/1' failed at path '/missing'"),
             "{}",
             e.message
         );
@@ -125,7 +122,12 @@ mod tests {
         let mut doc = json!({"a": big});
         let e = apply(&mut doc, &patch(ops).0, 203).unwrap_err();
         assert_eq!(e.code, 422);
-        assert!(e.message.contains("accumulated size increase of copy is 204, exceeding the limit 203"), "{}", e.message);
+        assert!(
+            e.message
+                .contains("accumulated size increase of copy is 204, exceeding the limit 203"),
+            "{}",
+            e.message
+        );
         assert_eq!(json_size(&json!({"a": [1, "b"]})), r#"{"a":[1,"b"]}"#.len());
     }
 

@@ -11,10 +11,10 @@ use crate::api::handlers::target::resolve;
 use crate::api::handlers::{
     create, delete, discovery, get, list, ops, patch, reviews, update, watch,
 };
+use crate::api::request::RequestInfo;
 use crate::api::request::body::read_body;
 use crate::api::request::connection::ConnectionHandle;
 use crate::api::request::params::Query;
-use crate::api::request::RequestInfo;
 use crate::api::response::Body;
 use crate::api::response::writers::status_response;
 use crate::api::state::State;

@@ -49,6 +49,11 @@ impl ConnectionHandle {
         &self.inner.identity
     }
 
+    /// Resolves once [`close_stalled`](Self::close_stalled) was called.
+    pub(crate) async fn closed(&self) {
+        self.inner.close.cancelled().await;
+    }
+
     /// Closes the connection at once: a watch stream ended but its client
     /// does not read, so its response cannot be finished.
     pub(crate) fn close_stalled(&self) {

@@ -243,7 +243,7 @@ mod tests {
     async fn a_kept_body_is_its_head_then_its_frames() {
         let frames = KeptFrames::new(
             vec![Bytes::from_static(b"{\"a\":1}"), Bytes::from_static(b"]}")],
-            super::super::list_body_cache::ListBodyBudget::new(1 << 20).empty(),
+            super::super::budget::ListBodyBudget::new(1 << 20).empty(),
         );
         let mut b = Body::kept(Bytes::from_static(b"{\"items\":["), Arc::new(frames));
         let Body::Kept(k) = &b else {

@@ -31,7 +31,7 @@ use std::io::{self, Write};
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
-use flate2::write::{DeflateEncoder, GzEncoder};
+use flate2::write::GzEncoder;
 use flate2::{Compression, Crc};
 use http_body_util::BodyExt;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -40,7 +40,6 @@ use hyper::header::{
 };
 use hyper::{Response, StatusCode};
 use tokio_stream::StreamExt;
-use tracing::warn;
 
 use super::body::{Body, KeptBody};
 use super::gzip::{GzipItems, LEVEL, blocking, log_failure};
@@ -48,12 +47,6 @@ use super::gzip::{GzipItems, LEVEL, blocking, log_failure};
 /// Bodies up to this size go out as they are (kube-apiserver's
 /// `defaultGzipThresholdBytes`).
 pub const THRESHOLD: usize = 128 * 1024;
-
-
-
-
-
-
 
 /// Whether the request's `Accept-Encoding` names `gzip` (and does not
 /// refuse it with `q=0`). Like kube-apiserver, `*` does not count: a
@@ -200,22 +193,12 @@ fn counted(source: Source) {
         .inc();
 }
 
-
-
-
-
-
-
-
-
-
 /// The deflate stream's end: an empty last block (BFINAL set, fixed
 /// Huffman codes, the end-of-block code alone; RFC 1951 3.2.3 and 3.2.6),
 /// what flate2 writes to finish a stream with nothing pending (pinned by a
 /// test). Written as is: making an encoder per response to get these two
 /// bytes would allocate its whole state.
 const LAST_BLOCK: [u8; 2] = [0x03, 0x00];
-
 
 /// One gzip stream of `head` then `items`' frames: the gzip header and
 /// `head` compressed (flate2's, ended with a sync flush), the kept blocks
@@ -345,11 +328,12 @@ fn gzip_stream(first: Vec<Bytes>, mut rest: UnsyncBoxBody<Bytes, Infallible>) ->
     Body::from_receiver(rx)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::response::gzip::{CountedVec, OutOfRoom, RESERVE_DIVISOR, deflate_items};
     use crate::api::response::writers;
+    use flate2::write::DeflateEncoder;
     use std::io::Read;
 
     fn headers(values: &[&str]) -> HeaderMap {
@@ -446,8 +430,7 @@ mod tests {
             frames.push(Bytes::copy_from_slice(&all[at..end]));
             at = end;
         }
-        let resp =
-            writers::response(200, "application/json", Body::produced(frames.into_iter()));
+        let resp = writers::response(200, "application/json", Body::produced(frames.into_iter()));
         let (head, bytes) = collect(compress(resp).await).await;
         assert!(gzipped(&head));
         assert_eq!(gunzip(&bytes), all);
@@ -456,8 +439,7 @@ mod tests {
             Bytes::from_static(b"{\"items\":["),
             Bytes::from_static(b"]}"),
         ];
-        let resp =
-            writers::response(200, "application/json", Body::produced(small.into_iter()));
+        let resp = writers::response(200, "application/json", Body::produced(small.into_iter()));
         let (head, bytes) = collect(compress(resp).await).await;
         assert!(!gzipped(&head));
         assert_eq!(bytes, b"{\"items\":[]}");
@@ -779,7 +761,7 @@ mod tests {
         // Bounded by what was queued ahead: the producer's channel, the
         // frame the compressor holds, its next, and the compressor's own
         // channel of output.
-        let bound = 2 + 2 * crate::api::body::PRODUCED_AHEAD + 2;
+        let bound = 2 + 2 * crate::api::response::body::PRODUCED_AHEAD + 2;
         assert!(last <= bound, "{last} frames made for a reader of one");
     }
 }

@@ -79,7 +79,7 @@ impl GzipItems {
 /// Room taken from the budget before compressing, as a share of the
 /// input: JSON Lists shrink 6-8x at level 1 (docs/bench/gzip_pods.py), so
 /// a body that will not fit is found out before the work, not after.
-const RESERVE_DIVISOR: usize = 3;
+pub(super) const RESERVE_DIVISOR: usize = 3;
 
 /// No room in the budget now (others hold it: recordings, other kept
 /// bodies): a later List tries again.
@@ -153,22 +153,22 @@ pub async fn deflate_items(
 /// [`RESERVE_DIVISOR`] grows its buffer (by half each time) only as far as
 /// the budget allows, and is given up as soon as it would not fit, instead
 /// of growing an uncounted buffer up to twice the body's size first.
-struct CountedVec {
-    out: Vec<u8>,
+pub(super) struct CountedVec {
+    pub(super) out: Vec<u8>,
     /// Holds `out.capacity()` bytes.
-    held: Reservation,
+    pub(super) held: Reservation,
 }
 
 /// What [`CountedVec`] fails a write with when the budget has no room for
 /// the buffer it needs (carried in the `io::Error`, read back by type).
 #[derive(Debug, thiserror::Error)]
 #[error("no room in the List body budget for {wanted} bytes of gzip")]
-struct OutOfRoom {
-    wanted: usize,
+pub(super) struct OutOfRoom {
+    pub(super) wanted: usize,
 }
 
 impl CountedVec {
-    fn new(held: Reservation) -> CountedVec {
+    pub(super) fn new(held: Reservation) -> CountedVec {
         CountedVec {
             out: Vec::with_capacity(held.bytes()),
             held,

@@ -27,7 +27,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -56,12 +56,6 @@ const RECORDING_LIMIT: Duration = Duration::from_secs(10);
 /// List frame split across two) or to four List frames made Lists slower:
 /// 2.7-3.2 against 1.7-2.6 ms, 10,000 x 1 KB, interleaved (docs/BENCHMARKS.md#what-did-not-work).
 const KEPT_FRAME_BYTES: usize = 1 << 20;
-
-
-
-
-
-
 
 /// The encoding of a kept body: a JSON List and a protobuf List of the
 /// same objects are different bytes.
@@ -125,8 +119,7 @@ impl KeptFrames {
             let made = kept
                 .gzip
                 .get_or_try_init(|| async {
-                    let made =
-                        gzip::deflate_items(Arc::clone(&kept.frames), kept.held.budget());
+                    let made = gzip::deflate_items(Arc::clone(&kept.frames), kept.held.budget());
                     made.await.map(|items| items.map(Arc::new))
                 })
                 .await;

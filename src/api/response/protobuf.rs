@@ -22,9 +22,9 @@ use crate::object::protobuf::{self, ListEncoder, ProtobufError};
 use crate::prefetch::prefetch;
 
 use super::body::Body;
+use super::list::Frames;
 #[cfg(test)]
 use super::list::LIST_FRAME_BYTES;
-use super::list::Frames;
 use super::list_body_cache::{ListBodyCache, ListMedia, Lookup, Recorder, list_frames};
 
 /// One cached object in protobuf, typed as its resource (as kube-apiserver
@@ -56,7 +56,7 @@ pub(crate) enum ProtobufList {
 /// the body then streams them.
 pub(crate) async fn list(
     config: &ResourceConfig,
-    list_bodies: &ListBodyCache,
+    list_bodies: &Arc<ListBodyCache>,
     meta: Map<String, Value>,
     items: ListItems,
 ) -> Result<ProtobufList, ApiStatus> {

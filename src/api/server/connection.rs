@@ -17,7 +17,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,13 +27,12 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpStream;
-use tokio::sync::{Notify, OwnedSemaphorePermit};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::stream_executor::{StreamExecutor, Streams};
-use crate::api::pipeline::handle::handle;
+use crate::api::pipeline::handle as pipeline;
 use crate::api::request::connection::{ConnectionHandle, InFlight};
 use crate::api::response::Body;
 use crate::api::state::State;
@@ -65,11 +63,6 @@ impl ConnectionLimits {
         }
     }
 }
-
-
-
-
-
 
 /// A response body that keeps its request in flight while it lives.
 pub(crate) struct InFlightBody {
@@ -200,7 +193,7 @@ async fn serve_io<I>(
             let args = Box::new((Arc::clone(&state), handle.clone(), req));
             async move {
                 let (state, conn, req) = *args;
-                let resp = Box::pin(handle(state, conn, req)).await;
+                let resp = Box::pin(pipeline::handle(state, conn, req)).await;
                 Ok::<_, Infallible>(resp.map(|inner| InFlightBody {
                     inner,
                     _in_flight: in_flight,
@@ -221,7 +214,7 @@ async fn serve_io<I>(
                 }
                 return;
             }
-            _ = handle.inner.close.cancelled() => {
+            _ = handle.closed() => {
                 debug!(%peer, "closing a connection whose watch stream cannot end");
                 closed("stalled_watch");
                 return;
