@@ -845,7 +845,7 @@ impl Config {
                     return Err(ConfigError::invalid(file, field, "must not be empty"));
                 }
             }
-            crate::server_tls::MinVersion::parse(&tls.min_version)
+            crate::tls::MinVersion::parse(&tls.min_version)
                 .map_err(|m| ConfigError::invalid(file, "server.tls.min_version", m))?;
         }
         if s.authentication.client_ca_file.is_some() && s.tls.is_none() {

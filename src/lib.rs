@@ -15,5 +15,5 @@ pub mod grpc;
 pub mod metrics;
 pub mod object;
 pub mod prefetch;
-pub mod server_tls;
 pub mod storage;
+pub mod tls;

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use watchcache::api::smp;
+use watchcache::api::patch::strategic_merge as smp;
 
 fuzz_target!(|data: &[u8]| {
     let mut values = serde_json::Deserializer::from_slice(data).into_iter::<serde_json::Value>();

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use watchcache::api::params::{self, Query};
-use watchcache::api::request_info::RequestInfo;
+use watchcache::api::request::negotiation;
+use watchcache::api::request::params::Query;
+use watchcache::api::request::request_info::RequestInfo;
 use watchcache::cacher::continue_token;
 use watchcache::object::selector::{FieldSelector, LabelSelector};
 
@@ -39,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = watchcache::object::selector::exact_name(text);
     let _ = continue_token::decode(text, "/registry/pods/");
-    let _ = params::wants_table(Some(text));
-    let _ = params::wants_protobuf(Some(text));
-    let _ = params::media_type(Some(text));
+    let _ = negotiation::wants_table(Some(text));
+    let _ = negotiation::wants_protobuf(Some(text));
+    let _ = negotiation::media_type(Some(text));
 });

@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use watchcache::api::field_manager::{ApplyRequest, applied_fields, apply};
+use watchcache::api::patch::field_manager::{ApplyRequest, applied_fields, apply};
 
 fuzz_target!(|data: &[u8]| {
     let mut values = serde_json::Deserializer::from_slice(data).into_iter::<Value>();

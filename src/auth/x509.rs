@@ -66,7 +66,7 @@ impl CertAuthenticator {
         }
         let verifier = WebPkiClientVerifier::builder_with_provider(
             Arc::new(roots),
-            crate::server_tls::crypto_provider(),
+            crate::tls::crypto_provider(),
         )
         .allow_unauthenticated()
         .build()

@@ -120,10 +120,6 @@ fn read(field: &'static str, p: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
-
 /// Reads the files and builds the rustls client config; every failure
 /// names the field and the file.
 fn build(cfg: &EtcdTlsConfig) -> Result<ClientConfig, TlsError> {
@@ -159,7 +155,7 @@ fn build(cfg: &EtcdTlsConfig) -> Result<ClientConfig, TlsError> {
             "no PEM CERTIFICATE block found".into(),
         ));
     }
-    let provider = provider();
+    let provider = crate::tls::crypto_provider();
     let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid(CA_FIELD, ca_path, e.to_string()))?

@@ -1,0 +1,118 @@
+//! `GET` of one object, answered by the [`Cacher`](crate::cacher::Cacher):
+//! JSON as cached, protobuf, or a Table. A Get the cache answers without
+//! waiting is served before any future is made ([`now`]).
+
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response};
+use serde_json::json;
+
+use super::target::{Target, resolve};
+use crate::api::request::RequestInfo;
+use crate::api::request::negotiation::{self, IncludeObject, PROTOBUF};
+use crate::api::request::params::Query;
+use crate::api::response::writers::{full, json_response, json_value, response};
+use crate::api::response::{Body, protobuf, table};
+use crate::api::state::{Resource, State};
+use crate::api::status::ApiStatus;
+use crate::api::status::errors::cacher_status;
+use crate::cacher::GetRequest;
+use crate::object::Object;
+
+pub(crate) async fn get(
+    target: &Target<'_>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>, ApiStatus> {
+    let (get, table) = get_request(target, query, req)?;
+    let obj = target
+        .resource
+        .cacher
+        .get(&get)
+        .await
+        .map_err(|e| cacher_status(e, &target.what()))?;
+    Ok(get_response(target.resource, table, &obj, req))
+}
+
+/// A Get answered at once from the cache ([`cached_now`]), or `None`
+/// for the routed, async path, which also answers every request this one
+/// cannot (a path that addresses nothing included, with its Status).
+pub(crate) fn now(
+    state: &State,
+    req: &Request<Incoming>,
+    info: &RequestInfo,
+    query: &Query,
+) -> Option<Result<Response<Body>, ApiStatus>> {
+    if !info.is_resource_request || info.verb() != "get" || req.method() != Method::GET {
+        return None;
+    }
+    // Without a resourceVersion the read is consistent: it always waits.
+    if matches!(query.resource_version(), Ok(None)) {
+        return None;
+    }
+    let target = resolve(state, info).ok()?;
+    cached_now(&target, query, req)
+}
+
+/// [`get`] when the cache answers it without waiting
+/// ([`crate::cacher::Cacher::get_now`]); `None`: only [`get`] can.
+fn cached_now(
+    target: &Target<'_>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Option<Result<Response<Body>, ApiStatus>> {
+    let (get, table) = match get_request(target, query, req) {
+        Ok(r) => r,
+        Err(status) => return Some(Err(status)),
+    };
+    let answer = target.resource.cacher.get_now(&get)?;
+    Some(
+        answer
+            .map(|obj| get_response(target.resource, table, &obj, req))
+            .map_err(|e| cacher_status(e, &target.what())),
+    )
+}
+
+/// A Get's cacher request and its Table conversion, from the request.
+fn get_request<'a>(
+    target: &Target<'a>,
+    query: &Query,
+    req: &Request<Incoming>,
+) -> Result<(GetRequest<'a>, Option<IncludeObject>), ApiStatus> {
+    let table = negotiation::table(req, query)?;
+    let get = GetRequest {
+        namespace: target.namespace,
+        name: target.name.unwrap_or_default(),
+        resource_version: query.resource_version()?,
+    };
+    Ok((get, table))
+}
+
+/// The response to a Get of `obj`: JSON as stored, protobuf, or a Table.
+fn get_response(
+    res: &Resource,
+    table: Option<IncludeObject>,
+    obj: &Object,
+    req: &Request<Incoming>,
+) -> Response<Body> {
+    match table {
+        None if negotiation::protobuf(req, &res.config) => match protobuf::object(&res.config, obj)
+        {
+            Ok(body) => response(200, PROTOBUF, full(body)),
+            Err(e) => {
+                protobuf::fell_back(&res.config, res.cacher.stats(), &obj.key, &e);
+                json_response(200, obj.wire.clone())
+            }
+        },
+        None => json_response(200, obj.wire.clone()),
+        Some(include) => {
+            let paths = res.cacher.codec().index_paths();
+            let t = table::table(
+                vec![table::object_row(obj, paths, include)],
+                paths,
+                json!({"resourceVersion": obj.mod_revision.to_string()}),
+                true,
+            );
+            json_value(200, &t)
+        }
+    }
+}

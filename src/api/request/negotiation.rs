@@ -1,0 +1,147 @@
+//! Content negotiation: what a request's headers ask the answer to be
+//! (JSON, protobuf, a Table) and what media type its body is in. Decided
+//! here once; the handlers and response writers only read the outcome.
+
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper::header::ACCEPT;
+
+use super::params::Query;
+use crate::api::status::ApiStatus;
+use crate::config::ResourceConfig;
+use crate::object::protobuf::is_builtin_type;
+
+/// Whether the `Accept` header asks for a `meta.k8s.io/v1` Table.
+pub fn wants_table(accept: Option<&str>) -> bool {
+    let Some(accept) = accept else {
+        return false;
+    };
+    accept.split(',').any(|media| {
+        let mut parts = media.split(';').map(str::trim);
+        let ty = parts.next().unwrap_or("");
+        if ty != "application/json" {
+            return false;
+        }
+        let (mut as_table, mut v1, mut meta) = (false, false, false);
+        for p in parts {
+            match p.split_once('=') {
+                Some(("as", "Table")) => as_table = true,
+                Some(("v", "v1")) | Some(("v", "v1beta1")) => v1 = true,
+                Some(("g", "meta.k8s.io")) => meta = true,
+                _ => {}
+            }
+        }
+        as_table && v1 && meta
+    })
+}
+
+/// kube-apiserver's protobuf media type (`k8s\0` + `runtime.Unknown` bodies).
+pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
+/// The protobuf watch stream: length-delimited `WatchEvent` frames.
+pub const PROTOBUF_WATCH: &str = "application/vnd.kubernetes.protobuf;stream=watch";
+
+/// Whether the `Accept` header prefers protobuf: its first media range this
+/// server can serve is `application/vnd.kubernetes.protobuf` (client-go's
+/// protobuf clients send `application/vnd.kubernetes.protobuf,application/json`).
+pub fn wants_protobuf(accept: Option<&str>) -> bool {
+    let Some(accept) = accept else {
+        return false;
+    };
+    for media in accept.split(',') {
+        let mut parts = media.split(';').map(str::trim);
+        let ty = parts.next().unwrap_or("");
+        // Tables and other `as=` conversions are JSON-only here.
+        let converted = parts.any(|p| p.starts_with("as="));
+        if ty.eq_ignore_ascii_case(PROTOBUF) && !converted {
+            return true;
+        }
+        if ["application/json", "application/*", "*/*"]
+            .iter()
+            .any(|t| ty.eq_ignore_ascii_case(t))
+        {
+            return false;
+        }
+    }
+    false
+}
+
+/// The media type of a `Content-Type` header, lowercased, without parameters.
+pub fn media_type(content_type: Option<&str>) -> Option<String> {
+    content_type.map(|ct| {
+        ct.split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase()
+    })
+}
+
+/// Whether to answer this request in protobuf: the client prefers it and the
+/// resource is a built-in type (others, like custom resources, stay JSON).
+pub fn protobuf(req: &Request<Incoming>, config: &ResourceConfig) -> bool {
+    let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+    wants_protobuf(accept) && is_builtin_type(&config.api_version(), &config.kind)
+}
+
+/// How much of each object a row carries (`includeObject`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncludeObject {
+    None,
+    Metadata,
+    Object,
+}
+
+impl IncludeObject {
+    pub fn parse(v: Option<&str>) -> Result<IncludeObject, String> {
+        match v {
+            None | Some("") | Some("Metadata") => Ok(IncludeObject::Metadata),
+            Some("None") => Ok(IncludeObject::None),
+            Some("Object") => Ok(IncludeObject::Object),
+            Some(other) => Err(format!(
+                "invalid includeObject {other:?}: want None, Metadata or Object"
+            )),
+        }
+    }
+}
+
+/// The Table a get, list or watch asks for (kubectl's `Accept`), with the
+/// rows' `includeObject`; `None`: the objects themselves.
+pub fn table(req: &Request<Incoming>, query: &Query) -> Result<Option<IncludeObject>, ApiStatus> {
+    let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+    if !wants_table(accept) {
+        return Ok(None);
+    }
+    IncludeObject::parse(query.get("includeObject"))
+        .map(Some)
+        .map_err(ApiStatus::bad_request)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_accept() {
+        assert!(wants_table(Some(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+        )));
+        assert!(!wants_table(Some("application/json")));
+        assert!(!wants_table(None));
+    }
+
+    #[test]
+    fn protobuf_accept() {
+        assert!(wants_protobuf(Some(
+            "application/vnd.kubernetes.protobuf, application/json"
+        )));
+        assert!(wants_protobuf(Some("application/vnd.kubernetes.protobuf")));
+        assert!(!wants_protobuf(Some(
+            "application/json, application/vnd.kubernetes.protobuf"
+        )));
+        assert!(!wants_protobuf(Some(
+            "application/vnd.kubernetes.protobuf;as=Table;v=v1;g=meta.k8s.io, application/json"
+        )));
+        assert!(!wants_protobuf(Some("*/*")));
+        assert!(!wants_protobuf(None));
+    }
+}
