@@ -199,6 +199,7 @@ build_peer() { # name kind version
       log "$name: cached, $bin"
       exit 0
     fi
+    rm -rf "$CACHE/.tmp-$kind-$version".* # left by a killed build; the lock is ours
     tmp=$(mktemp -d "$CACHE/.tmp-$kind-$version.XXXXXX")
     work=$(mktemp -d "${TMPDIR:-/tmp}/watchcache-peer-$kind-$version.XXXXXX")
     trap 'rm -rf "$tmp" "$work"' EXIT
