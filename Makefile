@@ -1,7 +1,7 @@
 # The two quick-start commands (README): `make run` and `make test`.
 # The cargo workspace: the daemon (root package `watchcache`) and the load
 # generator (bench/, package `watchcache-bench`); lint and test cover both.
-.PHONY: run test setup lint build
+.PHONY: run test setup lint build peers
 
 setup:
 	bash scripts/setup.sh
@@ -18,3 +18,8 @@ lint: setup
 # real etcd, of every crate of the workspace, in one cargo invocation.
 test: lint
 	cargo test --workspace --all-targets
+
+# Real kube-apiserver and etcd built from their Go modules, cached outside the
+# clone (README, "Peers"); `scripts/peers.sh --print NAME` gives a binary's path.
+peers:
+	bash scripts/peers.sh
