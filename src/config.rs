@@ -554,6 +554,17 @@ impl ResourceConfig {
     }
 
     /// The etcd key prefix of this resource, always ending in `/`.
+    /// The object codec of this resource; `etcd_prefix` is `EtcdConfig::prefix`.
+    pub fn object_codec(&self, etcd_prefix: &str) -> crate::object::ObjectCodec {
+        crate::object::ObjectCodec::new(
+            self.key_prefix(etcd_prefix),
+            self.namespaced,
+            &self.indexes,
+            &self.api_version(),
+            &self.kind,
+        )
+    }
+
     pub fn key_prefix(&self, etcd_prefix: &str) -> String {
         let mut p = match &self.key_prefix {
             Some(p) => p.clone(),

@@ -502,21 +502,6 @@ fn no_import_circles_between_modules() {
             }
         }
     }
-    // Known and not yet untied: `config.rs` validates with
-    // `object/validation.rs` and `object/protobuf/` while `object/mod.rs`
-    // takes a `ResourceConfig`. Listed so nothing else can join it; the
-    // test fails once it is gone, so the entry goes with it.
-    const KNOWN: [&str; 2] = [
-        "depth 1: config -> object -> config",
-        "depth 2: config -> object/protobuf -> object -> config",
-    ];
-    for known in KNOWN {
-        assert!(
-            circles.iter().any(|c| c == known),
-            "{known:?} is gone: remove it from KNOWN"
-        );
-    }
-    circles.retain(|c| !KNOWN.contains(&c.as_str()));
     assert!(
         circles.is_empty(),
         "import circles in src/ (each module may import only from modules below it):\n  {}",

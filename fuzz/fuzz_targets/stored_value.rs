@@ -9,12 +9,12 @@
 
 use libfuzzer_sys::fuzz_target;
 use watchcache::config::Config;
-use watchcache::object::{ObjectCodec, protobuf};
+use watchcache::object::protobuf;
 
 fuzz_target!(|data: &[u8]| {
     let cfg = Config::example();
     for res in &cfg.resources {
-        let codec = ObjectCodec::new(res, &cfg.etcd.prefix);
+        let codec = res.object_codec(&cfg.etcd.prefix);
         let key = codec.key(res.namespaced.then_some("ns1"), "a");
         if let Ok(obj) = codec.decode(&key, data, 7, 3) {
             let _ = obj.wire_at(9);

@@ -285,7 +285,7 @@ impl Cacher {
         storage: Storage,
         opts: CacherOptions,
     ) -> Arc<Cacher> {
-        let codec = Arc::new(ObjectCodec::new(&resource, etcd_prefix));
+        let codec = Arc::new(resource.object_codec(etcd_prefix));
         let cache = Arc::new(WatchCache::new(
             Arc::clone(&codec),
             resource.plural.clone(),
@@ -597,7 +597,7 @@ mod tests {
     #[test]
     fn walk_bound_is_the_index_set_the_page_or_everything() {
         let r = crate::object::tests::resource(true, &["spec.nodeName"]);
-        let c = ObjectCodec::new(&r, "/registry");
+        let c = r.object_codec("/registry");
         let mut snap = Snapshot::empty(1, 0);
         let app = |i: usize| if i < 10 { "x" } else { "y" };
         for o in crate::object::tests::labelled(&c, 100, app) {

@@ -387,7 +387,7 @@ mod tests {
     #[tokio::test]
     async fn events_behind_the_cache_end_the_stream_for_a_relist() {
         let r = crate::object::tests::resource(true, &[]);
-        let codec = Arc::new(ObjectCodec::new(&r, "/registry"));
+        let codec = Arc::new(r.object_codec("/registry"));
         let cache = Arc::new(WatchCache::new(Arc::clone(&codec), "pods".into(), 100));
         cache.init(Vec::new(), 10);
         // Never dialled: the client is lazy.

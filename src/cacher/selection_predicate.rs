@@ -348,7 +348,7 @@ mod tests {
 
     fn codec(namespaced: bool) -> Arc<ObjectCodec> {
         let r = crate::object::tests::resource(namespaced, &["spec.nodeName"]);
-        Arc::new(ObjectCodec::new(&r, "/registry"))
+        Arc::new(r.object_codec("/registry"))
     }
 
     /// name, namespace, labels JSON, node.

@@ -521,7 +521,7 @@ mod tests {
 
     fn codec() -> Arc<ObjectCodec> {
         let r = crate::object::tests::resource(true, &["spec.nodeName"]);
-        Arc::new(ObjectCodec::new(&r, "/registry"))
+        Arc::new(r.object_codec("/registry"))
     }
 
     fn obj(c: &ObjectCodec, name: &str, node: &str, rv: i64) -> Arc<Object> {

@@ -26,8 +26,6 @@ use std::sync::{Arc, OnceLock};
 use bytes::Bytes;
 use serde_json::{Map, Value};
 
-use crate::config::ResourceConfig;
-
 pub mod conversion;
 pub mod protobuf;
 pub mod selector;
@@ -102,10 +100,18 @@ pub struct ObjectCodec {
 }
 
 impl ObjectCodec {
-    /// Builds the codec of one resource; `etcd_prefix` is `EtcdConfig::prefix`.
-    pub fn new(resource: &ResourceConfig, etcd_prefix: &str) -> ObjectCodec {
-        let mut index_paths: Vec<Arc<str>> = Vec::with_capacity(resource.indexes.len());
-        for p in &resource.indexes {
+    /// Builds the codec of one resource (`ResourceConfig::object_codec`
+    /// builds it from the config): objects under `key_prefix` (ending in
+    /// '/'), with the field paths `indexes` extracted at ingest.
+    pub fn new(
+        key_prefix: String,
+        namespaced: bool,
+        indexes: &[String],
+        api_version: &str,
+        kind: &str,
+    ) -> ObjectCodec {
+        let mut index_paths: Vec<Arc<str>> = Vec::with_capacity(indexes.len());
+        for p in indexes {
             // Duplicates and the always-present metadata paths add nothing.
             if p == FIELD_NAME || p == FIELD_NAMESPACE || index_paths.iter().any(|q| **q == **p) {
                 continue;
@@ -117,12 +123,12 @@ impl ObjectCodec {
             .map(|p| p.split('.').map(str::to_string).collect())
             .collect();
         ObjectCodec {
-            key_prefix: resource.key_prefix(etcd_prefix),
-            namespaced: resource.namespaced,
+            key_prefix,
+            namespaced,
             index_paths,
             index_segments,
-            api_version: resource.api_version().into(),
-            kind: resource.kind.as_str().into(),
+            api_version: api_version.into(),
+            kind: kind.into(),
         }
     }
 

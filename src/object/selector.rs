@@ -959,7 +959,7 @@ mod tests {
 
     fn codec() -> ObjectCodec {
         let r = crate::object::tests::resource(true, &["spec.nodeName", "status.phase"]);
-        ObjectCodec::new(&r, "/registry")
+        r.object_codec("/registry")
     }
 
     fn obj(ns: &str, name: &str, body: &str) -> Object {

@@ -62,17 +62,14 @@ pub(crate) fn labelled(
 }
 
 fn pods() -> ObjectCodec {
-    ObjectCodec::new(
-        &resource(true, &["spec.nodeName", "status.phase", "spec.priority"]),
-        "/registry",
-    )
+    resource(true, &["spec.nodeName", "status.phase", "spec.priority"]).object_codec("/registry")
 }
 
 fn nodes() -> ObjectCodec {
     let mut r = resource(false, &[]);
     r.kind = "Node".into();
     r.plural = "nodes".into();
-    ObjectCodec::new(&r, "/registry/")
+    r.object_codec("/registry/")
 }
 
 fn wire_json(o: &Object) -> Value {
@@ -100,7 +97,7 @@ fn codec_keys_and_accessors() {
     g.group = "apps".into();
     g.plural = "deployments".into();
     g.kind = "Deployment".into();
-    let g = ObjectCodec::new(&g, "/registry");
+    let g = g.object_codec("/registry");
     assert_eq!(g.key_prefix(), "/registry/apps/deployments/");
     assert_eq!(&**g.api_version(), "apps/v1");
     assert_eq!(
@@ -111,10 +108,7 @@ fn codec_keys_and_accessors() {
 
     let mut o = resource(true, &[]);
     o.key_prefix = Some("/custom/things".into());
-    assert_eq!(
-        ObjectCodec::new(&o, "/registry").key_prefix(),
-        "/custom/things/"
-    );
+    assert_eq!(o.object_codec("/registry").key_prefix(), "/custom/things/");
 }
 
 #[test]
