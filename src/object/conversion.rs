@@ -9,10 +9,15 @@
 use base64::Engine as _;
 use serde_json::{Map, Value};
 
+/// Whether objects of (`api_version`, `kind`) are converted before storage.
+pub fn converts(api_version: &str, kind: &str) -> bool {
+    api_version == "v1" && kind == "Secret"
+}
+
 /// Applies kube-apiserver's write-time conversion to `object` of
 /// (`api_version`, `kind`) in place. Other types are left as they are.
 pub fn convert_for_storage(api_version: &str, kind: &str, object: &mut Value) {
-    if api_version == "v1" && kind == "Secret" {
+    if converts(api_version, kind) {
         secret(object);
     }
 }

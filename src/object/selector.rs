@@ -25,10 +25,10 @@ use super::{FIELD_NAME, FIELD_NAMESPACE, Object};
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SelectorError {
     /// The label selector does not parse or fails validation.
-    #[error("unable to parse label selector {selector:?}: {message}")]
+    #[error("{message}")]
     InvalidLabelSelector { selector: String, message: String },
     /// The field selector does not parse (bad term, bad escape).
-    #[error("invalid field selector {selector:?}: {message}")]
+    #[error("{message}")]
     InvalidFieldSelector { selector: String, message: String },
     /// The field selector names a field that is neither `metadata.name`,
     /// `metadata.namespace` nor a configured index path.
@@ -217,7 +217,8 @@ impl Tok<'_> {
 }
 
 fn describe(t: Option<&Tok<'_>>) -> String {
-    t.map_or_else(|| "end of string".to_string(), Tok::describe)
+    // kube's lexer's end-of-string literal is empty: `found ''`.
+    t.map_or_else(|| "''".to_string(), Tok::describe)
 }
 
 fn is_special(b: u8) -> bool {
@@ -309,7 +310,10 @@ impl<'a> Parser<'a> {
             match self.peek_value() {
                 None => return Ok(reqs),
                 Some(Tok::Ident(_) | Tok::Bang) => {
-                    reqs.push(self.requirement()?);
+                    reqs.push(
+                        self.requirement()
+                            .map_err(|e| format!("unable to parse requirement: {e}"))?,
+                    );
                     match self.next_value() {
                         None => return Ok(reqs),
                         Some(Tok::Comma) => match self.peek_value() {
@@ -323,7 +327,7 @@ impl<'a> Parser<'a> {
                         },
                         Some(t) => {
                             return Err(format!(
-                                "found {}, expected: ',' or end of string",
+                                "found {}, expected: ',' or 'end of string'",
                                 t.describe()
                             ));
                         }
@@ -331,7 +335,7 @@ impl<'a> Parser<'a> {
                 }
                 Some(t) => {
                     return Err(format!(
-                        "found {}, expected: !, identifier, or end of string",
+                        "found {}, expected: !, identifier, or 'end of string'",
                         t.describe()
                     ));
                 }
@@ -381,7 +385,7 @@ impl<'a> Parser<'a> {
             Some(Tok::Lt) => LabelOp::LessThan,
             t => {
                 return Err(format!(
-                    "found {}, expected one of: '=', '==', '!=', 'in', 'notin', '>', '<'",
+                    "found {}, expected: in, notin, =, ==, !=, gt, lt",
                     describe(t.as_ref())
                 ));
             }
@@ -427,7 +431,7 @@ impl<'a> Parser<'a> {
     fn value_set(&mut self) -> Result<Vec<String>, String> {
         match self.next_value() {
             Some(Tok::Open) => {}
-            t => return Err(format!("found {}, expected: '('", describe(t.as_ref()))),
+            t => return Err(format!("found {} expected: '('", describe(t.as_ref()))),
         }
         let mut values = Vec::new();
         // Whether the previous item was a value (so an empty slot is not pending).
@@ -598,13 +602,13 @@ impl FieldSelector {
             let Some((lhs, op, rhs)) = split_term(term) else {
                 return Err(SelectorError::InvalidFieldSelector {
                     selector: selector.to_string(),
-                    message: format!("can't understand {term:?}"),
+                    message: format!("invalid selector: '{selector}'; can't understand '{term}'"),
                 });
             };
             let value = unescape_field_value(rhs).map_err(|message| {
                 SelectorError::InvalidFieldSelector {
                     selector: selector.to_string(),
-                    message,
+                    message: format!("invalid field selector: {message}"),
                 }
             })?;
             let field: Arc<str> = match lhs {
@@ -749,12 +753,13 @@ fn unescape_field_value(s: &str) -> Result<String, String> {
         }
         match c {
             '\\' => in_slash = true,
-            ',' | '=' => return Err(format!("invalid character {c:?}: must be escaped")),
+            // Go prints the rune as a number: "unescaped character in value: 61".
+            ',' | '=' => return Err(format!("unescaped character in value: {}", c as u32)),
             _ => out.push(c),
         }
     }
     if in_slash {
-        return Err("invalid escape sequence: trailing \\".into());
+        return Err("invalid escape sequence: \\".into());
     }
     Ok(out)
 }

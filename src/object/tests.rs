@@ -1,6 +1,7 @@
 //! Unit tests of the object codec (decode, wire, helpers).
 
 use super::*;
+use crate::config::ResourceConfig;
 use serde_json::json;
 
 /// A Pod-like resource config for unit tests (shared by the cacher's).

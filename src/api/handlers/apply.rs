@@ -180,7 +180,13 @@ pub(crate) async fn apply_patch(
         }
         validate_name(&res.config, name)?;
         if let Some(ns) = &target.namespace {
-            invalid_field("metadata.namespace", ns, is_dns1123_label(ns))?;
+            invalid_field(
+                &res.config,
+                name,
+                "metadata.namespace",
+                ns,
+                is_dns1123_label(ns),
+            )?;
         }
         let mut out = field_manager::apply(None, &req)?;
         reconcile_namespace(&mut out, target.namespace)?;

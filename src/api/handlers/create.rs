@@ -57,10 +57,17 @@ pub(crate) async fn create(
     let mut obj = parse_json(&body)?;
     check_type_meta(&mut obj, &res.config)?;
     reconcile_namespace(&mut obj, target.namespace)?;
-    if let Some(ns) = &target.namespace {
-        invalid_field("metadata.namespace", ns, is_dns1123_label(ns))?;
-    }
     let name = meta_string(&obj, "name")?.filter(|n| !n.is_empty());
+    if let Some(ns) = &target.namespace {
+        let object = name.as_deref().unwrap_or_default();
+        invalid_field(
+            &res.config,
+            object,
+            "metadata.namespace",
+            ns,
+            is_dns1123_label(ns),
+        )?;
+    }
     let generate = meta_string(&obj, "generateName")?.filter(|n| !n.is_empty());
     let attempts = if name.is_none() && generate.is_some() {
         GENERATE_ATTEMPTS

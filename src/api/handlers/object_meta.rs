@@ -71,21 +71,48 @@ pub(crate) fn meta_string(obj: &Value, field: &str) -> Result<Option<String>, Ap
     }
 }
 
-/// A `422 Invalid` for `field` when `errs` (a validation's findings) is not
-/// empty, worded as kube-apiserver's field errors.
-pub(crate) fn invalid_field(field: &str, value: &str, errs: Vec<String>) -> Result<(), ApiStatus> {
+/// A `422 Invalid` for `field` of the object `name` of `c`'s kind when
+/// `errs` (a validation's findings) is not empty, as kube-apiserver's
+/// `NewInvalid` words it: `ConfigMap "Not_Valid" is invalid: metadata.name:
+/// Invalid value: ...` (several errors in brackets), with `details` naming
+/// the object and one `FieldValueInvalid` cause per error.
+pub(crate) fn invalid_field(
+    c: &ResourceConfig,
+    name: &str,
+    field: &str,
+    value: &str,
+    errs: Vec<String>,
+) -> Result<(), ApiStatus> {
     if errs.is_empty() {
         return Ok(());
     }
-    let msgs: Vec<String> = errs
+    let bodies: Vec<String> = errs
         .iter()
-        .map(|e| format!("{field}: Invalid value: {value:?}: {e}"))
+        .map(|e| format!("Invalid value: {value:?}: {e}"))
         .collect();
-    Err(ApiStatus::invalid(msgs.join(", ")))
+    let full: Vec<String> = bodies.iter().map(|b| format!("{field}: {b}")).collect();
+    let aggregate = match full.as_slice() {
+        [one] => one.clone(),
+        many => format!("[{}]", many.join(", ")),
+    };
+    let qualified = if c.group.is_empty() {
+        c.kind.clone()
+    } else {
+        format!("{}.{}", c.kind, c.group)
+    };
+    let mut status = ApiStatus::invalid(format!("{qualified} {name:?} is invalid: {aggregate}"))
+        .with_details(name, &c.kind)
+        .with_group(&c.group);
+    for body in &bodies {
+        status = status.with_field_cause("FieldValueInvalid", body, field);
+    }
+    Err(status)
 }
 
 pub(crate) fn validate_name(c: &ResourceConfig, name: &str) -> Result<(), ApiStatus> {
     invalid_field(
+        c,
+        name,
         "metadata.name",
         name,
         crate::object::validation::object_name_errors(&c.group, &c.plural, name),
@@ -260,12 +287,38 @@ mod tests {
             meta_string(&obj, "generation").unwrap_err().message,
             "metadata.generation must be a string"
         );
-        assert!(invalid_field("metadata.name", "a", Vec::new()).is_ok());
-        let e = invalid_field("metadata.name", "A_", vec!["one".into(), "two".into()]).unwrap_err();
+        assert!(invalid_field(&pods(), "a", "metadata.name", "a", Vec::new()).is_ok());
+        let e =
+            invalid_field(&pods(), "A_", "metadata.name", "A_", vec!["one".into()]).unwrap_err();
         assert_eq!(e.code, 422);
         assert_eq!(
             e.message,
-            r#"metadata.name: Invalid value: "A_": one, metadata.name: Invalid value: "A_": two"#
+            r#"Pod "A_" is invalid: metadata.name: Invalid value: "A_": one"#
+        );
+        let details = e.details.as_deref().expect("details");
+        assert_eq!(
+            (
+                details.name.as_deref(),
+                details.kind.as_deref(),
+                details.group.as_deref()
+            ),
+            (Some("A_"), Some("Pod"), None)
+        );
+        assert_eq!(details.causes.len(), 1);
+        assert_eq!(details.causes[0].reason, "FieldValueInvalid");
+        assert_eq!(details.causes[0].message, r#"Invalid value: "A_": one"#);
+        assert_eq!(details.causes[0].field, "metadata.name");
+        let e = invalid_field(
+            &pods(),
+            "A_",
+            "metadata.name",
+            "A_",
+            vec!["one".into(), "two".into()],
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.message,
+            r#"Pod "A_" is invalid: [metadata.name: Invalid value: "A_": one, metadata.name: Invalid value: "A_": two]"#
         );
         assert!(validate_name(&pods(), "web-1").is_ok());
         assert_eq!(validate_name(&pods(), "Web_1").unwrap_err().code, 422);

@@ -15,7 +15,7 @@ use crate::api::status::ApiStatus;
 use crate::api::status::errors::{UpdateError, update_status};
 use crate::cacher::GetRequest;
 use crate::config::StorageEncoding;
-use crate::object::protobuf;
+use crate::object::{conversion, protobuf};
 use crate::object::{set_resource_version, strip_resource_version};
 use crate::storage::{Preconditions, StoredObject, UpdateAction, WriteOptions};
 
@@ -27,14 +27,27 @@ pub(crate) fn write_options(res: &Resource, dry_run: bool) -> WriteOptions {
 }
 
 /// The stored form of an object: JSON, or kube-apiserver's protobuf when the
-/// resource is configured with `storage_encoding = "protobuf"`.
+/// resource is configured with `storage_encoding = "protobuf"`, after
+/// kube-apiserver's write-time conversion (a Secret's `stringData`,
+/// [`conversion`]). Every write stores through here, and its answer is
+/// decoded from what was stored.
 pub(crate) fn to_bytes(res: &Resource, obj: &Value) -> Result<Bytes, ApiStatus> {
+    let api_version = res.config.api_version();
+    let converted;
+    let obj = if conversion::converts(&api_version, &res.config.kind) {
+        let mut c = obj.clone();
+        conversion::convert_for_storage(&api_version, &res.config.kind, &mut c);
+        converted = c;
+        &converted
+    } else {
+        obj
+    };
     match res.config.storage_encoding {
         StorageEncoding::Json => serde_json::to_vec(obj)
             .map(Bytes::from)
             .map_err(|e| ApiStatus::internal(format!("cannot encode the object: {e}"))),
         StorageEncoding::Protobuf => {
-            protobuf::encode_as(obj, &res.config.api_version(), &res.config.kind)
+            protobuf::encode_as(obj, &api_version, &res.config.kind)
                 .map(Bytes::from)
                 .map_err(|e| match e {
                     // The object does not fit the type's schema: the client's fault.

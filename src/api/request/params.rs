@@ -180,9 +180,9 @@ impl Query {
         index_paths: &[Arc<str>],
     ) -> Result<(LabelSelector, FieldSelector), ApiStatus> {
         let labels = LabelSelector::parse(self.get("labelSelector").unwrap_or(""))
-            .map_err(|e| ApiStatus::bad_request(format!("invalid labelSelector: {e}")))?;
+            .map_err(|e| ApiStatus::bad_request(e.to_string()))?;
         let fields = FieldSelector::parse(self.get("fieldSelector").unwrap_or(""), index_paths)
-            .map_err(|e| ApiStatus::bad_request(format!("invalid fieldSelector: {e}")))?;
+            .map_err(|e| ApiStatus::bad_request(e.to_string()))?;
         Ok((labels, fields))
     }
 }
