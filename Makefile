@@ -1,7 +1,7 @@
 # The two quick-start commands (README): `make run` and `make test`.
 # The cargo workspace: the daemon (root package `watchcache`) and the load
 # generator (bench/, package `watchcache-bench`); lint and test cover both.
-.PHONY: run test setup lint build peers
+.PHONY: run test setup lint build peers test-peers
 
 setup:
 	bash scripts/setup.sh
@@ -15,9 +15,15 @@ lint: setup
 	cargo clippy --workspace --all-targets -- -D warnings
 
 # The whole suite: formatting, lints, unit and integration tests against a
-# real etcd, of every crate of the workspace, in one cargo invocation.
-test: lint
+# real etcd (and a real kube-apiserver, built once from its Go module and
+# cached: README, "Peers"), of every crate of the workspace, in one cargo
+# invocation.
+test: lint test-peers
 	cargo test --workspace --all-targets
+
+# The peers the tests use (the others are for the benchmarks and `make peers`).
+test-peers:
+	bash scripts/peers.sh kube-apiserver-1.34
 
 # Real kube-apiserver and etcd built from their Go modules, cached outside the
 # clone (README, "Peers"); `scripts/peers.sh --print NAME` gives a binary's path.
