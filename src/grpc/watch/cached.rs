@@ -11,8 +11,8 @@ use tracing::debug;
 use etcd_client::proto::*;
 
 use super::count_watch;
-use super::stream::{ClientStream, CreateSpec};
-use crate::grpc::kv_cache::{Cursor, DELETE, KvCache, PUT, Read, RingEvent, in_range};
+use super::state::{CachedWatch, ClientStream, CreateSpec};
+use crate::grpc::kv_cache::{DELETE, PUT, Read, RingEvent, in_range};
 
 /// Events read from the ring per watch per turn (whole revisions), and
 /// about as many bytes: a response stays well within clients' default
@@ -22,27 +22,6 @@ pub(super) const MAX_BATCH_BYTES: usize = 128 * 1024;
 /// `WatchCreateRequest.FilterType`.
 const FILTER_NOPUT: i32 = 0;
 const FILTER_NODELETE: i32 = 1;
-
-/// One client watch served from a cache.
-pub(super) struct CachedWatch {
-    pub(super) id: i64,
-    pub(super) cache: Arc<KvCache>,
-    key: Vec<u8>,
-    range_end: Vec<u8>,
-    pub(super) cursor: Cursor,
-    /// Events below this revision are skipped (the start revision).
-    min_rev: i64,
-    prev_kv: bool,
-    no_put: bool,
-    no_delete: bool,
-    fragment: bool,
-    pub(super) progress_notify: bool,
-    pub(super) last_sent: Instant,
-    /// The highest revision the client was already told about for this
-    /// watch before the ring served it (etcd's events of a handed-over
-    /// watch): progress notifications never go back behind it.
-    pub(super) notified_rev: i64,
-}
 
 impl CachedWatch {
     fn wants(&self, ev: &RingEvent) -> bool {

@@ -11,22 +11,8 @@ use tracing::debug;
 use etcd_client::proto::*;
 
 use super::progress::is_progress_answer;
-use super::stream::{ClientStream, CreateSpec};
+use super::state::{AwaitingCreated, ClientStream, CreateSpec, UpstreamWatch};
 use super::{OUT_BUFFER, count_watch, move_watch};
-
-/// etcd's watch stream towards one client stream's forwarded watches.
-pub(super) struct UpstreamWatch {
-    pub(super) requests: mpsc::Sender<PbWatchRequest>,
-    pub(super) responses: mpsc::Receiver<Result<PbWatchResponse, Status>>,
-}
-
-/// A creation etcd has not answered yet.
-pub(super) struct AwaitingCreated {
-    pub(super) id: i64,
-    /// `next_id` before an auto-assigned `id`: etcd refusing the creation
-    /// gives it back, as etcd assigns an id only to a watch it creates.
-    prev_next_id: Option<i64>,
-}
 
 impl ClientStream {
     /// Forwards a creation (`req`, carrying `id`) etcd serves; `spec` when

@@ -6,7 +6,7 @@ use prost::Message;
 
 use etcd_client::proto::*;
 
-use super::stream::ClientStream;
+use super::state::ClientStream;
 
 /// etcd's default `--max-request-bytes`: `push_events` splits responses
 /// above it.

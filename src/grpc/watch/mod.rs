@@ -15,11 +15,13 @@
 //! was sent (for forwarded watches too: etcd's answer is held until then).
 //!
 //! Split by concern, as etcd's grpcproxy splits its watch. Every piece but
-//! `server` is an `impl ClientStream` block over the one task's state, so a
-//! step never crosses a lock, a channel or a trait object:
+//! `server` and `state` is an `impl ClientStream` block over the one task's
+//! state, so a step never crosses a lock, a channel or a trait object:
 //!
-//! - `stream`: the per-client stream: its state, the task's loop, the
-//!   client's requests, where a creation goes (cache or etcd).
+//! - `state`: the data only: `ClientStream` and the state of each concern,
+//!   below every other piece (each imports it, it imports none of them).
+//! - `stream`: the per-client stream: the task's loop, the client's
+//!   requests, where a creation goes (cache or etcd).
 //! - `cached`: watches served from a cache's ring (placing, reading
 //!   batches round robin, the overrun cancel).
 //! - `forwarded`: watches etcd serves (its stream, its answers, the
@@ -34,6 +36,7 @@ mod forwarded;
 mod fragment;
 mod progress;
 mod server;
+mod state;
 mod stream;
 #[cfg(test)]
 mod test_support;
@@ -50,7 +53,7 @@ use tonic::{Request, Response, Status, Streaming};
 use etcd_client::proto::*;
 
 use super::Front;
-use stream::ClientStream;
+use state::ClientStream;
 
 pub use server::WatchServer;
 

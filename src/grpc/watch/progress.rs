@@ -10,30 +10,9 @@ use tonic::Status;
 
 use etcd_client::proto::*;
 
-use super::stream::ClientStream;
+use super::state::{CatchUp, ClientStream, PendingProgress};
 use super::{INVALID_WATCH_ID, MAX_PENDING};
 use crate::grpc::kv_cache::{KvCache, Read};
-
-/// A progress request not answered yet.
-pub(super) struct PendingProgress {
-    /// Forwarded watches exist: etcd was asked too; its revision once answered.
-    upstream: Option<Option<i64>>,
-    /// The client's request, to ask etcd again.
-    request: PbWatchRequest,
-    /// The revision the cached watches wait for before the answer.
-    pub(super) catch_up: Option<CatchUp>,
-}
-
-/// etcd answers a progress request with its current revision; cached
-/// watches wait (bounded) for their caches to get there, so the answer is
-/// not behind etcd's (kube-apiserver's consistent reads wait for that).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct CatchUp {
-    /// etcd's revision when the request came.
-    revision: i64,
-    /// After this, the answer is the revision the caches reached.
-    pub(super) deadline: Instant,
-}
 
 /// etcd's answer to a progress request: stream-wide, no events, neither a
 /// creation nor a cancel.
@@ -254,7 +233,7 @@ mod tests {
     use tokio_stream::wrappers::ReceiverStream;
 
     use super::*;
-    use crate::grpc::watch::stream::CreateSpec;
+    use crate::grpc::watch::state::CreateSpec;
     use crate::grpc::watch::test_support::*;
 
     fn progress_answer(rev: i64) -> PbWatchResponse {

@@ -1,4 +1,4 @@
-//! One client stream: its state, the task that owns it (a loop over what
+//! One client stream: the task that owns its state (`state`) (a loop over what
 //! comes first: the client's reading, its requests, etcd's answers, cache
 //! changes, ticks), and the client's requests, a creation routed to a cache
 //! or to etcd. The other files of `watch` add the rest of `ClientStream`.
@@ -15,60 +15,9 @@ use tonic::metadata::MetadataMap;
 
 use etcd_client::proto::*;
 
-use super::cached::CachedWatch;
-use super::forwarded::{AwaitingCreated, UpstreamWatch, recv_upstream};
-use super::progress::PendingProgress;
+use super::forwarded::recv_upstream;
+use super::state::{ClientStream, CreateSpec};
 use super::{Front, INVALID_WATCH_ID, MAX_PENDING, count_watch};
-
-/// What the front reads of a `WatchCreateRequest` (whose type etcd-client
-/// does not export by name).
-#[derive(Clone)]
-pub(super) struct CreateSpec {
-    pub(super) key: Vec<u8>,
-    pub(super) range_end: Vec<u8>,
-    pub(super) start_revision: i64,
-    pub(super) prev_kv: bool,
-    pub(super) filters: Vec<i32>,
-    pub(super) fragment: bool,
-    pub(super) progress_notify: bool,
-}
-
-/// One client stream's watches and queue, owned by its task (`run`).
-pub(super) struct ClientStream {
-    pub(super) front: Arc<Front>,
-    pub(super) md: MetadataMap,
-    pub(super) out: mpsc::Sender<Result<PbWatchResponse, Status>>,
-    /// Control answers and the fragments of one batch, in order.
-    pub(super) pending: VecDeque<PbWatchResponse>,
-    pub(super) watches: Vec<CachedWatch>,
-    /// Where the next round-robin turn starts.
-    pub(super) rr: usize,
-    /// Watches etcd serves; with their creation when a cache could take
-    /// them over once etcd's catch-up reaches the ring.
-    pub(super) forwarded: HashMap<i64, Option<CreateSpec>>,
-    /// Handed over to a cache; etcd's answers for them (until its
-    /// `canceled`) are dropped: the ring delivers those events.
-    pub(super) handing_over: HashSet<i64>,
-    /// Forwarded watches the client canceled, until etcd's `canceled`:
-    /// etcd's answers in flight for them are dropped (the client asked for
-    /// no more), its `canceled` passed on once.
-    pub(super) canceling: HashSet<i64>,
-    pub(super) upstream: Option<UpstreamWatch>,
-    pub(super) next_id: i64,
-    pub(super) progress: Option<PendingProgress>,
-    /// A creation forwarded to etcd and not answered yet: later requests
-    /// wait, so `created` answers keep the order of the requests (clients
-    /// such as clientv3 match them in order).
-    pub(super) awaiting_created: Option<AwaitingCreated>,
-    /// The forwarded watch whose fragmented response is partly queued:
-    /// until its last fragment nothing else is queued, as clientv3 drops a
-    /// response for another watch while it assembles one, and discards the
-    /// fragments it has on a `created` or `canceled`.
-    pub(super) open_fragment: Option<i64>,
-    /// The highest event revision sent on this stream: a progress answer
-    /// never goes back behind it.
-    pub(super) max_sent: i64,
-}
 
 impl Drop for ClientStream {
     fn drop(&mut self) {

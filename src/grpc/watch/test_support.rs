@@ -12,8 +12,7 @@ use tonic::metadata::MetadataMap;
 
 use etcd_client::proto::*;
 
-use super::forwarded::UpstreamWatch;
-use super::stream::{ClientStream, CreateSpec};
+use super::state::{ClientStream, CreateSpec, UpstreamWatch};
 use super::{Front, OUT_BUFFER};
 use crate::config::EtcdConfig;
 use crate::grpc::auth::AuthGate;

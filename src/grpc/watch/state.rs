@@ -1,0 +1,126 @@
+//! The data of one client stream, and nothing else: `ClientStream` (owned
+//! by its task) with the creation it reads (`CreateSpec`) and the state of
+//! each concern (`CachedWatch`, `UpstreamWatch`, `AwaitingCreated`,
+//! `PendingProgress`). The layer under every other file of `watch`: each
+//! adds its behaviour in its own `impl` blocks, and calls the others'
+//! without importing them.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::Status;
+use tonic::metadata::MetadataMap;
+
+use etcd_client::proto::*;
+
+use super::Front;
+use crate::grpc::kv_cache::{Cursor, KvCache};
+
+/// What the front reads of a `WatchCreateRequest` (whose type etcd-client
+/// does not export by name).
+#[derive(Clone)]
+pub(super) struct CreateSpec {
+    pub(super) key: Vec<u8>,
+    pub(super) range_end: Vec<u8>,
+    pub(super) start_revision: i64,
+    pub(super) prev_kv: bool,
+    pub(super) filters: Vec<i32>,
+    pub(super) fragment: bool,
+    pub(super) progress_notify: bool,
+}
+
+/// One client stream's watches and queue, owned by its task (`run`).
+pub(super) struct ClientStream {
+    pub(super) front: Arc<Front>,
+    pub(super) md: MetadataMap,
+    pub(super) out: mpsc::Sender<Result<PbWatchResponse, Status>>,
+    /// Control answers and the fragments of one batch, in order.
+    pub(super) pending: VecDeque<PbWatchResponse>,
+    pub(super) watches: Vec<CachedWatch>,
+    /// Where the next round-robin turn starts.
+    pub(super) rr: usize,
+    /// Watches etcd serves; with their creation when a cache could take
+    /// them over once etcd's catch-up reaches the ring.
+    pub(super) forwarded: HashMap<i64, Option<CreateSpec>>,
+    /// Handed over to a cache; etcd's answers for them (until its
+    /// `canceled`) are dropped: the ring delivers those events.
+    pub(super) handing_over: HashSet<i64>,
+    /// Forwarded watches the client canceled, until etcd's `canceled`:
+    /// etcd's answers in flight for them are dropped (the client asked for
+    /// no more), its `canceled` passed on once.
+    pub(super) canceling: HashSet<i64>,
+    pub(super) upstream: Option<UpstreamWatch>,
+    pub(super) next_id: i64,
+    pub(super) progress: Option<PendingProgress>,
+    /// A creation forwarded to etcd and not answered yet: later requests
+    /// wait, so `created` answers keep the order of the requests (clients
+    /// such as clientv3 match them in order).
+    pub(super) awaiting_created: Option<AwaitingCreated>,
+    /// The forwarded watch whose fragmented response is partly queued:
+    /// until its last fragment nothing else is queued, as clientv3 drops a
+    /// response for another watch while it assembles one, and discards the
+    /// fragments it has on a `created` or `canceled`.
+    pub(super) open_fragment: Option<i64>,
+    /// The highest event revision sent on this stream: a progress answer
+    /// never goes back behind it.
+    pub(super) max_sent: i64,
+}
+
+/// One client watch served from a cache (`cached`).
+pub(super) struct CachedWatch {
+    pub(super) id: i64,
+    pub(super) cache: Arc<KvCache>,
+    pub(super) key: Vec<u8>,
+    pub(super) range_end: Vec<u8>,
+    pub(super) cursor: Cursor,
+    /// Events below this revision are skipped (the start revision).
+    pub(super) min_rev: i64,
+    pub(super) prev_kv: bool,
+    pub(super) no_put: bool,
+    pub(super) no_delete: bool,
+    pub(super) fragment: bool,
+    pub(super) progress_notify: bool,
+    pub(super) last_sent: Instant,
+    /// The highest revision the client was already told about for this
+    /// watch before the ring served it (etcd's events of a handed-over
+    /// watch): progress notifications never go back behind it.
+    pub(super) notified_rev: i64,
+}
+
+/// etcd's watch stream towards one client stream's forwarded watches
+/// (`forwarded`).
+pub(super) struct UpstreamWatch {
+    pub(super) requests: mpsc::Sender<PbWatchRequest>,
+    pub(super) responses: mpsc::Receiver<Result<PbWatchResponse, Status>>,
+}
+
+/// A creation etcd has not answered yet (`forwarded`).
+pub(super) struct AwaitingCreated {
+    pub(super) id: i64,
+    /// `next_id` before an auto-assigned `id`: etcd refusing the creation
+    /// gives it back, as etcd assigns an id only to a watch it creates.
+    pub(super) prev_next_id: Option<i64>,
+}
+
+/// A progress request not answered yet (`progress`).
+pub(super) struct PendingProgress {
+    /// Forwarded watches exist: etcd was asked too; its revision once answered.
+    pub(super) upstream: Option<Option<i64>>,
+    /// The client's request, to ask etcd again.
+    pub(super) request: PbWatchRequest,
+    /// The revision the cached watches wait for before the answer.
+    pub(super) catch_up: Option<CatchUp>,
+}
+
+/// etcd answers a progress request with its current revision; cached
+/// watches wait (bounded) for their caches to get there, so the answer is
+/// not behind etcd's (kube-apiserver's consistent reads wait for that).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct CatchUp {
+    /// etcd's revision when the request came.
+    pub(super) revision: i64,
+    /// After this, the answer is the revision the caches reached.
+    pub(super) deadline: Instant,
+}
