@@ -238,13 +238,46 @@ fn counts(module: &[String], dep: &str) -> bool {
     !target.starts_with(module)
 }
 
+/// Modules declared test-only in their parent's file (`#[cfg(test)]` then
+/// `mod tests;`): helpers for tests, which may reach any layer.
+fn test_only_modules(modules: &Modules) -> BTreeSet<Vec<String>> {
+    let src = root().join("src");
+    let mut out = BTreeSet::new();
+    for (module, file) in &modules.0 {
+        let text = std::fs::read_to_string(src.join(file)).unwrap_or_default();
+        let mut test_attr = false;
+        for raw in text.lines() {
+            let trimmed = code_of(raw).trim().to_string();
+            if trimmed == "#[cfg(test)]" {
+                test_attr = true;
+                continue;
+            }
+            if test_attr && !trimmed.starts_with("#[") && !trimmed.is_empty() {
+                test_attr = false;
+                let words: Vec<&str> = trimmed.split_whitespace().collect();
+                if let Some(i) = words.iter().position(|w| *w == "mod")
+                    && let Some(name) = words.get(i + 1)
+                    && trimmed.ends_with(';')
+                {
+                    let mut child = module.clone();
+                    child.push(name.trim_end_matches(';').to_string());
+                    out.insert(child);
+                }
+            }
+        }
+    }
+    out
+}
+
 /// The files each file imports from (itself and its own submodules left
-/// out, see [`counts`]).
+/// out, see [`counts`]; test-only modules left out, see
+/// [`test_only_modules`]).
 fn imports(modules: &Modules) -> BTreeMap<String, BTreeSet<String>> {
     let src = root().join("src");
+    let test_only = test_only_modules(modules);
     let mut graph = BTreeMap::new();
     for (module, file) in &modules.0 {
-        if file == "main.rs" {
+        if file == "main.rs" || test_only.contains(module) {
             continue;
         }
         let text = std::fs::read_to_string(src.join(file)).unwrap_or_default();

@@ -746,6 +746,7 @@ async fn watchcache_serves_what_kube_apiserver_serves() {
     }
 
     writes_through_watchcache(&mut o, &etcd.endpoint()).await;
+    watches_from_the_same_revision(&mut o).await;
 
     let unseen: Vec<String> = o
         .known
@@ -979,4 +980,132 @@ async fn writes_through_watchcache(o: &mut Oracle, etcd: &str) {
         ));
     }
     o.record("configmaps:write", "invalid name", diffs);
+}
+
+/// Reads watch event lines from a response until `count` events (bookmarks
+/// included) or 30 s.
+async fn read_events(resp: reqwest::Response, count: usize) -> Vec<Value> {
+    use futures::StreamExt;
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while events.len() < count {
+        let next = tokio::time::timeout_at(deadline, stream.next()).await;
+        let Ok(Some(Ok(chunk))) = next else { break };
+        buf.extend_from_slice(&chunk);
+        while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buf.drain(..=nl).collect();
+            if let Ok(v) = serde_json::from_slice::<Value>(&line) {
+                events.push(v);
+            }
+        }
+    }
+    events
+}
+
+impl Oracle {
+    async fn open_watch(&self, kube: bool, path: &str) -> reqwest::Response {
+        let (client, url) = if kube {
+            (&self.kube.http, self.kube.url(path))
+        } else {
+            (&self.http, self.watchcache.url(path))
+        };
+        let r = client
+            .get(url)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("watch");
+        assert_eq!(r.status(), 200, "watch {path}");
+        r
+    }
+}
+
+/// Watches from the same resourceVersion on both while kube-apiserver
+/// writes: the same events in the same order. A `sendInitialEvents` stream
+/// (client-go's WatchList): the same initial objects, then a bookmark
+/// marking their end at a revision not older than the List's.
+async fn watches_from_the_same_revision(o: &mut Oracle) {
+    let cms = format!("/api/v1/namespaces/{NS}/configmaps");
+    let (_, body) = o.wc_get(&cms, JSON).await;
+    let list: Value = serde_json::from_slice(&body).expect("list");
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string();
+    let path = format!("{cms}?watch=1&resourceVersion={rv}");
+    let wc = o.open_watch(false, &path).await;
+    let kube = o.open_watch(true, &path).await;
+    let cm = |name: &str, v: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name, "labels": {"app": "watch"}}, "data": {"v": v}});
+    o.kube.create(&cms, &cm("watched-1", "1")).await;
+    let (code, body) = o
+        .kube
+        .send(
+            Method::PATCH,
+            &format!("{cms}/watched-1"),
+            "application/merge-patch+json",
+            Some(json!({"data": {"v": "2"}}).to_string()),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    o.kube.create(&cms, &cm("watched-2", "1")).await;
+    let (code, body) = o
+        .kube
+        .send(Method::DELETE, &format!("{cms}/watched-1"), JSON, None)
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let (w, k) = tokio::join!(read_events(wc, 4), read_events(kube, 4));
+    assert_eq!(k.len(), 4, "kube-apiserver's watch events: {k:?}");
+    let mut diffs = Vec::new();
+    diff("", &Value::Array(w), &Value::Array(k), &mut diffs);
+    o.record("configmaps", &format!("watch {path}"), diffs);
+
+    // A streaming list: initial events, then the bookmark that ends them.
+    let (_, body) = o.wc_get(&cms, JSON).await;
+    let list: Value = serde_json::from_slice(&body).expect("list");
+    let list_rv: i64 = list["metadata"]["resourceVersion"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("rv");
+    let items = list["items"].as_array().map_or(0, Vec::len);
+    let path = format!(
+        "{cms}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+    );
+    let wc = o.open_watch(false, &path).await;
+    let kube = o.open_watch(true, &path).await;
+    let (w, k) = tokio::join!(read_events(wc, items + 1), read_events(kube, items + 1));
+    let split = |events: Vec<Value>| {
+        let mut initial = Vec::new();
+        let mut end = None;
+        for e in events {
+            if e["type"] == "BOOKMARK" {
+                if e["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"] == "true" {
+                    end = e["object"]["metadata"]["resourceVersion"]
+                        .as_str()
+                        .and_then(|s| s.parse::<i64>().ok());
+                }
+            } else {
+                initial.push(e);
+            }
+        }
+        (initial, end)
+    };
+    let ((w_initial, w_end), (k_initial, k_end)) = (split(w), split(k));
+    let mut diffs = Vec::new();
+    diff(
+        "/initial",
+        &Value::Array(w_initial),
+        &Value::Array(k_initial),
+        &mut diffs,
+    );
+    for (who, end) in [("watchcache", w_end), ("kube-apiserver", k_end)] {
+        if end.is_none_or(|rv| rv < list_rv) {
+            diffs.push((
+                format!("/bookmark/{who}"),
+                format!("initial-events-end bookmark at {end:?}, the List was at {list_rv}"),
+            ));
+        }
+    }
+    o.record("configmaps", &format!("watch {path}"), diffs);
 }
