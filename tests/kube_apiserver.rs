@@ -747,6 +747,7 @@ async fn watchcache_serves_what_kube_apiserver_serves() {
 
     writes_through_watchcache(&mut o, &etcd.endpoint()).await;
     watches_from_the_same_revision(&mut o).await;
+    manifests_pass_server_dry_run(&o.kube);
 
     let unseen: Vec<String> = o
         .known
@@ -1230,4 +1231,39 @@ async fn kube_apiserver_runs_on_the_grpc_front() {
         "no request served from the front's caches:\n{metrics}"
     );
     drop(kube);
+}
+
+/// The deployment manifests in `config/` are valid for the real
+/// kube-apiserver: `kubectl apply --dry-run=server` accepts every object.
+fn manifests_pass_server_dry_run(kube: &KubeApiserver) {
+    let kubeconfig = kube.kubeconfig();
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&config).expect("config/") {
+        let path = entry.expect("entry").path();
+        if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("manifest");
+        // Kubernetes manifests (not Prometheus' or Grafana's files).
+        if !text.lines().any(|l| l.starts_with("apiVersion:")) || !text.contains("\nkind:") {
+            continue;
+        }
+        let out = std::process::Command::new(common::kubectl::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["apply", "--dry-run=server", "-f"])
+            .arg(&path)
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl apply --dry-run=server -f {}: {}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1, "no Kubernetes manifest found in config/");
 }
