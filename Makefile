@@ -1,7 +1,7 @@
 # The two quick-start commands (README): `make run` and `make test`.
 # The cargo workspace: the daemon (root package `watchcache`) and the load
 # generator (bench/, package `watchcache-bench`); lint and test cover both.
-.PHONY: run test setup lint build peers test-peers
+.PHONY: run test setup lint build peers test-peers test-etcd-matrix
 
 setup:
 	bash scripts/setup.sh
@@ -29,3 +29,14 @@ test-peers:
 # clone (README, "Peers"); `scripts/peers.sh --print NAME` gives a binary's path.
 peers:
 	bash scripts/peers.sh
+
+# The storage, cacher and gRPC-front integration tests against etcd 3.6 and
+# 3.7 (built by scripts/peers.sh; `make test` runs them against 3.5).
+test-etcd-matrix: setup
+	bash scripts/peers.sh etcd-3.6 etcdctl-3.6 etcd-3.7 etcdctl-3.7
+	for v in 3.6 3.7; do \
+	  echo "== etcd $$v"; \
+	  WATCHCACHE_ETCD_BIN=$$(bash scripts/peers.sh --print etcd-$$v) \
+	  WATCHCACHE_ETCDCTL_BIN=$$(bash scripts/peers.sh --print etcdctl-$$v) \
+	  cargo test --test storage --test cacher --test grpc || exit 1; \
+	done

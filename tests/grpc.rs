@@ -86,8 +86,10 @@ fn etcdctl_bin() -> std::path::PathBuf {
 
 /// Runs etcdctl against `endpoint`; returns (success, stdout, stderr).
 async fn etcdctl(endpoint: &str, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+    // No ETCDCTL_API: v3 is the default since etcdctl 3.4, and 3.7 warns
+    // about the variable on stderr.
     let mut cmd = tokio::process::Command::new(etcdctl_bin());
-    cmd.env("ETCDCTL_API", "3")
+    cmd.env_remove("ETCDCTL_API")
         .arg(format!("--endpoints={endpoint}"))
         .arg("--command-timeout=10s")
         .args(args)
@@ -378,7 +380,7 @@ async fn etcdctl_writes_and_leases_pass_through() {
 /// Reads etcdctl watch output lines until `n` lines came (or `WAIT` passed).
 async fn watch_lines(endpoint: &str, args: &[&str], n: usize) -> Vec<String> {
     let mut child = tokio::process::Command::new(etcdctl_bin())
-        .env("ETCDCTL_API", "3")
+        .env_remove("ETCDCTL_API")
         .arg(format!("--endpoints={endpoint}"))
         .args(args)
         .stdout(std::process::Stdio::piped())

@@ -71,7 +71,8 @@ impl Front {
             }
             cache.snapshot(0)?
         };
-        let (kvs, count, more) = evaluate(r, &map);
+        let from_index = r.keys_only && self.keys_only_from_index().await;
+        let (kvs, count, more) = evaluate(r, &map, from_index);
         Some(PbRangeResponse {
             header: Some(self.headers.header(current)),
             kvs,
@@ -88,9 +89,16 @@ fn invalid_sort(r: &PbRangeRequest) -> bool {
 
 /// etcd's `Range` over one map (server/etcdserver/txn `Range`): fetch (all
 /// when sorting or filtering, else limit + 1), prune by revision filters,
-/// sort, truncate to `limit` (`more`), clear values for `keys_only`.
+/// sort, truncate to `limit` (`more`), clear values for `keys_only` (and
+/// leases too when `keys_only_from_index`: etcd 3.7 answers a `keys_only`
+/// Range not sorted by value from its index, which holds no leases).
 /// `count` is every key in the range, as etcd counts it.
-pub fn evaluate(r: &PbRangeRequest, map: &KvMap) -> (Vec<PbKeyValue>, i64, bool) {
+pub fn evaluate(
+    r: &PbRangeRequest,
+    map: &KvMap,
+    keys_only_from_index: bool,
+) -> (Vec<PbKeyValue>, i64, bool) {
+    let drop_lease = keys_only_from_index && r.keys_only && r.sort_target != TARGET_VALUE;
     let fetch_all = r.sort_order != SORT_NONE
         || r.min_mod_revision != 0
         || r.max_mod_revision != 0
@@ -151,6 +159,7 @@ pub fn evaluate(r: &PbRangeRequest, map: &KvMap) -> (Vec<PbKeyValue>, i64, bool)
             if r.keys_only {
                 PbKeyValue {
                     value: Vec::new(),
+                    lease: if drop_lease { 0 } else { kv.lease },
                     ..PbKeyValue::clone(kv)
                 }
             } else {
@@ -307,7 +316,7 @@ mod tests {
                     create_revision: c,
                     mod_revision: md,
                     version: ver,
-                    lease: 0,
+                    lease: if k == "/p/b" { 42 } else { 0 },
                 }),
             );
         }
@@ -387,10 +396,10 @@ mod tests {
 
     #[test]
     fn limit_sets_more_and_count_is_the_whole_range() {
-        let (kvs, count, more) = evaluate(&PbRangeRequest { limit: 2, ..req() }, &map());
+        let (kvs, count, more) = evaluate(&PbRangeRequest { limit: 2, ..req() }, &map(), false);
         assert_eq!(keys(&kvs), ["/p/a", "/p/b"]);
         assert_eq!((count, more), (4, true));
-        let (_, _, more) = evaluate(&PbRangeRequest { limit: 4, ..req() }, &map());
+        let (_, _, more) = evaluate(&PbRangeRequest { limit: 4, ..req() }, &map(), false);
         assert!(!more);
     }
 
@@ -404,6 +413,7 @@ mod tests {
                     ..req()
                 },
                 &map(),
+                false,
             );
             keys(&kvs)
         };
@@ -440,6 +450,7 @@ mod tests {
                 ..req()
             },
             &map(),
+            false,
         );
         assert_eq!(keys(&kvs), ["/p/a", "/p/c"]);
         assert!(kvs.iter().all(|kv| kv.value.is_empty()));
@@ -451,6 +462,7 @@ mod tests {
                 ..req()
             },
             &map(),
+            false,
         );
         assert!(kvs.is_empty());
         assert_eq!((count, more), (4, false));
@@ -461,7 +473,34 @@ mod tests {
                 ..Default::default()
             },
             &map(),
+            false,
         );
         assert_eq!((keys(&kvs), count), (vec!["/p/b".to_string()], 1));
+    }
+
+    /// etcd 3.7 answers `keys_only` from its index: no values and no
+    /// leases, unless sorted by value; 3.6 keeps the leases.
+    #[test]
+    fn keys_only_from_the_index_has_no_leases() {
+        let lease_of_b = |from_index, sort_target| {
+            let (kvs, _, _) = evaluate(
+                &PbRangeRequest {
+                    keys_only: true,
+                    sort_target,
+                    ..req()
+                },
+                &map(),
+                from_index,
+            );
+            let b = kvs.iter().find(|kv| kv.key == b"/p/b").expect("/p/b");
+            assert!(b.value.is_empty());
+            b.lease
+        };
+        assert_eq!(lease_of_b(false, TARGET_KEY), 42);
+        assert_eq!(lease_of_b(true, TARGET_KEY), 0);
+        assert_eq!(lease_of_b(true, TARGET_VALUE), 42);
+        let (kvs, _, _) = evaluate(&req(), &map(), true);
+        let b = kvs.iter().find(|kv| kv.key == b"/p/b").expect("/p/b");
+        assert_eq!(b.lease, 42, "only keys_only drops leases");
     }
 }

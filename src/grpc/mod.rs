@@ -66,6 +66,9 @@ pub struct Front {
     /// Open client watches served from the caches / by etcd.
     pub(crate) watchers_cached: AtomicI64,
     pub(crate) watchers_forwarded: AtomicI64,
+    /// Whether etcd answers a `keys_only` Range from its index, without
+    /// leases (3.7's `FastKeysOnly`): read from etcd's version once.
+    pub(crate) keys_only_from_index: tokio::sync::OnceCell<bool>,
 }
 
 impl std::fmt::Debug for Front {
@@ -77,6 +80,22 @@ impl std::fmt::Debug for Front {
 }
 
 impl Front {
+    /// Whether etcd (3.7 and later) leaves the lease out of a `keys_only`
+    /// Range not sorted by value, so a cached one leaves it out too. Asked
+    /// of etcd once; while etcd cannot be asked, 3.6's answer (leases kept).
+    pub(crate) async fn keys_only_from_index(&self) -> bool {
+        let known = self
+            .keys_only_from_index
+            .get_or_try_init(|| async {
+                let v = self.storage.etcd_version().await?;
+                let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+                let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+                Ok::<bool, crate::storage::StorageError>((major, minor) >= (3, 7))
+            })
+            .await;
+        known.copied().unwrap_or(false)
+    }
+
     /// The cache whose prefix holds all of `[key, range_end)`.
     pub(crate) fn cache_for(&self, key: &[u8], range_end: &[u8]) -> Option<&Arc<KvCache>> {
         self.caches
@@ -332,6 +351,7 @@ impl GrpcServer {
                 coalesce_writes: config.server.coalesce_writes,
                 watchers_cached: AtomicI64::new(0),
                 watchers_forwarded: AtomicI64::new(0),
+                keys_only_from_index: tokio::sync::OnceCell::new(),
             }),
             max_request_bytes: config.grpc_max_request_bytes,
             max_connections: config.server.max_connections,
