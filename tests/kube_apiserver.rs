@@ -808,6 +808,21 @@ impl Oracle {
         (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
     }
 
+    /// The same failing write (a JSON body) to both: the same code and Status.
+    async fn compare_write(&mut self, what: &str, method: Method, path: &str, body: String) {
+        let (wc_code, wc_status) = self.wc_send(method.clone(), path, JSON, body.clone()).await;
+        let (k_code, k_status) = self.kube.send(method, path, JSON, Some(body)).await;
+        let mut diffs = Vec::new();
+        diff("", &wc_status, &k_status, &mut diffs);
+        if wc_code != k_code {
+            diffs.push((
+                "/code".into(),
+                format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+            ));
+        }
+        self.record("configmaps:write", what, diffs);
+    }
+
     /// Once watchcache's cache holds `path` at resourceVersion `rv` or later,
     /// the same Get to both, as JSON and protobuf.
     /// Recorded as `<resource>:write`, the table's name for objects
@@ -883,17 +898,8 @@ async fn writes_through_watchcache(o: &mut Oracle, etcd: &str) {
         .await;
     // The same stale update to both: 409 Conflict with the same Status.
     let stale = cm(Some(&rv_of(&created)), json!({"a": "3"}));
-    let (wc_code, wc_status) = o.wc_send(Method::PUT, &path, JSON, stale.clone()).await;
-    let (k_code, k_status) = o.kube.send(Method::PUT, &path, JSON, Some(stale)).await;
-    let mut diffs = Vec::new();
-    diff("", &wc_status, &k_status, &mut diffs);
-    if wc_code != k_code {
-        diffs.push((
-            "/code".into(),
-            format!("watchcache {wc_code}, kube-apiserver {k_code}"),
-        ));
-    }
-    o.record("configmaps:write", "stale PUT", diffs);
+    o.compare_write("stale PUT", Method::PUT, &path, stale)
+        .await;
 
     for (content_type, patch) in [
         (
@@ -987,17 +993,8 @@ async fn writes_through_watchcache(o: &mut Oracle, etcd: &str) {
     // An invalid name: 422 with the same Status from both.
     let bad = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "Not_Valid"}})
         .to_string();
-    let (wc_code, wc_status) = o.wc_send(Method::POST, &cms, JSON, bad.clone()).await;
-    let (k_code, k_status) = o.kube.send(Method::POST, &cms, JSON, Some(bad)).await;
-    let mut diffs = Vec::new();
-    diff("", &wc_status, &k_status, &mut diffs);
-    if wc_code != k_code {
-        diffs.push((
-            "/code".into(),
-            format!("watchcache {wc_code}, kube-apiserver {k_code}"),
-        ));
-    }
-    o.record("configmaps:write", "invalid name", diffs);
+    o.compare_write("invalid name", Method::POST, &cms, bad)
+        .await;
 }
 
 /// Reads watch event lines from a response until `count` events (bookmarks
