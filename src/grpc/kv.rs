@@ -71,7 +71,13 @@ impl Front {
             }
             cache.snapshot(0)?
         };
-        let from_index = r.keys_only && self.keys_only_from_index().await;
+        // How etcd answers keys_only depends on its version: until that is
+        // known, etcd answers.
+        let from_index = if r.keys_only {
+            self.keys_only_from_index()?
+        } else {
+            false
+        };
         let (kvs, count, more) = evaluate(r, &map, from_index);
         Some(PbRangeResponse {
             header: Some(self.headers.header(current)),

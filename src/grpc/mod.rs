@@ -68,7 +68,7 @@ pub struct Front {
     pub(crate) watchers_forwarded: AtomicI64,
     /// Whether etcd answers a `keys_only` Range from its index, without
     /// leases (3.7's `FastKeysOnly`): read from etcd's version once.
-    pub(crate) keys_only_from_index: tokio::sync::OnceCell<bool>,
+    pub(crate) keys_only_from_index: Arc<tokio::sync::OnceCell<bool>>,
 }
 
 impl std::fmt::Debug for Front {
@@ -79,21 +79,37 @@ impl std::fmt::Debug for Front {
     }
 }
 
+/// Asks etcd its version (Maintenance `Status`) until it answers, backing
+/// off, and records whether it answers `keys_only` Ranges from its index
+/// (3.7 and later: no leases).
+async fn learn_etcd_version(
+    storage: Storage,
+    known: Arc<tokio::sync::OnceCell<bool>>,
+    shutdown: CancellationToken,
+) {
+    let mut backoff =
+        crate::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+    loop {
+        if let Ok(v) = storage.etcd_version().await {
+            let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+            let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+            let _ = known.set((major, minor) >= (3, 7));
+            return;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff.step()) => {}
+            _ = shutdown.cancelled() => return,
+        }
+    }
+}
+
 impl Front {
     /// Whether etcd (3.7 and later) leaves the lease out of a `keys_only`
-    /// Range not sorted by value, so a cached one leaves it out too. Asked
-    /// of etcd once; while etcd cannot be asked, 3.6's answer (leases kept).
-    pub(crate) async fn keys_only_from_index(&self) -> bool {
-        let known = self
-            .keys_only_from_index
-            .get_or_try_init(|| async {
-                let v = self.storage.etcd_version().await?;
-                let mut parts = v.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-                let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-                Ok::<bool, crate::storage::StorageError>((major, minor) >= (3, 7))
-            })
-            .await;
-        known.copied().unwrap_or(false)
+    /// Range not sorted by value; `None` until etcd's version is known
+    /// ([`learn_etcd_version`]), when such a Range goes to etcd itself
+    /// rather than wait for it.
+    pub(crate) fn keys_only_from_index(&self) -> Option<bool> {
+        self.keys_only_from_index.get().copied()
     }
 
     /// The cache whose prefix holds all of `[key, range_end)`.
@@ -327,6 +343,12 @@ impl GrpcServer {
             ));
         }
         let upstream = Upstream::new(storage.channel());
+        let keys_only_from_index = Arc::new(tokio::sync::OnceCell::new());
+        tokio::spawn(learn_etcd_version(
+            storage.clone(),
+            Arc::clone(&keys_only_from_index),
+            shutdown.clone(),
+        ));
         let auth = Arc::new(AuthGate::new(upstream.clone()));
         {
             let auth = Arc::clone(&auth);
@@ -351,7 +373,7 @@ impl GrpcServer {
                 coalesce_writes: config.server.coalesce_writes,
                 watchers_cached: AtomicI64::new(0),
                 watchers_forwarded: AtomicI64::new(0),
-                keys_only_from_index: tokio::sync::OnceCell::new(),
+                keys_only_from_index,
             }),
             max_request_bytes: config.grpc_max_request_bytes,
             max_connections: config.server.max_connections,

@@ -36,7 +36,8 @@ pub(crate) fn to_bytes(res: &Resource, obj: &Value) -> Result<Bytes, ApiStatus> 
     let converted;
     let obj = if conversion::converts(&api_version, &res.config.kind) {
         let mut c = obj.clone();
-        conversion::convert_for_storage(&api_version, &res.config.kind, &mut c);
+        conversion::convert_for_storage(&api_version, &res.config.kind, &mut c)
+            .map_err(ApiStatus::bad_request)?;
         converted = c;
         &converted
     } else {

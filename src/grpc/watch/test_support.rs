@@ -63,7 +63,7 @@ pub(super) async fn harness(etcd_buffer: usize, notify_every: Duration) -> Harne
         coalesce_writes: false,
         watchers_cached: AtomicI64::new(0),
         watchers_forwarded: AtomicI64::new(0),
-        keys_only_from_index: tokio::sync::OnceCell::new(),
+        keys_only_from_index: Default::default(),
     });
     let (out_tx, out) = mpsc::channel(OUT_BUFFER);
     let (req_tx, to_etcd) = mpsc::channel(64);
