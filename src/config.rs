@@ -300,8 +300,24 @@ pub struct ResourceConfig {
     /// Field paths usable in fieldSelector and watch routing.
     #[serde(default)]
     pub indexes: Vec<String>,
-    #[serde(default = "default_history_capacity")]
-    pub history_capacity: usize,
+    /// A fixed history of this many events. Unset: the history is sized as
+    /// kube-apiserver sizes its watch cache, by the `history_min_*` and
+    /// `history_max_*` settings (docs/DESIGN.md section 4, "History").
+    #[serde(default)]
+    pub history_capacity: Option<usize>,
+    /// Keep at least this many seconds of events (kube-apiserver: 75).
+    #[serde(default = "default_history_min_seconds")]
+    pub history_min_seconds: u64,
+    /// The history's capacity never goes below this (kube-apiserver: 100) ...
+    #[serde(default = "default_history_min_events")]
+    pub history_min_events: usize,
+    /// ... nor above this (kube-apiserver: 102,400).
+    #[serde(default = "default_history_max_events")]
+    pub history_max_events: usize,
+    /// The history's events never take more than this many wire bytes,
+    /// whatever the other settings say.
+    #[serde(default = "default_history_max_bytes")]
+    pub history_max_bytes: u64,
     /// Optional override of the etcd key prefix for this resource.
     #[serde(default)]
     pub key_prefix: Option<String>,
@@ -319,6 +335,31 @@ pub struct ResourceConfig {
     /// Discovery's `categories` (`kubectl get all`); unset: as `short_names`.
     #[serde(default)]
     pub categories: Option<Vec<String>>,
+}
+
+/// An empty resource with every setting at its default (the fields a file
+/// must give are empty): a base for resources made in code.
+impl Default for ResourceConfig {
+    fn default() -> Self {
+        ResourceConfig {
+            group: String::new(),
+            version: String::new(),
+            kind: String::new(),
+            plural: String::new(),
+            namespaced: false,
+            indexes: Vec::new(),
+            history_capacity: None,
+            history_min_seconds: default_history_min_seconds(),
+            history_min_events: default_history_min_events(),
+            history_max_events: default_history_max_events(),
+            history_max_bytes: default_history_max_bytes(),
+            key_prefix: None,
+            ttl_seconds: None,
+            storage_encoding: StorageEncoding::default(),
+            short_names: None,
+            categories: None,
+        }
+    }
 }
 
 /// Kubernetes' short names and categories of built-in resources, by
@@ -449,8 +490,17 @@ fn default_consistency_check_interval_seconds() -> u64 {
 fn default_watch_progress_notify_interval_ms() -> u64 {
     600_000
 }
-fn default_history_capacity() -> usize {
-    10_000
+fn default_history_min_seconds() -> u64 {
+    75
+}
+fn default_history_min_events() -> usize {
+    100
+}
+fn default_history_max_events() -> usize {
+    100 * 1024
+}
+fn default_history_max_bytes() -> u64 {
+    256 << 20
 }
 
 impl Default for EtcdConfig {
@@ -801,10 +851,31 @@ impl Config {
                     format!("duplicate resource {:?} in group {:?}", r.plural, r.group),
                 ));
             }
-            if r.history_capacity == 0 {
+            if r.history_capacity == Some(0) {
                 return Err(ConfigError::invalid(
                     file,
                     at("history_capacity"),
+                    "must be greater than 0",
+                ));
+            }
+            if r.history_min_events == 0 {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("history_min_events"),
+                    "must be greater than 0",
+                ));
+            }
+            if r.history_max_events < r.history_min_events {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("history_max_events"),
+                    "must not be less than history_min_events",
+                ));
+            }
+            if r.history_max_bytes == 0 {
+                return Err(ConfigError::invalid(
+                    file,
+                    at("history_max_bytes"),
                     "must be greater than 0",
                 ));
             }
@@ -1184,7 +1255,11 @@ indexes = ["spec.nodeName"]
     #[test]
     fn good_config_parses_with_defaults() {
         let cfg = Config::parse(GOOD, "test.toml").unwrap();
-        assert_eq!(cfg.resources[0].history_capacity, 10_000);
+        assert_eq!(cfg.resources[0].history_capacity, None);
+        assert_eq!(cfg.resources[0].history_min_seconds, 75);
+        assert_eq!(cfg.resources[0].history_min_events, 100);
+        assert_eq!(cfg.resources[0].history_max_events, 102_400);
+        assert_eq!(cfg.resources[0].history_max_bytes, 256 << 20);
         assert_eq!(cfg.etcd.prefix, "/registry");
         assert_eq!(cfg.server.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
     }

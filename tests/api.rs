@@ -952,7 +952,7 @@ async fn expired_continue_token_is_410() {
         &common::unique_prefix("expiredcont"),
         |c| {
             for r in &mut c.resources {
-                r.history_capacity = 5;
+                r.history_capacity = Some(5);
             }
         },
         true,
@@ -1611,7 +1611,7 @@ async fn watch_param_spellings_are_served_and_counted_as_watches() {
 async fn watch_from_too_old_rv_gets_410_error_event() {
     let ts = TestServer::start("watch410", |c| {
         for r in &mut c.resources {
-            r.history_capacity = 5;
+            r.history_capacity = Some(5);
         }
     })
     .await;

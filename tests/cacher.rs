@@ -1496,6 +1496,15 @@ async fn cacher_records_prometheus_metrics() {
     let r = read_n(&mut reader, 10).await;
     assert!(matches!(r, Err(CacherError::Expired(_))), "{r:?}");
     drop(reader);
+    // The history holds its last two events: their objects' JSON, and how
+    // long ago the older one came.
+    assert_eq!(scrape("watchcache_history_events", R), 2.0);
+    let bytes = scrape("watchcache_history_bytes", R);
+    assert!(
+        (200.0..4000.0).contains(&bytes),
+        "two pods' JSON, {bytes} bytes"
+    );
+    assert!(scrape("watchcache_history_oldest_age_seconds", R) > 0.0);
     assert_eq!(
         scrape(
             "watchcache_terminated_watchers_total",

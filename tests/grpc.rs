@@ -686,7 +686,7 @@ async fn history_older_than_the_ring_and_compaction_answer_as_etcd() {
     // A ring of 3 events.
     let front = TestFront::start(&ep, &prefix, |cfg| {
         for r in &mut cfg.resources {
-            r.history_capacity = 3;
+            r.history_capacity = Some(3);
         }
     })
     .await;
@@ -788,7 +788,7 @@ async fn a_slow_client_is_canceled_with_compact_revision_when_the_ring_overruns_
     let p = format!("{prefix}/pods/");
     let front = TestFront::start(&ep, &prefix, |cfg| {
         for r in &mut cfg.resources {
-            r.history_capacity = 5;
+            r.history_capacity = Some(5);
         }
     })
     .await;
@@ -1098,7 +1098,7 @@ async fn differential_random_workload_equals_etcd() {
     // all (a smaller one cancels the watches with compact_revision).
     let front = TestFront::start(&ep, &prefix, |cfg| {
         for r in &mut cfg.resources {
-            r.history_capacity = 1000;
+            r.history_capacity = Some(1000);
         }
     })
     .await;

@@ -517,7 +517,7 @@ async fn initial_events_and_replays_larger_than_the_cap_are_not_cut_off() {
     let ts = server_with_own_resource("burst", PLURAL, |c| {
         c.server.watch_max_buffered_bytes = 16 * 1024;
         for r in &mut c.resources {
-            r.history_capacity = 5_000;
+            r.history_capacity = Some(5_000);
         }
     })
     .await;

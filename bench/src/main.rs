@@ -12,6 +12,7 @@
 //! grpc-proxy`; `--compare-grpc` runs both and etcd direct. See
 //! docs/BENCHMARKS.md.
 
+mod burst;
 mod chaos;
 mod check;
 mod codec;
@@ -54,6 +55,11 @@ enum Scenario {
     /// The protobuf codec's cost per object (encode for protobuf clients,
     /// decode of stored values), N objects of each shape; no etcd, no daemon.
     Codec,
+    /// H1: --events writes in --duration seconds while a watcher is away;
+    /// it comes back --reconnect-after seconds after the burst began and
+    /// must get every event (the history keeps at least 75 s of them,
+    /// within its byte budget).
+    Burst,
     /// Faults against etcd and the daemon under load, every stream checked
     /// against etcd's own history (docs/RELIABILITY.md). Exits 1 on a violation.
     Chaos,
@@ -230,6 +236,15 @@ struct Cli {
     /// in kube-apiserver's `k8s\0` envelope, as a real cluster stores them).
     #[arg(long, default_value = JSON, value_parser = [JSON, PROTOBUF], value_name = "MEDIA_TYPE")]
     storage_media_type: String,
+    /// burst: the writes of the burst.
+    #[arg(long, default_value_t = 50_000)]
+    events: usize,
+    /// burst: seconds after the burst began when the watcher comes back.
+    #[arg(long, default_value_t = 60.0)]
+    reconnect_after: f64,
+    /// burst: the daemon's `history_max_bytes` (default: its own, 256 MiB).
+    #[arg(long, value_name = "BYTES")]
+    history_max_bytes: Option<u64>,
     /// Write every figure as JSON to this file.
     #[arg(long, value_name = "FILE")]
     json: Option<PathBuf>,
@@ -282,7 +297,12 @@ fn main() -> Result<()> {
     if cli.rounds > 1 && (cli.scenario != Scenario::Get || cli.compare_secure) {
         bail!("--rounds applies to get, without --compare-secure");
     }
-    if cli.repeat > 1 && matches!(cli.scenario, Scenario::Chaos | Scenario::Codec) {
+    if cli.repeat > 1
+        && matches!(
+            cli.scenario,
+            Scenario::Chaos | Scenario::Codec | Scenario::Burst
+        )
+    {
         bail!("--repeat applies to fanout, list, get, startup and idle");
     }
     if cli.repeat > 1 && cli.plot.is_some() {
@@ -407,6 +427,30 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         return run_chaos(cli, keeper, etcd_endpoint, nofile, started)
             .await
             .map(|()| None);
+    }
+    if cli.scenario == Scenario::Burst {
+        let bin = match &cli.watchcache_bin {
+            Some(p) => p.clone(),
+            None => default_watchcache_bin()?,
+        };
+        let p = burst::BurstParams {
+            events: cli.events,
+            duration_s: cli.duration.unwrap_or(10.0),
+            reconnect_after_s: cli.reconnect_after,
+            size: cli.size,
+            keys: cli.keys.unwrap_or(1000).max(1),
+            writers: cli.writers.max(1),
+            history_max_bytes: cli.history_max_bytes,
+            namespace: cli.namespace.clone(),
+            etcd_prefix: cli.etcd_prefix.clone(),
+        };
+        let mut report = burst::run(&etcd_endpoint, &bin, &p).await?;
+        report["command"] = json!(std::env::args().collect::<Vec<_>>().join(" "));
+        report["started"] = json!(started.to_rfc3339());
+        if let Some(path) = &cli.json {
+            write_report(path, &report)?;
+        }
+        return Ok(Some(report));
     }
     let duration = cli.duration.unwrap_or(10.0);
     let rate = cli.rate.unwrap_or(100.0);
@@ -592,7 +636,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
                     Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
                     Scenario::Startup => scenarios::startup(&ctx, t).await,
                     Scenario::Idle => scenarios::idle(&ctx, t).await,
-                    Scenario::Chaos | Scenario::Codec => {
+                    Scenario::Chaos | Scenario::Codec | Scenario::Burst => {
                         bail!("{:?} runs on its own path", cli.scenario)
                     }
                 };
@@ -849,7 +893,9 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 json!({}),
             )
         }
-        Scenario::Startup | Scenario::Chaos | Scenario::Codec => (json!({}), json!({})),
+        Scenario::Startup | Scenario::Chaos | Scenario::Codec | Scenario::Burst => {
+            (json!({}), json!({}))
+        }
     }
 }
 
@@ -1050,7 +1096,7 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             }),
             json!({}),
         ),
-        Scenario::Chaos | Scenario::Codec => (json!({}), json!({})),
+        Scenario::Chaos | Scenario::Codec | Scenario::Burst => (json!({}), json!({})),
         Scenario::Idle => {
             let pp = num(proxy, &["rss_per_watcher_bytes"]);
             (
@@ -1243,7 +1289,7 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                 &rows,
             );
         }
-        Scenario::Chaos | Scenario::Codec => {}
+        Scenario::Chaos | Scenario::Codec | Scenario::Burst => {}
         Scenario::Idle => {
             let rows: Vec<Vec<String>> = map
                 .iter()

@@ -1,8 +1,13 @@
-//! `History`: the fixed-capacity ring of recent events (docs/DESIGN.md sections 4, 5).
+//! `History`: the ring of recent events (docs/DESIGN.md sections 4, 5).
 //!
 //! The ring is the fan-out medium: watchers are cursors (sequence numbers)
 //! into it, so no per-watcher queue exists. Cursors are by sequence number,
 //! not RV, because the events of one etcd transaction share an RV.
+//!
+//! Its size follows a [`HistoryPolicy`]: a fixed number of events, or, as
+//! kube-apiserver sizes its watch cache, enough events to cover a minimum
+//! age (doubled while the oldest event is younger than that, halved while a
+//! quarter of the ring covers it), always within a byte budget.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, OnceLock};
@@ -175,9 +180,55 @@ pub struct Gone {
     pub oldest_rv: i64,
 }
 
-/// Fixed-capacity ring of events with monotonically increasing sequence numbers.
+/// How many events a [`History`] keeps (docs/DESIGN.md section 4, "History").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HistoryPolicy {
+    /// `Some(n)`: exactly the last `n` events (`resources[].history_capacity`).
+    pub fixed: Option<usize>,
+    /// Keep at least this much time of events, within the event bounds
+    /// (kube-apiserver's eventFreshDuration, 75 s).
+    pub min_age: std::time::Duration,
+    /// The ring's capacity never goes below this (kube-apiserver: 100) ...
+    pub min_events: usize,
+    /// ... nor above this (kube-apiserver: 100 * 1024).
+    pub max_events: usize,
+    /// The retained events' wire bytes never exceed this (the newest event
+    /// is always kept).
+    pub max_bytes: u64,
+}
+
+impl HistoryPolicy {
+    /// kube-apiserver's defaults: 75 s, 100 to 102,400 events; 256 MiB.
+    pub const DEFAULT: HistoryPolicy = HistoryPolicy {
+        fixed: None,
+        min_age: std::time::Duration::from_secs(75),
+        min_events: 100,
+        max_events: 100 * 1024,
+        max_bytes: 256 << 20,
+    };
+
+    fn initial_capacity(&self) -> usize {
+        match self.fixed {
+            Some(n) => n.max(1),
+            None => self.min_events.max(1),
+        }
+    }
+}
+
+/// A fixed ring of `n` events (tests, and `history_capacity`).
+impl From<usize> for HistoryPolicy {
+    fn from(n: usize) -> HistoryPolicy {
+        HistoryPolicy {
+            fixed: Some(n),
+            ..HistoryPolicy::DEFAULT
+        }
+    }
+}
+
+/// Ring of events with monotonically increasing sequence numbers.
 #[derive(Debug)]
 pub struct History {
+    policy: HistoryPolicy,
     capacity: usize,
     ring: VecDeque<Arc<HistoryEvent>>,
     next_seq: u64,
@@ -188,9 +239,11 @@ pub struct History {
 }
 
 impl History {
-    pub fn new(capacity: usize, start_rv: i64) -> History {
-        let capacity = capacity.max(1);
+    pub fn new(policy: impl Into<HistoryPolicy>, start_rv: i64) -> History {
+        let policy = policy.into();
+        let capacity = policy.initial_capacity();
         History {
+            policy,
             capacity,
             ring: VecDeque::with_capacity(capacity.min(1 << 16)),
             next_seq: 0,
@@ -199,8 +252,19 @@ impl History {
         }
     }
 
+    /// The ring's current capacity (the events it keeps when full).
     pub fn capacity(&self) -> usize {
         self.capacity
+    }
+    /// The wire bytes of the retained events.
+    pub fn bytes(&self) -> u64 {
+        self.ring
+            .front()
+            .map_or(0, |e| self.bytes_total - e.bytes_before)
+    }
+    /// When the oldest retained event was received.
+    pub fn oldest_received(&self) -> Option<Instant> {
+        self.ring.front().map(|e| e.received)
     }
     pub fn len(&self) -> usize {
         self.ring.len()
@@ -229,7 +293,8 @@ impl History {
         }
     }
 
-    /// Appends an event, evicting the oldest when full.
+    /// Appends an event, resizing the ring first as the policy says, then
+    /// evicting the oldest events beyond the capacity and the byte budget.
     pub fn push(
         &mut self,
         kind: EventKind,
@@ -239,20 +304,63 @@ impl History {
         rv: i64,
         received: Instant,
     ) -> Arc<HistoryEvent> {
+        self.resize(received);
         let mut ev = HistoryEvent::new(self.next_seq, kind, key, object, prev, rv, received);
         ev.bytes_before = self.bytes_total;
         self.bytes_total += ev.wire_bytes();
         let ev = Arc::new(ev);
         self.next_seq += 1;
         self.ring.push_back(Arc::clone(&ev));
-        while self.ring.len() > self.capacity {
-            if let Some(old) = self.ring.pop_front() {
-                // RVs are non-decreasing in seq order, so every event with a
-                // larger RV is still retained.
-                self.start_rv = self.start_rv.max(old.rv);
-            }
+        while self.ring.len() > self.capacity
+            || (self.ring.len() > 1 && self.bytes() > self.policy.max_bytes)
+        {
+            self.evict_oldest();
         }
         ev
+    }
+
+    fn evict_oldest(&mut self) {
+        if let Some(old) = self.ring.pop_front() {
+            // RVs are non-decreasing in seq order, so every event with a
+            // larger RV is still retained.
+            self.start_rv = self.start_rv.max(old.rv);
+        }
+    }
+
+    /// kube-apiserver's `resizeCacheLocked`, before an event received at
+    /// `now` is added to a full ring: double while the oldest event is
+    /// younger than the minimum age (a burst must not cost watchers their
+    /// place), halve while the newest quarter alone spans more than it.
+    fn resize(&mut self, now: Instant) {
+        if self.policy.fixed.is_some() || self.ring.len() < self.capacity {
+            return;
+        }
+        let age = |e: &HistoryEvent| now.saturating_duration_since(e.received);
+        let max = self.policy.max_events.max(self.policy.min_events).max(1);
+        let min = self.policy.min_events.max(1);
+        if self
+            .ring
+            .front()
+            .is_some_and(|e| age(e) < self.policy.min_age)
+        {
+            self.capacity = (self.capacity.saturating_mul(2)).min(max);
+            return;
+        }
+        let quarter = self.ring.len() - self.capacity / 4;
+        let stale = self
+            .ring
+            .get(quarter.min(self.ring.len().saturating_sub(1)))
+            .is_some_and(|e| age(e) > self.policy.min_age);
+        if stale {
+            let smaller = (self.capacity / 2).max(min);
+            if smaller < self.capacity {
+                self.capacity = smaller;
+                while self.ring.len() >= self.capacity {
+                    self.evict_oldest();
+                }
+                self.ring.shrink_to(self.capacity);
+            }
+        }
     }
 
     /// The event with sequence number `seq`, if retained.
@@ -499,5 +607,116 @@ mod tests {
         assert!(s.starts_with("{\"type\":\"DELETED\""), "{s}");
         assert!(s.contains("\"resourceVersion\":\"9\""), "{s}");
         assert!(ev.added_line().is_none());
+    }
+
+    fn adaptive(min: usize, max: usize, max_bytes: u64) -> HistoryPolicy {
+        HistoryPolicy {
+            fixed: None,
+            min_age: std::time::Duration::from_secs(75),
+            min_events: min,
+            max_events: max,
+            max_bytes,
+        }
+    }
+
+    fn push_at(h: &mut History, rv: i64, at: Instant) {
+        h.push(
+            EventKind::Added,
+            Arc::from(format!("/p/ns/k{rv}")),
+            Some(obj("/p/ns/k", rv)),
+            None,
+            rv,
+            at,
+        );
+    }
+
+    #[test]
+    fn a_burst_doubles_the_ring_up_to_its_bound() {
+        let t0 = Instant::now();
+        let mut h = History::new(adaptive(4, 16, u64::MAX), 0);
+        assert_eq!(h.capacity(), 4);
+        for rv in 1..=10 {
+            push_at(&mut h, rv, t0);
+        }
+        // 4 -> 8 -> 16 as the ring fills within 75 s: nothing evicted yet.
+        assert_eq!((h.capacity(), h.len(), h.start_rv()), (16, 10, 0));
+        for rv in 11..=40 {
+            push_at(&mut h, rv, t0 + std::time::Duration::from_secs(10));
+        }
+        assert_eq!((h.capacity(), h.len()), (16, 16), "never above the bound");
+        assert_eq!(h.start_rv(), 24);
+        assert_eq!(h.seq_after_rv(24), Ok(24));
+    }
+
+    #[test]
+    fn a_ring_whose_quarter_spans_the_age_halves_down_to_its_bound() {
+        let t0 = Instant::now();
+        let secs = std::time::Duration::from_secs;
+        let mut h = History::new(adaptive(4, 16, u64::MAX), 0);
+        for rv in 1..=16 {
+            push_at(&mut h, rv, t0);
+        }
+        assert_eq!(h.capacity(), 16);
+        // Full, and its newest quarter is older than 75 s: halved at once.
+        let mut at = t0 + secs(100);
+        push_at(&mut h, 17, at);
+        assert_eq!((h.capacity(), h.len()), (8, 8));
+        assert_eq!(h.start_rv(), 9, "the oldest events went");
+        // A write every 30 s: four events span more than 75 s.
+        for rv in 18..=30 {
+            at += secs(30);
+            push_at(&mut h, rv, at);
+        }
+        assert_eq!((h.capacity(), h.len()), (4, 4), "never below the bound");
+        // A burst: as soon as the whole ring is younger than 75 s, it
+        // doubles again, and keeps every event of the last 75 s.
+        for rv in 31..=40 {
+            push_at(&mut h, rv, at + secs(1));
+        }
+        assert_eq!(h.capacity(), 16);
+        assert_eq!(h.first_seq(), 27, "rv 28, written 61 s before, is kept");
+    }
+
+    #[test]
+    fn quiet_rings_keep_their_events_whatever_their_age() {
+        let t0 = Instant::now();
+        let mut h = History::new(adaptive(4, 16, u64::MAX), 0);
+        for rv in 1..=3 {
+            push_at(&mut h, rv, t0);
+        }
+        push_at(&mut h, 4, t0 + std::time::Duration::from_secs(3600));
+        assert_eq!((h.capacity(), h.len(), h.start_rv()), (4, 4, 0));
+    }
+
+    #[test]
+    fn the_byte_budget_evicts_whatever_the_age_but_keeps_the_newest() {
+        let t0 = Instant::now();
+        let one = obj("/p/ns/k", 10).wire.len() as u64;
+        let mut h = History::new(adaptive(4, 1024, 3 * one), 0);
+        for rv in 1..=10 {
+            push_at(&mut h, rv, t0);
+        }
+        assert_eq!(h.len(), 3);
+        assert!(h.bytes() <= 3 * one, "{} bytes", h.bytes());
+        assert_eq!(h.bytes_since(h.first_seq()), Ok(h.bytes()));
+        assert_eq!(h.start_rv(), 7);
+        let mut tiny = History::new(adaptive(4, 1024, 1), 0);
+        push_at(&mut tiny, 1, t0);
+        push_at(&mut tiny, 2, t0);
+        assert_eq!(tiny.len(), 1, "the newest event stays, over the budget");
+        assert_eq!(tiny.read_from(1, 10).map(|e| e.len()), Ok(1));
+    }
+
+    #[test]
+    fn a_fixed_ring_ignores_time() {
+        let t0 = Instant::now();
+        let mut h = History::new(4, 0);
+        for rv in 1..=10 {
+            push_at(&mut h, rv, t0);
+        }
+        assert_eq!((h.capacity(), h.len()), (4, 4));
+        push_at(&mut h, 11, t0 + std::time::Duration::from_secs(1000));
+        assert_eq!((h.capacity(), h.len()), (4, 4));
+        assert_eq!(h.oldest_received(), Some(t0));
     }
 }

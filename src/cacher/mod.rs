@@ -277,6 +277,18 @@ impl std::fmt::Debug for Cacher {
     }
 }
 
+/// The history sizing a resource's settings ask for (docs/DESIGN.md
+/// section 4, "History").
+pub fn history_policy(r: &ResourceConfig) -> history::HistoryPolicy {
+    history::HistoryPolicy {
+        fixed: r.history_capacity,
+        min_age: Duration::from_secs(r.history_min_seconds),
+        min_events: r.history_min_events,
+        max_events: r.history_max_events,
+        max_bytes: r.history_max_bytes,
+    }
+}
+
 impl Cacher {
     /// Creates the cacher and spawns its reflector (needs a tokio runtime).
     pub fn start(
@@ -289,7 +301,7 @@ impl Cacher {
         let cache = Arc::new(WatchCache::new(
             Arc::clone(&codec),
             resource.plural.clone(),
-            resource.history_capacity,
+            history_policy(&resource),
         ));
         let progress = Arc::new(Notify::new());
         let relist = Arc::new(Notify::new());

@@ -8,13 +8,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use parking_lot::Mutex;
 use prometheus::core::{Collector, Desc};
 use prometheus::proto::MetricFamily;
-use prometheus::{IntCounterVec, IntGaugeVec, Opts};
+use prometheus::{GaugeVec, IntCounterVec, IntGaugeVec, Opts};
 
 use crate::metrics::ResourceMetrics;
 
@@ -96,6 +96,12 @@ pub struct CacherStats {
     pub resource_version: AtomicI64,
     pub objects: AtomicI64,
     pub history_capacity: AtomicI64,
+    /// The history's retained events and their wire bytes.
+    pub history_events: AtomicI64,
+    pub history_bytes: AtomicI64,
+    /// When the history's oldest event was received: nanoseconds after
+    /// [`clock_base`], plus one; 0 while the history is empty.
+    history_oldest: AtomicU64,
     /// Consistency checks by result: match, mismatch, error.
     pub consistency_checks: [AtomicU64; 3],
     /// Unix time (seconds) of the last check that matched; 0: none yet.
@@ -127,6 +133,9 @@ impl CacherStats {
             resource_version: AtomicI64::new(0),
             objects: AtomicI64::new(0),
             history_capacity: AtomicI64::new(history_capacity as i64),
+            history_events: AtomicI64::new(0),
+            history_bytes: AtomicI64::new(0),
+            history_oldest: AtomicU64::new(0),
             consistency_checks: Default::default(),
             last_consistent: AtomicI64::new(0),
             prom: crate::metrics::metrics().for_resource(resource),
@@ -217,6 +226,41 @@ impl CacherStats {
     pub fn consistency_mismatches(&self) -> u64 {
         self.consistency_checks[CheckResult::Mismatch as usize].load(Ordering::Relaxed)
     }
+    /// The history's size after a change: its capacity, events, wire bytes
+    /// and when its oldest event was received.
+    pub(crate) fn history(
+        &self,
+        capacity: usize,
+        events: usize,
+        bytes: u64,
+        oldest: Option<std::time::Instant>,
+    ) {
+        let clamp = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+        self.history_capacity
+            .store(clamp(capacity as u64), Ordering::Relaxed);
+        self.history_events
+            .store(clamp(events as u64), Ordering::Relaxed);
+        self.history_bytes.store(clamp(bytes), Ordering::Relaxed);
+        let oldest = oldest.map_or(0, |t| {
+            let ns = t.saturating_duration_since(clock_base()).as_nanos();
+            u64::try_from(ns).unwrap_or(u64::MAX - 1) + 1
+        });
+        self.history_oldest.store(oldest, Ordering::Relaxed);
+    }
+
+    /// Seconds since the history's oldest event was received (0: empty).
+    pub fn history_oldest_age_seconds(&self) -> f64 {
+        match self.history_oldest.load(Ordering::Relaxed) {
+            0 => 0.0,
+            ns => {
+                let at = clock_base() + std::time::Duration::from_nanos(ns - 1);
+                std::time::Instant::now()
+                    .saturating_duration_since(at)
+                    .as_secs_f64()
+            }
+        }
+    }
+
     pub(crate) fn published(&self, rv: i64, objects: usize) {
         self.resource_version.store(rv, Ordering::Relaxed);
         self.objects.store(objects as i64, Ordering::Relaxed);
@@ -254,11 +298,10 @@ impl CacherStats {
     }
 }
 
-impl Drop for CacherStats {
-    fn drop(&mut self) {
-        // Keep the process's counters monotonic when a cacher goes away.
-        collector().retire(self);
-    }
+/// The process's reference instant for the history's age gauge.
+fn clock_base() -> std::time::Instant {
+    static BASE: OnceLock<std::time::Instant> = OnceLock::new();
+    *BASE.get_or_init(std::time::Instant::now)
 }
 
 // Counter metrics exported from the atomics: (name, help, extra label).
@@ -342,7 +385,9 @@ const G_RV: usize = 1;
 const G_OBJECTS: usize = 2;
 const G_CAPACITY: usize = 3;
 const G_LAST_MATCH: usize = 4;
-const GAUGES: [(&str, &str); 5] = [
+const G_HISTORY_EVENTS: usize = 5;
+const G_HISTORY_BYTES: usize = 6;
+const GAUGES: [(&str, &str); 7] = [
     ("watchcache_watchers", "Open watchers."),
     (
         "watchcache_resource_version",
@@ -351,11 +396,19 @@ const GAUGES: [(&str, &str); 5] = [
     ("watchcache_objects", "Objects in the cache."),
     (
         "watchcache_history_capacity",
-        "Capacity of the event history ring.",
+        "Capacity of the event history ring (fixed, or sized by age and bytes).",
     ),
     (
         "watchcache_consistency_last_match_timestamp_seconds",
         "Unix time of the last consistency check that found the cache equal to etcd (0: none yet).",
+    ),
+    (
+        "watchcache_history_events",
+        "Events retained in the history.",
+    ),
+    (
+        "watchcache_history_bytes",
+        "Wire bytes (JSON) of the events retained in the history.",
     ),
 ];
 
@@ -366,12 +419,19 @@ pub(crate) struct StatsCollector {
     inner: Mutex<CollectorState>,
 }
 
+/// The collector holds every cacher's stats itself, so that no drop of a
+/// [`CacherStats`] runs while a scrape holds the lock (a `Drop` that took
+/// this lock deadlocked a scrape that had upgraded the last reference).
+/// Stats only the collector still holds belong to cachers that went away:
+/// their counters are folded into `retired`, under the lock, so the
+/// process's counters stay monotonic.
 struct CollectorState {
-    live: Vec<Weak<CacherStats>>,
+    live: Vec<Arc<CacherStats>>,
     /// Counter totals of dropped cachers: (metric, resource, label) -> value.
     retired: BTreeMap<(usize, String, &'static str), u64>,
     counters: Vec<IntCounterVec>,
     gauges: Vec<IntGaugeVec>,
+    oldest_age: GaugeVec,
 }
 
 fn collector() -> &'static StatsCollector {
@@ -414,10 +474,19 @@ impl StatsCollector {
                     .expect("valid metric definition")
             })
             .collect();
+        let oldest_age = GaugeVec::new(
+            Opts::new(
+                "watchcache_history_oldest_age_seconds",
+                "Seconds since the history's oldest retained event was received (0: empty).",
+            ),
+            &["resource"],
+        )
+        .expect("valid metric definition");
         let descs = counters
             .iter()
             .flat_map(|c| c.desc().into_iter().cloned())
             .chain(gauges.iter().flat_map(|g| g.desc().into_iter().cloned()))
+            .chain(oldest_age.desc().into_iter().cloned())
             .collect();
         StatsCollector {
             descs,
@@ -426,34 +495,27 @@ impl StatsCollector {
                 retired: BTreeMap::new(),
                 counters,
                 gauges,
+                oldest_age,
             }),
         }
     }
 
     fn add(&self, stats: &Arc<CacherStats>) {
         let mut st = self.inner.lock();
-        st.live.retain(|w| w.strong_count() > 0);
-        st.live.push(Arc::downgrade(stats));
-    }
-
-    fn retire(&self, stats: &CacherStats) {
-        let mut st = self.inner.lock();
-        for (m, label, v) in stats.counters() {
-            *st.retired
-                .entry((m, stats.resource.clone(), label))
-                .or_default() += v;
-        }
-        st.live.retain(|w| w.strong_count() > 0);
+        st.retire_unheld();
+        st.live.push(Arc::clone(stats));
     }
 
     fn collect(&self) -> Vec<MetricFamily> {
         let st = &mut *self.inner.lock();
+        st.retire_unheld();
         for c in &st.counters {
             c.reset();
         }
         for g in &st.gauges {
             g.reset();
         }
+        st.oldest_age.reset();
         let inc = |counters: &[IntCounterVec], m: usize, resource: &str, label: &str, v: u64| {
             let c = if COUNTERS[m].2.is_some() {
                 counters[m].with_label_values(&[resource, label])
@@ -465,7 +527,7 @@ impl StatsCollector {
         for ((m, resource, label), v) in &st.retired {
             inc(&st.counters, *m, resource, label, *v);
         }
-        for s in st.live.iter().filter_map(Weak::upgrade) {
+        for s in &st.live {
             let r = s.resource.as_str();
             for (m, label, v) in s.counters() {
                 inc(&st.counters, m, r, label, v);
@@ -486,12 +548,39 @@ impl StatsCollector {
                 .set(l(&s.history_capacity));
             let last = st.gauges[G_LAST_MATCH].with_label_values(&[r]);
             last.set(last.get().max(l(&s.last_consistent)));
+            st.gauges[G_HISTORY_EVENTS]
+                .with_label_values(&[r])
+                .set(l(&s.history_events));
+            st.gauges[G_HISTORY_BYTES]
+                .with_label_values(&[r])
+                .set(l(&s.history_bytes));
+            let age = st.oldest_age.with_label_values(&[r]);
+            age.set(age.get().max(s.history_oldest_age_seconds()));
         }
         st.counters
             .iter()
             .flat_map(|c| c.collect())
             .chain(st.gauges.iter().flat_map(|g| g.collect()))
+            .chain(st.oldest_age.collect())
             .collect()
+    }
+}
+
+impl CollectorState {
+    /// Folds the counters of stats nobody but the collector holds into
+    /// `retired` and lets them go. Called under the lock; dropping a
+    /// `CacherStats` runs no code of this module.
+    fn retire_unheld(&mut self) {
+        let retired = &mut self.retired;
+        self.live.retain(|s| {
+            if Arc::strong_count(s) > 1 {
+                return true;
+            }
+            for (m, label, v) in s.counters() {
+                *retired.entry((m, s.resource.clone(), label)).or_default() += v;
+            }
+            false
+        });
     }
 }
 
@@ -524,6 +613,40 @@ mod tests {
         assert!(
             text.contains("watchcache_events_received_total{resource=\"stats-test-widgets\"} 3"),
             "a dropped cacher's counters stay counted"
+        );
+    }
+
+    /// A scrape racing cachers coming and going: once it deadlocked when a
+    /// scrape dropped the last reference to a stopped cacher's stats. Every
+    /// counter stays counted, live or retired.
+    #[test]
+    fn scrapes_race_stats_coming_and_going() {
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            let churn = std::thread::spawn(|| {
+                for _ in 0..20_000 {
+                    let s = CacherStats::new("stats-race-widgets", 1);
+                    s.received(1);
+                    drop(s);
+                }
+            });
+            let mut scrapes = 0u32;
+            while !churn.is_finished() || scrapes < 20_000 {
+                let _ = collector().collect();
+                scrapes += 1;
+            }
+            let churned = churn.join().is_ok();
+            let _ = done_tx.send(churned);
+        });
+        let finished = done_rx.recv_timeout(std::time::Duration::from_secs(60));
+        assert_eq!(finished, Ok(true), "scrapes and stats churn finished");
+        assert!(worker.join().is_ok());
+        let text = crate::metrics::gather();
+        assert!(
+            text.contains(
+                "watchcache_events_received_total{resource=\"stats-race-widgets\"} 20000"
+            ),
+            "every dropped cacher's events stay counted"
         );
     }
 }

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::history::{EventKind, Events, Gone, History, HistoryEvent};
+use super::history::{EventKind, Events, Gone, History, HistoryEvent, HistoryPolicy};
 use super::indexed_watchers::{IndexedWatchers, Route};
 use super::snapshot::{IndexKey, Snapshot};
 use super::stats::CacherStats;
@@ -87,9 +87,14 @@ impl std::fmt::Debug for WatchCache {
 }
 
 impl WatchCache {
-    pub fn new(codec: Arc<ObjectCodec>, resource: String, history_capacity: usize) -> WatchCache {
+    pub fn new(
+        codec: Arc<ObjectCodec>,
+        resource: String,
+        history: impl Into<HistoryPolicy>,
+    ) -> WatchCache {
         let index_paths = codec.index_paths().to_vec();
-        let stats = CacherStats::new(&resource, history_capacity);
+        let history = History::new(history, 0);
+        let stats = CacherStats::new(&resource, history.capacity());
         WatchCache {
             codec,
             resource,
@@ -97,7 +102,7 @@ impl WatchCache {
             apply_lock: Mutex::new(()),
             current: ArcSwap::from_pointee(Snapshot::empty(0, 0)),
             recent: Mutex::new(VecDeque::new()),
-            history: RwLock::new(History::new(history_capacity, 0)),
+            history: RwLock::new(history),
             rv_tx: watch::Sender::new(0),
             ready_tx: watch::Sender::new(false),
             ready: AtomicBool::new(false),
@@ -319,7 +324,11 @@ impl WatchCache {
         let next_seq = hist.next_seq();
         let first_seq = hist.first_seq();
         let start_rv = hist.start_rv();
+        let (capacity, len, bytes) = (hist.capacity(), hist.len(), hist.bytes());
+        let oldest = hist.oldest_received();
         drop(hist);
+        self.stats
+            .history(capacity, len, bytes, oldest.map(Instant::into_std));
         snap.rv = snap.rv.max(rv);
         snap.next_seq = next_seq;
 

@@ -321,7 +321,7 @@ impl GrpcServer {
         for r in &config.resources {
             let p = r.key_prefix(&config.etcd.prefix);
             if !prefixes.iter().any(|(q, _)| *q == p) {
-                prefixes.push((p, r.history_capacity));
+                prefixes.push((p, r.history_capacity.unwrap_or(10_000)));
             }
         }
         let caches: Vec<Arc<KvCache>> = prefixes

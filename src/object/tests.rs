@@ -13,12 +13,13 @@ pub(crate) fn resource(namespaced: bool, indexes: &[&str]) -> ResourceConfig {
         plural: "pods".into(),
         namespaced,
         indexes: indexes.iter().map(|s| s.to_string()).collect(),
-        history_capacity: 100,
+        history_capacity: Some(100),
         key_prefix: None,
         ttl_seconds: None,
         storage_encoding: Default::default(),
         short_names: None,
         categories: None,
+        ..Default::default()
     }
 }
 

@@ -106,12 +106,13 @@ pub fn pods_resource(history_capacity: usize) -> ResourceConfig {
         plural: "pods".into(),
         namespaced: true,
         indexes: vec!["spec.nodeName".into()],
-        history_capacity,
+        history_capacity: Some(history_capacity),
         key_prefix: None,
         ttl_seconds: None,
         storage_encoding: Default::default(),
         short_names: None,
         categories: None,
+        ..Default::default()
     }
 }
 

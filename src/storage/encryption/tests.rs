@@ -45,12 +45,13 @@ fn resource(group: &str, plural: &str) -> ResourceConfig {
         plural: plural.into(),
         namespaced: true,
         indexes: vec![],
-        history_capacity: 10,
+        history_capacity: Some(10),
         key_prefix: None,
         ttl_seconds: None,
         storage_encoding: Default::default(),
         short_names: None,
         categories: None,
+        ..Default::default()
     }
 }
 
