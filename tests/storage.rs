@@ -1148,3 +1148,46 @@ async fn list_pages_larger_than_4_mib_are_read() {
     assert_eq!(page.items.len(), 6);
     assert!(page.items.iter().map(|o| o.value.len()).sum::<usize>() > 5 * 1024 * 1024);
 }
+
+/// The caches watch etcd without `prev_kv` (they hold every previous value
+/// themselves; etcd's look-up of it is a large part of its cost per event):
+/// a raw watch carries previous values only when asked for them.
+#[tokio::test]
+async fn raw_watch_asks_for_prev_kv_only_when_told() {
+    use watchcache::storage::RawWatchItem;
+    let (s, prefix) = shared("rawprev").await;
+    let key = format!("{prefix}/k");
+    let mut etcd = raw_client(common::etcd()).await;
+    let first = etcd
+        .put(key.as_str(), "one", None)
+        .await
+        .expect("put")
+        .header()
+        .expect("header")
+        .revision();
+    etcd.put(key.as_str(), "two", None).await.expect("put");
+    let end = format!("{prefix}0");
+    for with_prev in [false, true] {
+        let mut w = s
+            .watch_raw(key.as_bytes(), end.as_bytes(), first + 1, with_prev)
+            .await
+            .expect("watch");
+        let events = loop {
+            match tokio::time::timeout(Duration::from_secs(10), w.next())
+                .await
+                .expect("an event within 10 s")
+                .expect("watch item")
+            {
+                RawWatchItem::Events { events, .. } => break events,
+                RawWatchItem::Progress { .. } => continue,
+            }
+        };
+        assert_eq!(events.len(), 1);
+        let prev = events[0].prev_kv.as_ref().map(|kv| kv.value.clone());
+        if with_prev {
+            assert_eq!(prev, Some(b"one".to_vec()));
+        } else {
+            assert_eq!(prev, None, "no prev_kv unless asked for");
+        }
+    }
+}

@@ -7,11 +7,12 @@
 //! `mod_revision` and `prev_kv`. So this cache keeps etcd's own `KeyValue`s:
 //! a persistent ordered map (key -> KeyValue) per revision for Range, and a
 //! fixed-capacity ring of events (with prev_kv) that watchers read through a
-//! cursor at their own pace.
+//! cursor at their own pace. An event's prev_kv is the map's entry for its
+//! key: etcd is not asked for it (docs/DESIGN.md section 3).
 //!
 //! It is fed like the [`crate::cacher::Reflector`]: list in pages at one
-//! revision, then one etcd watch from the next revision (prev_kv, progress
-//! notify), resumed with backoff when it breaks; when etcd compacted past
+//! revision, then one etcd watch from the next revision (progress notify,
+//! no prev_kv), resumed with backoff when it breaks; when etcd compacted past
 //! it, the cache relists and starts a new epoch (watchers of the old one are
 //! canceled with `compact_revision`, as etcd does). One etcd watch per
 //! prefix, however many clients.
@@ -498,7 +499,7 @@ impl KvCache {
         let from = self.revision() + 1;
         let mut w = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
-            w = storage.watch_raw(&self.prefix, &self.range_end, from) => w?,
+            w = storage.watch_raw(&self.prefix, &self.range_end, from, false) => w?,
         };
         debug!(from, "raw cache watching");
         let mut last_msg = Instant::now();
@@ -571,13 +572,9 @@ impl KvCache {
                     push_snapshot(&mut s, map_rev, map.clone(), self.capacity);
                 }
                 map_rev = rev;
-                // etcd's prev_kv is the map's entry: share it when they agree.
-                let prev_kv = ev.prev_kv.map(|p| {
-                    map.get(kv.key.as_slice())
-                        .filter(|m| m.mod_revision == p.mod_revision)
-                        .cloned()
-                        .unwrap_or_else(|| Arc::new(p))
-                });
+                // The key's previous value is the map's entry (the cache holds
+                // the whole range); etcd's prev_kv, if it sent one, is the same.
+                let prev_kv = map.get(kv.key.as_slice()).cloned();
                 let kv = Arc::new(kv);
                 if ev.r#type == DELETE {
                     map.remove(kv.key.as_slice());

@@ -1,6 +1,10 @@
 //! `Storage::watch`: the etcd3 watch protocol, after Kubernetes' etcd3
 //! `watcher`: one etcd watch stream over a key prefix from a given revision,
-//! with previous values and progress notifications, turned into typed items.
+//! with progress notifications, turned into typed items.
+//!
+//! The caches do not ask etcd for `prev_kv`: each holds the previous value of
+//! every key it watches, and etcd's look-up of previous values is a large
+//! part of its cost per watch event (docs/DESIGN.md section 3).
 //!
 //! What the stream means is decided here, once: the creation response says
 //! nothing about delivered events and is skipped; an empty response is a
@@ -81,12 +85,17 @@ impl std::fmt::Debug for Watch {
 
 impl Storage {
     /// Watches every key under `prefix` from `from_revision` on (the first
-    /// revision delivered; etcd's `start_revision`), with previous values and
-    /// progress notifications. Opening the stream is bounded by the request
+    /// revision delivered; etcd's `start_revision`), with progress
+    /// notifications and without previous values. Opening the stream is bounded by the request
     /// deadline; the stream itself is not.
     pub async fn watch(&self, prefix: &str, from_revision: i64) -> Result<Watch, StorageError> {
         let raw = self
-            .watch_raw(prefix.as_bytes(), &prefix_range_end(prefix), from_revision)
+            .watch_raw(
+                prefix.as_bytes(),
+                &prefix_range_end(prefix),
+                from_revision,
+                false,
+            )
             .await?;
         Ok(Watch {
             raw,
@@ -155,7 +164,8 @@ impl Watch {
 #[derive(Debug, Clone, PartialEq)]
 pub enum RawWatchItem {
     /// The events of one etcd watch response (one or more revisions, in
-    /// order, each with its `prev_kv`); `revision` is the highest of them.
+    /// order, each with its `prev_kv` when asked for); `revision` is the
+    /// highest of them.
     Events {
         header: PbResponseHeader,
         events: Vec<PbEvent>,
@@ -170,7 +180,7 @@ pub enum RawWatchItem {
 
 /// An open etcd watch stream over one key range, yielding etcd's events
 /// untouched: the exact stored bytes (no [`Transformer`]), `version`,
-/// `lease` and `prev_kv`, for keys that need not be UTF-8. Same protocol
+/// `lease` and, when asked for, `prev_kv`, for keys that need not be UTF-8. Same protocol
 /// decisions as [`Watch`] (creation skipped, empty = progress, compaction =
 /// [`StorageError::Compacted`]).
 pub struct RawWatch {
@@ -188,20 +198,24 @@ impl std::fmt::Debug for RawWatch {
 }
 
 impl Storage {
-    /// Watches `[key, range_end)` from `from_revision` on, with previous
-    /// values and progress notifications, without the transformer. Opening
-    /// the stream is bounded by the request deadline; the stream is not.
+    /// Watches `[key, range_end)` from `from_revision` on, with progress
+    /// notifications (and previous values when `prev_kv`), without the
+    /// transformer. Opening the stream is bounded by the request deadline;
+    /// the stream is not.
     pub async fn watch_raw(
         &self,
         key: &[u8],
         range_end: &[u8],
         from_revision: i64,
+        prev_kv: bool,
     ) -> Result<RawWatch, StorageError> {
-        let opts = WatchOptions::new()
+        let mut opts = WatchOptions::new()
             .with_range(range_end.to_vec())
             .with_start_revision(from_revision)
-            .with_prev_key()
             .with_progress_notify();
+        if prev_kv {
+            opts = opts.with_prev_key();
+        }
         let mut client = self.watch_client();
         let stream = match tokio::time::timeout(
             self.request_timeout,
