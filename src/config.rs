@@ -401,7 +401,55 @@ const BUILT_IN_DISCOVERY: &[(&str, &str, &[&str], &[&str])] = &[
         "apiextensions.k8s.io",
         "customresourcedefinitions",
         &["crd", "crds"],
+        &["api-extensions"],
+    ),
+    (
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        &["csr"],
         &[],
+    ),
+    (
+        "apiregistration.k8s.io",
+        "apiservices",
+        &[],
+        &["api-extensions"],
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        &[],
+        &["api-extensions"],
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        &[],
+        &["api-extensions"],
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicies",
+        &[],
+        &["api-extensions"],
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "validatingadmissionpolicybindings",
+        &[],
+        &["api-extensions"],
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingadmissionpolicies",
+        &[],
+        &["api-extensions"],
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "mutatingadmissionpolicybindings",
+        &[],
+        &["api-extensions"],
     ),
 ];
 

@@ -762,6 +762,7 @@ async fn oracle(version: &str) {
         o.compare_json("pods", &p, &p).await;
     }
 
+    aggregated_discovery(&mut o).await;
     writes_through_watchcache(&mut o, &etcd.endpoint()).await;
     watches_from_the_same_revision(&mut o).await;
     manifests_pass_server_dry_run(&o.kube);
@@ -834,6 +835,211 @@ impl Oracle {
         let resource = format!("{resource}:write");
         self.compare_json(&resource, path, path).await;
         self.compare_protobuf(&resource, path, path).await;
+    }
+}
+
+/// kubectl's discovery `Accept` (aggregated v2 first, then the legacy form).
+const AGGREGATED: &str =
+    "application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList,application/json";
+
+/// A GET with headers to one of the servers: (status, headers, body).
+async fn get_with(
+    http: &reqwest::Client,
+    url: String,
+    headers: &[(&str, &str)],
+) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+    let mut req = http.get(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let r = req.send().await.expect("GET");
+    let (code, h) = (r.status().as_u16(), r.headers().clone());
+    (code, h, r.bytes().await.expect("body").to_vec())
+}
+
+/// kube-apiserver's ETag rule: the SHA-512 of the list's items without type
+/// meta, as Go marshals them (the served JSON's key order).
+fn discovery_etag(body: &Value) -> String {
+    use sha2::Digest;
+    let bytes =
+        serde_json::to_vec(&json!({"metadata": {}, "items": body["items"]})).expect("serializes");
+    let hex: String = sha2::Sha512::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02X}"))
+        .collect();
+    format!("\"{hex}\"")
+}
+
+/// Aggregated discovery (`apidiscovery.k8s.io/v2`) on `/api` and `/apis`:
+/// the same groups in the same order, the same versions in order, each
+/// resource watchcache serves described as kube-apiserver describes it;
+/// the same headers, ETag rule, 304 on `If-None-Match` and 406 for v2beta1
+/// alone. Recorded as resource `discovery`, paths
+/// `/{api|apis}/{group}/{version}/{resource}/...`.
+async fn aggregated_discovery(o: &mut Oracle) {
+    for root in ["api", "apis"] {
+        let path = format!("/{root}");
+        let (wc_code, wc_h, wc_body) =
+            get_with(&o.http, o.watchcache.url(&path), &[("accept", AGGREGATED)]).await;
+        let (k_code, k_h, k_body) =
+            get_with(&o.kube.http, o.kube.url(&path), &[("accept", AGGREGATED)]).await;
+        let mut diffs = Vec::new();
+        if (wc_code, k_code) != (200, 200) {
+            diffs.push((
+                format!("/{root}/code"),
+                format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+            ));
+        }
+        for h in ["content-type", "vary", "cache-control"] {
+            if wc_h.get(h) != k_h.get(h) {
+                diffs.push((
+                    format!("/{root}/header/{h}"),
+                    format!(
+                        "watchcache {:?}, kube-apiserver {:?}",
+                        wc_h.get(h),
+                        k_h.get(h)
+                    ),
+                ));
+            }
+        }
+        let w: Value = serde_json::from_slice(&wc_body).unwrap_or(Value::Null);
+        let k: Value = serde_json::from_slice(&k_body).unwrap_or(Value::Null);
+        for (who, body, h) in [("watchcache", &w, &wc_h), ("kube-apiserver", &k, &k_h)] {
+            let etag = h.get("etag").and_then(|v| v.to_str().ok()).unwrap_or("");
+            if etag != discovery_etag(body) {
+                diffs.push((
+                    format!("/{root}/header/etag"),
+                    format!("{who}'s ETag {etag} is not the SHA-512 of its document"),
+                ));
+            }
+        }
+        for key in ["kind", "apiVersion", "metadata"] {
+            diff(&format!("/{root}/{key}"), &w[key], &k[key], &mut diffs);
+        }
+        let group_name = |g: &Value| g["metadata"]["name"].as_str().unwrap_or("").to_string();
+        let empty = Vec::new();
+        let wg = w["items"].as_array().unwrap_or(&empty);
+        let kg = k["items"].as_array().unwrap_or(&empty);
+        let served: Vec<String> = wg.iter().map(group_name).collect();
+        let kube_order: Vec<String> = kg
+            .iter()
+            .map(group_name)
+            .filter(|n| served.contains(n))
+            .collect();
+        if served != kube_order {
+            diffs.push((
+                format!("/{root}/order"),
+                format!("watchcache {served:?}, kube-apiserver {kube_order:?}"),
+            ));
+        }
+        for g in wg {
+            let name = group_name(g);
+            let Some(kgroup) = kg.iter().find(|x| group_name(x) == name) else {
+                diffs.push((
+                    format!("/{root}/{name}"),
+                    "not served by kube-apiserver".into(),
+                ));
+                continue;
+            };
+            diff(
+                &format!("/{root}/{name}/metadata"),
+                &g["metadata"],
+                &kgroup["metadata"],
+                &mut diffs,
+            );
+            let versions =
+                |x: &Value| -> Vec<Value> { x["versions"].as_array().cloned().unwrap_or_default() };
+            let (wv, kv) = (versions(g), versions(kgroup));
+            let wnames: Vec<&Value> = wv.iter().map(|v| &v["version"]).collect();
+            let knames: Vec<&Value> = kv
+                .iter()
+                .map(|v| &v["version"])
+                .filter(|v| wnames.contains(v))
+                .collect();
+            if wnames != knames {
+                diffs.push((
+                    format!("/{root}/{name}/versions"),
+                    format!("watchcache {wnames:?}, kube-apiserver {knames:?}"),
+                ));
+            }
+            for v in &wv {
+                let ver = v["version"].as_str().unwrap_or("");
+                let Some(kver) = kv.iter().find(|x| x["version"] == v["version"]) else {
+                    continue;
+                };
+                diff(
+                    &format!("/{root}/{name}/{ver}/freshness"),
+                    &v["freshness"],
+                    &kver["freshness"],
+                    &mut diffs,
+                );
+                let rs = |x: &Value| x["resources"].as_array().cloned().unwrap_or_default();
+                let (wr, kr) = (rs(v), rs(kver));
+                for r in &wr {
+                    let res = r["resource"].as_str().unwrap_or("");
+                    let p = format!("/{root}/{name}/{ver}/{res}");
+                    match kr.iter().find(|x| x["resource"] == r["resource"]) {
+                        Some(x) => diff(&p, r, x, &mut diffs),
+                        None => diffs.push((p, "not served by kube-apiserver".into())),
+                    }
+                }
+                let wnames: Vec<&Value> = wr.iter().map(|r| &r["resource"]).collect();
+                let knames: Vec<&Value> = kr
+                    .iter()
+                    .map(|r| &r["resource"])
+                    .filter(|r| wnames.contains(r))
+                    .collect();
+                if wnames != knames {
+                    diffs.push((
+                        format!("/{root}/{name}/{ver}/order"),
+                        format!("watchcache {wnames:?}, kube-apiserver {knames:?}"),
+                    ));
+                }
+            }
+        }
+        // A client's cached copy: 304 from both with the ETag each sent.
+        for (who, http, url, h) in [
+            ("watchcache", &o.http, o.watchcache.url(&path), &wc_h),
+            ("kube-apiserver", &o.kube.http, o.kube.url(&path), &k_h),
+        ] {
+            let etag = h
+                .get("etag")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("none");
+            let (code, _, body) = get_with(
+                http,
+                url,
+                &[("accept", AGGREGATED), ("if-none-match", etag)],
+            )
+            .await;
+            if code != 304 || !body.is_empty() {
+                diffs.push((
+                    format!("/{root}/if-none-match"),
+                    format!("{who}: {code}, {} bytes", body.len()),
+                ));
+            }
+        }
+        // v2beta1 alone: removed in 1.33, 406 from both with the same Status.
+        let beta = [(
+            "accept",
+            "application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList",
+        )];
+        let (wc_code, _, wc_body) = get_with(&o.http, o.watchcache.url(&path), &beta).await;
+        let (k_code, _, k_body) = get_with(&o.kube.http, o.kube.url(&path), &beta).await;
+        if wc_code != k_code {
+            diffs.push((
+                format!("/{root}/v2beta1/code"),
+                format!("watchcache {wc_code}, kube-apiserver {k_code}"),
+            ));
+        }
+        let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null);
+        diff(
+            &format!("/{root}/v2beta1"),
+            &parse(&wc_body),
+            &parse(&k_body),
+            &mut diffs,
+        );
+        o.record("discovery", "aggregated discovery", diffs);
     }
 }
 

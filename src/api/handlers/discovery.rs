@@ -6,12 +6,15 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
+use hyper::header::{ACCEPT, CACHE_CONTROL, ETAG, HeaderMap, IF_NONE_MATCH, VARY};
 use hyper::{Method, Response};
 
+use super::aggregated_discovery;
 use super::target::not_found_path;
 use crate::api::request::RequestInfo;
+use crate::api::request::negotiation::{DiscoveryFormat, discovery_format};
 use crate::api::response::Body;
-use crate::api::response::writers::json_value;
+use crate::api::response::writers::{full, json_value, response};
 use crate::api::state::State;
 use crate::api::status::ApiStatus;
 use crate::config::ResourceConfig;
@@ -255,12 +258,66 @@ pub fn openapi_v3_group_version(resources: &[ResourceConfig], gv_path: &str) -> 
     }))
 }
 
-/// The non-resource paths: discovery and OpenAPI documents.
+/// `/api` or `/apis` in the form the `Accept` header negotiates: the
+/// legacy document, or aggregated discovery with kube-apiserver's ETag,
+/// `Vary` and `Cache-Control` (a matching `If-None-Match` is 304).
+fn root(
+    resources: &[ResourceConfig],
+    core: bool,
+    headers: &HeaderMap,
+) -> Result<Response<Body>, ApiStatus> {
+    let accept = headers.get(ACCEPT).and_then(|v| v.to_str().ok());
+    match discovery_format(accept) {
+        DiscoveryFormat::Legacy if core => Ok(json_value(200, &core_versions(resources))),
+        DiscoveryFormat::Legacy => Ok(json_value(200, &group_list(resources))),
+        DiscoveryFormat::NotAcceptable => Err(ApiStatus::new(
+            406,
+            "NotAcceptable",
+            "only the following media types are accepted: application/json, application/yaml, application/vnd.kubernetes.protobuf",
+        )),
+        DiscoveryFormat::AggregatedV2 => {
+            let reviews: Vec<_> = review_groups(resources)
+                .into_iter()
+                .flat_map(|(g, v)| {
+                    super::reviews::REVIEW_RESOURCES
+                        .iter()
+                        .filter(move |r| r.0 == g && r.1 == v)
+                        .copied()
+                })
+                .collect();
+            let doc = aggregated_discovery::document(resources, core, &reviews);
+            let etag = doc.etag();
+            let cached = headers
+                .get(IF_NONE_MATCH)
+                .is_some_and(|v| v.as_bytes() == etag.as_bytes());
+            let mut resp = if cached {
+                response(304, aggregated_discovery::CONTENT_TYPE, full(Vec::new()))
+            } else {
+                response(200, aggregated_discovery::CONTENT_TYPE, full(doc.to_body()))
+            };
+            let h = resp.headers_mut();
+            if let Ok(v) = etag.parse() {
+                h.insert(ETAG, v);
+            }
+            h.insert(VARY, hyper::header::HeaderValue::from_static("Accept"));
+            h.insert(
+                CACHE_CONTROL,
+                hyper::header::HeaderValue::from_static("public"),
+            );
+            if cached {
+                h.remove(hyper::header::CONTENT_TYPE);
+            }
+            Ok(resp)
+        }
+    }
+}
+
 /// Answers a non-resource path: the discovery and OpenAPI documents.
 pub(crate) fn serve(
     state: &State,
     info: &RequestInfo,
     method: &Method,
+    headers: &HeaderMap,
 ) -> Result<Response<Body>, ApiStatus> {
     let path = info.path();
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
@@ -272,11 +329,11 @@ pub(crate) fn serve(
         }
         ["api"] => {
             get_only(method, path)?;
-            Ok(json_value(200, &core_versions(resources)))
+            root(resources, true, headers)
         }
         ["apis"] => {
             get_only(method, path)?;
-            Ok(json_value(200, &group_list(resources)))
+            root(resources, false, headers)
         }
         ["api", version] => {
             get_only(method, path)?;

@@ -5,6 +5,7 @@
 //! shares; discovery, the self reviews and the ops endpoints have a file
 //! each.
 
+pub mod aggregated_discovery;
 pub mod apply;
 pub mod create;
 pub mod delete;

@@ -56,7 +56,7 @@ async fn resources(
         // Boxed: see `pipeline::handle` (the request future's size).
         Box::pin(resource_request(state, req, info, query, conn)).await
     } else {
-        discovery::serve(&state, info, req.method())
+        discovery::serve(&state, info, req.method(), req.headers())
     };
     match result {
         Ok(resp) => resp,

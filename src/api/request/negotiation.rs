@@ -35,6 +35,52 @@ pub fn wants_table(accept: Option<&str>) -> bool {
     })
 }
 
+/// Which discovery document an `Accept` header asks `/api` or `/apis` for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiscoveryFormat {
+    /// `APIVersions` / `APIGroupList` (no `Accept`, or plain JSON first).
+    Legacy,
+    /// `apidiscovery.k8s.io/v2` `APIGroupDiscoveryList`, as JSON.
+    AggregatedV2,
+    /// Only aggregated forms this server does not serve (v2beta1, removed in
+    /// Kubernetes 1.33; protobuf): kube-apiserver's 406.
+    NotAcceptable,
+}
+
+/// kube-apiserver's discovery negotiation: the first media range of the
+/// `Accept` header that can be served decides. An aggregated range
+/// (`as=APIGroupDiscoveryList;g=apidiscovery.k8s.io`) is served for `v=v2`
+/// as JSON; any other aggregated range is passed over; anything else is the
+/// legacy document.
+pub fn discovery_format(accept: Option<&str>) -> DiscoveryFormat {
+    let Some(accept) = accept.filter(|a| !a.trim().is_empty()) else {
+        return DiscoveryFormat::Legacy;
+    };
+    for media in accept.split(',') {
+        let mut parts = media.split(';').map(str::trim);
+        let ty = parts.next().unwrap_or("");
+        let (mut as_list, mut group, mut v2) = (false, false, false);
+        for p in parts {
+            match p.split_once('=') {
+                Some(("as", "APIGroupDiscoveryList")) => as_list = true,
+                Some(("g", "apidiscovery.k8s.io")) => group = true,
+                Some(("v", "v2")) => v2 = true,
+                _ => {}
+            }
+        }
+        if !(as_list && group) {
+            return DiscoveryFormat::Legacy;
+        }
+        let json = ["application/json", "application/*", "*/*"]
+            .iter()
+            .any(|t| ty.eq_ignore_ascii_case(t));
+        if json && v2 {
+            return DiscoveryFormat::AggregatedV2;
+        }
+    }
+    DiscoveryFormat::NotAcceptable
+}
+
 /// kube-apiserver's protobuf media type (`k8s\0` + `runtime.Unknown` bodies).
 pub const PROTOBUF: &str = "application/vnd.kubernetes.protobuf";
 /// The protobuf watch stream: length-delimited `WatchEvent` frames.
