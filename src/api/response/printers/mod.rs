@@ -371,3 +371,269 @@ mod tests {
         );
     }
 }
+
+/// Cases of kube-apiserver 1.37's printers_test.go for the other kinds.
+#[cfg(test)]
+mod kind_tests {
+    use super::*;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .map(|t| t.with_timezone(&Utc))
+            .unwrap_or_default()
+    }
+
+    fn cells(group: &str, plural: &str, obj: Value) -> Vec<Value> {
+        let p = for_resource(group, plural).map(|p| (p.columns.len(), p.row(&obj, now())));
+        let Some((columns, row)) = p else {
+            panic!("no printer for {plural}")
+        };
+        assert_eq!(row.cells.len(), columns, "{plural}: a cell per column");
+        row.cells
+    }
+
+    #[test]
+    fn services() {
+        let svc = |ty: &str, ports: Value, external: Value, ingress: Value| {
+            json!({"metadata": {"name": "s"}, "spec": {"type": ty, "ports": ports,
+                "clusterIPs": ["10.9.8.7"], "externalIPs": external, "selector": {"foo": "bar"}},
+                "status": {"loadBalancer": {"ingress": ingress}}})
+        };
+        let tcp = json!([{"protocol": "tcp", "port": 2233}]);
+        assert_eq!(
+            cells(
+                "",
+                "services",
+                svc("ClusterIP", tcp.clone(), json!(null), json!(null))
+            ),
+            json!([
+                "s",
+                "ClusterIP",
+                "10.9.8.7",
+                "<none>",
+                "2233/tcp",
+                "<unknown>",
+                "foo=bar"
+            ])
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        );
+        let node_port = json!([{"protocol": "tcp", "port": 8888, "nodePort": 9999}]);
+        assert_eq!(
+            cells(
+                "",
+                "services",
+                svc("NodePort", node_port, json!(null), json!(null))
+            )[4],
+            "8888:9999/tcp"
+        );
+        assert_eq!(
+            cells(
+                "",
+                "services",
+                svc("LoadBalancer", tcp.clone(), json!(null), json!(null))
+            )[3],
+            "<pending>"
+        );
+        let lb = cells(
+            "",
+            "services",
+            svc(
+                "LoadBalancer",
+                tcp.clone(),
+                json!(["80.11.12.10"]),
+                json!([{"ip": "3.4.5.6", "hostname": "test.cluster.com"}]),
+            ),
+        );
+        assert_eq!(lb[3], "3.4.5.6,80.11.12.10");
+        let none = json!({"metadata": {"name": "s"}, "spec": {"externalName": "x"}});
+        assert_eq!(
+            cells("", "services", none)[1..5],
+            [
+                json!("ClusterIP"),
+                json!("<none>"),
+                json!("<none>"),
+                json!("<none>")
+            ]
+        );
+    }
+
+    #[test]
+    fn nodes() {
+        let node = |labels: Value, status: Value| json!({"metadata": {"name": "n", "labels": labels}, "status": status});
+        let c = cells("", "nodes", node(json!({}), json!({})));
+        assert_eq!(c[1..3], [json!("Unknown"), json!("<none>")]);
+        let roles = json!({"node-role.kubernetes.io/master": "", "node-role.kubernetes.io/control-plane": "",
+            "node-role.kubernetes.io/proxy": "", "kubernetes.io/role": "node"});
+        assert_eq!(
+            cells("", "nodes", node(roles, json!({})))[2],
+            "control-plane,master,node,proxy"
+        );
+        let mut n = node(
+            json!({}),
+            json!({"conditions": [{"type": "Ready", "status": "False"}],
+            "addresses": [{"type": "ExternalIP", "address": "1.1.1.1"}, {"type": "InternalIP", "address": "10.0.0.1"}],
+            "nodeInfo": {"kubeletVersion": "v1.37.2", "kernelVersion": "6.1", "architecture": "arm64"}}),
+        );
+        n["spec"] = json!({"unschedulable": true});
+        assert_eq!(
+            cells("", "nodes", n),
+            [
+                "n",
+                "NotReady,SchedulingDisabled",
+                "<none>",
+                "<unknown>",
+                "v1.37.2",
+                "10.0.0.1",
+                "1.1.1.1",
+                "<unknown>",
+                "6.1 (arm64)",
+                "<unknown>"
+            ]
+        );
+    }
+
+    #[test]
+    fn jobs_and_cronjobs() {
+        let job = |spec: Value, status: Value| json!({"metadata": {"name": "job1"}, "spec": spec, "status": status});
+        let template = json!({"spec": {"containers": [{"name": "a", "image": "ia"}, {"name": "b", "image": "ib"}]}});
+        let c = cells(
+            "batch",
+            "jobs",
+            job(
+                json!({"completions": 2, "template": template,
+            "selector": {"matchLabels": {"job-label": "job-label-value"}}}),
+                json!({"succeeded": 1}),
+            ),
+        );
+        assert_eq!(
+            c,
+            [
+                "job1",
+                "Running",
+                "1/2",
+                "",
+                "<unknown>",
+                "a,b",
+                "ia,ib",
+                "job-label=job-label-value"
+            ]
+        );
+        let start = "2025-12-31T23:00:00Z";
+        let c = cells(
+            "batch",
+            "jobs",
+            job(
+                json!({"parallelism": 3}),
+                json!({"startTime": start,
+            "completionTime": "2025-12-31T23:30:00Z", "conditions": [{"type": "Complete", "status": "True"}]}),
+            ),
+        );
+        assert_eq!(
+            c[1..4],
+            [json!("Complete"), json!("0/1 of 3"), json!("30m")]
+        );
+        let c = cells(
+            "batch",
+            "jobs",
+            job(
+                json!({}),
+                json!({"startTime": start,
+            "conditions": [{"type": "Suspended", "status": "True"}]}),
+            ),
+        );
+        assert_eq!(c[1..4], [json!("Suspended"), json!("0/1"), json!("60m")]);
+        let cj = json!({"metadata": {"name": "cj"}, "spec": {"schedule": "0/5 * * * ?", "suspend": false,
+            "jobTemplate": {"spec": {"template": template}}},
+            "status": {"active": [{}], "lastScheduleTime": "2025-12-31T23:59:00Z"}});
+        assert_eq!(
+            cells("batch", "cronjobs", cj),
+            json!([
+                "cj",
+                "0/5 * * * ?",
+                "<none>",
+                "False",
+                1,
+                "60s",
+                "<unknown>",
+                "a,b",
+                "ia,ib",
+                "<none>"
+            ])
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        );
+    }
+
+    #[test]
+    fn apps() {
+        let template = json!({"spec": {"containers": [{"name": "c", "image": "i"}], "nodeSelector": {"disk": "ssd"}}});
+        let sel = json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "env", "operator": "NotIn", "values": ["b", "a"]}]});
+        let obj = json!({"metadata": {"name": "d"}, "spec": {"replicas": 3, "selector": sel, "template": template},
+            "status": {"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2, "availableReplicas": 1,
+                "desiredNumberScheduled": 4, "numberReady": 3}});
+        let sel = "app=web,env notin (a,b)";
+        assert_eq!(
+            cells("apps", "deployments", obj.clone()),
+            json!(["d", "1/3", 2, 1, "<unknown>", "c", "i", sel])
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        );
+        assert_eq!(
+            cells("apps", "replicasets", obj.clone()),
+            json!(["d", 3, 2, 1, "<unknown>", "c", "i", sel])
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        );
+        assert_eq!(
+            cells("apps", "statefulsets", obj.clone()),
+            json!(["d", "1/3", "<unknown>", "c", "i"])
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        );
+        assert_eq!(
+            cells("apps", "daemonsets", obj),
+            json!(["d", 4, 0, 3, 0, 0, "disk=ssd", "<unknown>", "c", "i", sel])
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        );
+        // apps/v1 defaulting: no replicas is one.
+        assert_eq!(
+            cells("apps", "deployments", json!({"metadata": {"name": "d"}}))[1],
+            "0/1"
+        );
+    }
+
+    #[test]
+    fn core_and_cluster() {
+        let cm = json!({"metadata": {"name": "cm"}, "data": {"a": "1", "b": "2"}, "binaryData": {"c": ""}});
+        assert_eq!(cells("", "configmaps", cm)[1], 3);
+        let s = json!({"metadata": {"name": "s"}, "data": {"a": "MQ=="}});
+        assert_eq!(cells("", "secrets", s)[1..3], [json!("Opaque"), json!(1)]);
+        assert_eq!(
+            cells("", "namespaces", json!({"metadata": {"name": "n"}}))[1],
+            "Active"
+        );
+        assert_eq!(
+            cells("", "serviceaccounts", json!({"metadata": {"name": "sa"}})).len(),
+            2
+        );
+        let lease = json!({"metadata": {"name": "l"}, "spec": {"holderIdentity": "h"}});
+        assert_eq!(cells("coordination.k8s.io", "leases", lease)[1], "h");
+        let pc = json!({"metadata": {"name": "pc"}, "value": 1000, "globalDefault": true});
+        assert_eq!(
+            cells("scheduling.k8s.io", "priorityclasses", pc),
+            json!(["pc", 1000, true, "<unknown>", "PreemptLowerPriority"])
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        );
+        assert!(for_resource("example.com", "widgets").is_none());
+    }
+}
