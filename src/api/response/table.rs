@@ -107,12 +107,18 @@ pub fn row(obj: Value, columns: &Columns, include: IncludeObject, now: DateTime<
         }
     }
     match include {
-        IncludeObject::None => {}
+        // kube-apiserver's row has an empty RawExtension, written as null.
+        IncludeObject::None => {
+            row.insert("object".into(), Value::Null);
+        }
         IncludeObject::Object => {
             row.insert("object".into(), obj);
         }
         IncludeObject::Metadata => {
-            let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+            let mut meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+            if let Columns::Printed(p) = columns {
+                p.row_metadata(&mut meta);
+            }
             row.insert(
                 "object".into(),
                 json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}),

@@ -195,6 +195,7 @@ pub(super) const DEPLOYMENTS: Printer = Printer {
             json!(selector),
         ])
     },
+    internal_annotation: Some("deprecated.deployment.rollback.to"),
 };
 
 pub(super) const REPLICASETS: Printer = Printer {
@@ -212,6 +213,7 @@ pub(super) const REPLICASETS: Printer = Printer {
             json!(format_label_selector(at(o, &["spec", "selector"]))),
         ])
     },
+    internal_annotation: None,
 };
 
 pub(super) const STATEFULSETS: Printer = Printer {
@@ -227,6 +229,7 @@ pub(super) const STATEFULSETS: Printer = Printer {
             images,
         ])
     },
+    internal_annotation: None,
 };
 
 pub(super) const DAEMONSETS: Printer = Printer {
@@ -251,4 +254,5 @@ pub(super) const DAEMONSETS: Printer = Printer {
             json!(format_label_selector(at(o, &["spec", "selector"]))),
         ])
     },
+    internal_annotation: Some("deprecated.daemonset.template.generation"),
 };

@@ -102,11 +102,13 @@ pub(super) const CRON_JOB_COLUMNS: &[Column] = &[
 pub(super) const JOBS: Printer = Printer {
     columns: JOB_COLUMNS,
     print: print_job,
+    internal_annotation: None,
 };
 
 pub(super) const CRONJOBS: Printer = Printer {
     columns: CRON_JOB_COLUMNS,
     print: print_cronjob,
+    internal_annotation: None,
 };
 
 /// `hasJobCondition`: the first condition of the type has status True.

@@ -50,6 +50,7 @@ pub(super) const LEASES: Printer = Printer {
             age(o, now),
         ])
     },
+    internal_annotation: None,
 };
 
 pub(super) const PRIORITYCLASSES: Printer = Printer {
@@ -67,4 +68,5 @@ pub(super) const PRIORITYCLASSES: Printer = Printer {
             json!(preemption),
         ])
     },
+    internal_annotation: None,
 };

@@ -137,6 +137,7 @@ pub(super) const CONFIGMAPS: Printer = Printer {
         let data = map_len(o, &["data"]) + map_len(o, &["binaryData"]);
         Row::cells(vec![name(o), json!(data), age(o, now)])
     },
+    internal_annotation: None,
 };
 
 pub(super) const SECRETS: Printer = Printer {
@@ -154,6 +155,7 @@ pub(super) const SECRETS: Printer = Printer {
             age(o, now),
         ])
     },
+    internal_annotation: None,
 };
 
 pub(super) const NAMESPACES: Printer = Printer {
@@ -166,21 +168,25 @@ pub(super) const NAMESPACES: Printer = Printer {
         };
         Row::cells(vec![name(o), json!(phase), age(o, now)])
     },
+    internal_annotation: None,
 };
 
 pub(super) const SERVICEACCOUNTS: Printer = Printer {
     columns: SERVICE_ACCOUNT_COLUMNS,
     print: |o, now| Row::cells(vec![name(o), age(o, now)]),
+    internal_annotation: None,
 };
 
 pub(super) const SERVICES: Printer = Printer {
     columns: SERVICE_COLUMNS,
     print: print_service,
+    internal_annotation: None,
 };
 
 pub(super) const NODES: Printer = Printer {
     columns: NODE_COLUMNS,
     print: print_node,
+    internal_annotation: None,
 };
 
 fn strings<'a>(v: &'a Value, path: &[&str]) -> Vec<&'a str> {

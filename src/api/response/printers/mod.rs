@@ -84,6 +84,12 @@ impl Row {
 pub struct Printer {
     pub columns: &'static [Column],
     print: fn(&Value, DateTime<Utc>) -> Row,
+    /// An annotation that kube-apiserver's conversion to the internal type
+    /// moves into a field when it holds an integer (a DaemonSet's
+    /// `deprecated.daemonset.template.generation`), so that the metadata of
+    /// its rows (`includeObject=Metadata`, built from the internal object)
+    /// lacks it.
+    internal_annotation: Option<&'static str>,
 }
 
 impl Printer {
@@ -95,6 +101,32 @@ impl Printer {
     /// The row of `obj` at time `now` (the Age cells).
     pub fn row(&self, obj: &Value, now: DateTime<Utc>) -> Row {
         (self.print)(obj, now)
+    }
+
+    /// `metadata` as kube-apiserver's PartialObjectMetadata rows carry it:
+    /// less the annotation the internal type holds as a field.
+    pub fn row_metadata(&self, metadata: &mut Value) {
+        let Some(key) = self.internal_annotation else {
+            return;
+        };
+        let Some(annotations) = metadata
+            .get_mut("annotations")
+            .and_then(Value::as_object_mut)
+        else {
+            return;
+        };
+        let converted = annotations
+            .get(key)
+            .and_then(Value::as_str)
+            .is_some_and(|v| v.parse::<i64>().is_ok());
+        if converted {
+            annotations.remove(key);
+            if annotations.is_empty()
+                && let Some(m) = metadata.as_object_mut()
+            {
+                m.remove("annotations");
+            }
+        }
     }
 }
 
@@ -635,5 +667,23 @@ mod kind_tests {
                 .unwrap_or_default()
         );
         assert!(for_resource("example.com", "widgets").is_none());
+    }
+
+    #[test]
+    fn row_metadata_drops_what_the_internal_type_holds_as_a_field() {
+        let ds = for_resource("apps", "daemonsets").map(|p| {
+            let mut only = json!({"name": "d", "annotations": {"deprecated.daemonset.template.generation": "1"}});
+            p.row_metadata(&mut only);
+            let mut more = json!({"annotations": {"deprecated.daemonset.template.generation": "x", "a": "b"}});
+            p.row_metadata(&mut more);
+            (only, more)
+        });
+        assert_eq!(
+            ds,
+            Some((
+                json!({"name": "d"}),
+                json!({"annotations": {"deprecated.daemonset.template.generation": "x", "a": "b"}})
+            ))
+        );
     }
 }

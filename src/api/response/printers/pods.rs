@@ -58,6 +58,7 @@ pub(super) const POD_COLUMNS: &[Column] = &[
 pub(super) const PODS: Printer = Printer {
     columns: POD_COLUMNS,
     print: print_pod,
+    internal_annotation: None,
 };
 
 /// `podutil.IsRestartableInitContainer`: `restartPolicy: Always`.
