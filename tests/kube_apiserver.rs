@@ -1508,4 +1508,50 @@ async fn printed_tables(o: &mut Oracle) {
         assert!(w.len() > 1, "kubectl {args:?} printed no object:\n{wc_out}");
         o.record(plural, &format!("kubectl {}", args.join(" ")), diffs);
     }
+
+    // A watch as Tables (`kubectl get -w`): the same events, the first with
+    // the column definitions, Ages aside.
+    let pods = format!("/api/v1/namespaces/{NS}/pods");
+    let (_, body) = o.wc_get(&pods, JSON).await;
+    let list: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or("0");
+    let path = format!("{pods}?watch=1&resourceVersion={rv}");
+    let (wc, kube) = (
+        o.http.get(o.watchcache.url(&path)),
+        o.kube.http.get(o.kube.url(&path)),
+    );
+    let (wc, kube) = tokio::join!(
+        wc.header("accept", TABLE).send(),
+        kube.header("accept", TABLE).send()
+    );
+    let (wc, kube) = (
+        wc.expect("watchcache watch"),
+        kube.expect("kube-apiserver watch"),
+    );
+    for name in ["print-running", "print-succeeded"] {
+        let (code, body) = o
+            .kube
+            .send(
+                Method::PATCH,
+                &format!("{pods}/{name}"),
+                "application/merge-patch+json",
+                Some(json!({"metadata": {"labels": {"watched": "yes"}}}).to_string()),
+            )
+            .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let (mut w, mut k) = tokio::join!(read_events(wc, 2), read_events(kube, 2));
+    assert_eq!(k.len(), 2, "kube-apiserver's Table watch events: {k:?}");
+    for events in [&mut w, &mut k] {
+        for ev in events.iter_mut() {
+            if let Some(cells) = ev["object"]["rows"][0]["cells"].as_array_mut()
+                && cells.len() > 4
+            {
+                cells[4] = Value::Null; // a Pod's Age
+            }
+        }
+    }
+    let mut diffs = Vec::new();
+    diff("table", &Value::Array(w), &Value::Array(k), &mut diffs);
+    o.record("pods", &format!("watch {path} (Table)"), diffs);
 }

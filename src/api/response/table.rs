@@ -140,13 +140,14 @@ pub fn object_row(
 }
 
 /// A whole Table from rows. `meta` is the list's `metadata` (resourceVersion,
-/// continue, remainingItemCount). Column definitions are left empty when
-/// `with_columns` is false (later watch events).
+/// continue, remainingItemCount). Column definitions are null, as
+/// kube-apiserver writes them, when `with_columns` is false (later watch
+/// events).
 pub fn table(rows: Vec<Value>, columns: &Columns, meta: Value, with_columns: bool) -> Value {
     let columns = if with_columns {
         columns.definitions()
     } else {
-        Value::Array(Vec::new())
+        Value::Null
     };
     json!({
         "kind": "Table",
