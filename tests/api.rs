@@ -1704,9 +1704,23 @@ async fn table_output_for_kubectl() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(cols, ["Name", "Age", "NodeName"]);
+    // kube-apiserver's Pod printer, with the -o wide columns.
+    assert_eq!(
+        cols,
+        [
+            "Name",
+            "Ready",
+            "Status",
+            "Restarts",
+            "Age",
+            "IP",
+            "Node",
+            "Nominated Node",
+            "Readiness Gates"
+        ]
+    );
     assert_eq!(t["rows"][0]["cells"][0], "t1");
-    assert_eq!(t["rows"][0]["cells"][2], "node-1");
+    assert_eq!(t["rows"][0]["cells"][6], "node-1");
     assert_eq!(t["rows"][0]["object"]["metadata"]["namespace"], "ns1");
     let r = ts
         .http
@@ -1718,6 +1732,28 @@ async fn table_output_for_kubectl() {
     let t: Value = r.json().await.unwrap();
     assert_eq!(t["kind"], "Table");
     assert_eq!(t["rows"].as_array().unwrap().len(), 1);
+    // A kind without a printer: Name and Age.
+    let widgets = "/apis/example.com/v1/namespaces/ns1/widgets";
+    let widget = json!({"apiVersion": "example.com/v1", "kind": "Widget",
+        "metadata": {"name": "w1", "namespace": "ns1"}});
+    let (c, _) = ts.post_json(widgets, &widget).await;
+    assert_eq!(c, 201);
+    let r = ts
+        .http
+        .get(ts.url(widgets))
+        .header("Accept", accept)
+        .send()
+        .await
+        .unwrap();
+    let t: Value = r.json().await.unwrap();
+    let cols: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(cols, ["Name", "Age"]);
+    assert_eq!(t["rows"][0]["cells"][0], "w1");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

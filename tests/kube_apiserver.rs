@@ -116,6 +116,16 @@ struct Known {
     seen: bool,
 }
 
+impl Known {
+    /// Its `resource` cell (`*`, or plurals separated by commas) names `resource`.
+    fn applies_to(&self, resource: &str) -> bool {
+        self.resource
+            .split(',')
+            .map(|r| r.trim().trim_matches('`'))
+            .any(|r| r == "*" || r == resource)
+    }
+}
+
 fn known_differences(kube_version: &str) -> Vec<Known> {
     let doc = std::fs::read_to_string(
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/KUBERNETES.md"),
@@ -229,9 +239,10 @@ impl Oracle {
     fn record(&mut self, resource: &str, what: &str, diffs: Vec<(String, String)>) {
         self.compared += 1;
         for (path, detail) in diffs {
-            let known = self.known.iter_mut().find(|k| {
-                (k.resource == "*" || k.resource == resource) && path_matches(&k.path, &path)
-            });
+            let known = self
+                .known
+                .iter_mut()
+                .find(|k| k.applies_to(resource) && path_matches(&k.path, &path));
             match known {
                 Some(k) => k.seen = true,
                 None => self
@@ -684,6 +695,7 @@ async fn oracle(version: &str) {
     let encryption = write_encryption_config(dir.path());
     let kube = KubeApiserver::start(&binary, &etcd.endpoint(), "/registry", &encryption, &[]).await;
     populate(&kube).await;
+    populate_printed_pods(&kube).await;
 
     let enc = encryption.display().to_string();
     let watchcache = Daemon::start(
@@ -763,6 +775,7 @@ async fn oracle(version: &str) {
     }
 
     aggregated_discovery(&mut o).await;
+    printed_tables(&mut o).await;
     writes_through_watchcache(&mut o, &etcd.endpoint()).await;
     watches_from_the_same_revision(&mut o).await;
     manifests_pass_server_dry_run(&o.kube);
@@ -1486,4 +1499,265 @@ fn manifests_pass_server_dry_run(kube: &KubeApiserver) {
         checked += 1;
     }
     assert!(checked >= 1, "no Kubernetes manifest found in config/");
+}
+
+/// The kinds whose Tables come from kube-apiserver's printers, ported:
+/// (the plural of the differences table, kubectl's resource name).
+const PRINTED: &[(&str, &str)] = &[
+    ("pods", "pods"),
+    ("configmaps", "configmaps"),
+    ("secrets", "secrets"),
+    ("namespaces", "namespaces"),
+    ("serviceaccounts", "serviceaccounts"),
+    ("services", "services"),
+    ("nodes", "nodes"),
+    ("deployments", "deployments.apps"),
+    ("replicasets", "replicasets.apps"),
+    ("statefulsets", "statefulsets.apps"),
+    ("daemonsets", "daemonsets.apps"),
+    ("jobs", "jobs.batch"),
+    ("cronjobs", "cronjobs.batch"),
+    ("leases", "leases.coordination.k8s.io"),
+    ("priorityclasses", "priorityclasses.scheduling.k8s.io"),
+];
+
+/// Pods in the states kube-apiserver's Pod printer tells apart, created
+/// through kube-apiserver with their statuses then written through the
+/// `/status` subresource, as a kubelet writes them: running and ready
+/// (behind a readiness gate), crash-looping with restarts, initializing
+/// behind a started sidecar, succeeded.
+async fn populate_printed_pods(k: &KubeApiserver) {
+    let ns = |p: &str| format!("/api/v1/namespaces/{NS}/pods{p}");
+    let image = "registry.k8s.io/pause:3.10";
+    let ago = |secs: i64| {
+        (chrono::Utc::now() - chrono::Duration::seconds(secs))
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    };
+    // Restarts print as "N (X ago)": a last restart 3d12h30m ago prints
+    // the same for an hour, whichever server is asked when.
+    let restarted = ago(3 * 86400 + 12 * 3600 + 1800);
+    let started = ago(4 * 86400);
+    let container = |name: &str| json!({"name": name, "image": image});
+    let status = |name: &str, ready: bool, restarts: i64, state: Value| {
+        json!({"name": name, "image": image, "imageID": "", "ready": ready,
+               "restartCount": restarts, "state": state, "started": ready})
+    };
+    let conditions = |ready: &str, initialized: &str| {
+        json!([{"type": "Initialized", "status": initialized},
+               {"type": "Ready", "status": ready},
+               {"type": "PodScheduled", "status": "True"}])
+    };
+    let pods = [
+        (
+            "print-running",
+            json!({"nodeName": "node-1", "containers": [container("c")],
+                   "readinessGates": [{"conditionType": "example.com/gate"}]}),
+            json!({"phase": "Running", "podIP": "10.1.0.10", "podIPs": [{"ip": "10.1.0.10"}],
+                   "hostIP": "192.168.0.1",
+                   "conditions": [{"type": "Initialized", "status": "True"},
+                                  {"type": "Ready", "status": "True"},
+                                  {"type": "example.com/gate", "status": "True"}],
+                   "containerStatuses": [status("c", true, 0, json!({"running": {"startedAt": started}}))]}),
+        ),
+        (
+            "print-crashloop",
+            json!({"nodeName": "node-1", "containers": [container("c"), container("d")]}),
+            json!({"phase": "Running", "podIP": "10.1.0.11", "podIPs": [{"ip": "10.1.0.11"}],
+                   "conditions": conditions("False", "True"),
+                   "containerStatuses": [
+                       {"name": "c", "image": image, "imageID": "", "ready": false, "restartCount": 5,
+                        "started": false,
+                        "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting"}},
+                        "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
+                            "startedAt": restarted, "finishedAt": restarted}}},
+                       status("d", true, 0, json!({"running": {"startedAt": started}}))]}),
+        ),
+        (
+            "print-initializing",
+            json!({"nodeName": "node-1", "containers": [container("c")],
+                   "initContainers": [{"name": "sidecar", "image": image, "restartPolicy": "Always"},
+                                      container("init")]}),
+            json!({"phase": "Pending", "conditions": conditions("False", "False"),
+                   "initContainerStatuses": [
+                       status("sidecar", true, 0, json!({"running": {"startedAt": started}})),
+                       status("init", false, 0, json!({"running": {"startedAt": started}}))],
+                   "containerStatuses": [status("c", false, 0,
+                       json!({"waiting": {"reason": "PodInitializing"}}))]}),
+        ),
+        (
+            "print-succeeded",
+            json!({"nodeName": "node-1", "restartPolicy": "Never", "containers": [container("c")]}),
+            json!({"phase": "Succeeded", "conditions": conditions("False", "True"),
+                   "containerStatuses": [status("c", false, 0, json!({"terminated": {
+                       "exitCode": 0, "reason": "Completed", "startedAt": started, "finishedAt": started}}))]}),
+        ),
+    ];
+    for (name, spec, status) in pods {
+        k.create(
+            &ns(""),
+            &json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}),
+        )
+        .await;
+        let (code, body) = k
+            .send(
+                Method::PATCH,
+                &ns(&format!("/{name}/status")),
+                "application/merge-patch+json",
+                Some(json!({"status": status}).to_string()),
+            )
+            .await;
+        assert_eq!(code, 200, "status of {name}: {body}");
+    }
+}
+
+/// `kubectl get` output as rows of cells (the header first), the AGE
+/// column left out. Columns start where the header's names do (kubectl
+/// pads columns with at least three spaces; a name may hold one).
+fn kubectl_cells(out: &str) -> Vec<Vec<String>> {
+    let mut lines = out.lines().map(|l| l.chars().collect::<Vec<char>>());
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let starts: Vec<usize> = (0..header.len())
+        .filter(|&i| header[i] != ' ' && (i == 0 || (i >= 3 && header[i - 3..i] == [' '; 3])))
+        .collect();
+    let cells = |line: &[char]| -> Vec<String> {
+        starts
+            .iter()
+            .enumerate()
+            .map(|(n, &s)| {
+                let end = starts
+                    .get(n + 1)
+                    .copied()
+                    .unwrap_or(line.len())
+                    .min(line.len());
+                line[s.min(end)..end]
+                    .iter()
+                    .collect::<String>()
+                    .trim()
+                    .to_string()
+            })
+            .collect()
+    };
+    let head = cells(&header);
+    let age = head.iter().position(|h| h == "AGE");
+    std::iter::once(header)
+        .chain(lines)
+        .map(|l| {
+            let mut c = cells(&l);
+            if let Some(a) = age {
+                c.remove(a);
+            }
+            c
+        })
+        .collect()
+}
+
+/// kube-apiserver's printers, ported: for every printed kind, each
+/// object's Table (Lists are compared by `compare_list`), and
+/// `kubectl get R -A -o wide` through both servers prints the same cells,
+/// AGE aside.
+async fn printed_tables(o: &mut Oracle) {
+    let resources = shipped_resources();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let wc_kubectl = common::kubectl::Kubectl::new(
+        &o.watchcache.url(""),
+        None,
+        common::kubectl::KubeUser::Anonymous,
+    );
+    let kubeconfig = o.kube.kubeconfig();
+    for (plural, kubectl_name) in PRINTED {
+        let r = resources
+            .iter()
+            .find(|r| r.plural == *plural)
+            .unwrap_or_else(|| panic!("{plural} is in config/kubernetes.toml"));
+        let (_, body) = o.wc_get(&r.all(), JSON).await;
+        let list: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        for (ns, name) in names(&list) {
+            let path = r.object(ns.as_deref(), &name);
+            o.compare_table(plural, &path, &path).await;
+        }
+        for include in ["None", "Object"] {
+            let p = format!("{}?includeObject={include}", r.all());
+            o.compare_table(plural, &p, &p).await;
+        }
+
+        let args = ["get", kubectl_name, "-A", "-o", "wide"];
+        let wc_out = wc_kubectl.run(&args).await;
+        let out = tokio::process::Command::new(common::kubectl::kubectl_binary())
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(dir.path())
+            .args(args)
+            .output()
+            .await
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} on kube-apiserver: {out:?}"
+        );
+        let k_out = String::from_utf8_lossy(&out.stdout);
+        let (w, k) = (kubectl_cells(&wc_out), kubectl_cells(&k_out));
+        let mut diffs = Vec::new();
+        if w.first() != k.first() {
+            diffs.push((
+                "kubectl/header".to_string(),
+                format!("watchcache {:?}, kube-apiserver {:?}", w.first(), k.first()),
+            ));
+        } else if w != k {
+            diffs.push((
+                "kubectl/rows".to_string(),
+                format!("watchcache:\n{wc_out}kube-apiserver:\n{k_out}"),
+            ));
+        }
+        assert!(w.len() > 1, "kubectl {args:?} printed no object:\n{wc_out}");
+        o.record(plural, &format!("kubectl {}", args.join(" ")), diffs);
+    }
+
+    // A watch as Tables (`kubectl get -w`): the same events, the first with
+    // the column definitions, Ages aside.
+    let pods = format!("/api/v1/namespaces/{NS}/pods");
+    let (_, body) = o.wc_get(&pods, JSON).await;
+    let list: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or("0");
+    let path = format!("{pods}?watch=1&resourceVersion={rv}");
+    let (wc, kube) = (
+        o.http.get(o.watchcache.url(&path)),
+        o.kube.http.get(o.kube.url(&path)),
+    );
+    let (wc, kube) = tokio::join!(
+        wc.header("accept", TABLE).send(),
+        kube.header("accept", TABLE).send()
+    );
+    let (wc, kube) = (
+        wc.expect("watchcache watch"),
+        kube.expect("kube-apiserver watch"),
+    );
+    for name in ["print-running", "print-succeeded"] {
+        let (code, body) = o
+            .kube
+            .send(
+                Method::PATCH,
+                &format!("{pods}/{name}"),
+                "application/merge-patch+json",
+                Some(json!({"metadata": {"labels": {"watched": "yes"}}}).to_string()),
+            )
+            .await;
+        assert_eq!(code, 200, "{body}");
+    }
+    let (mut w, mut k) = tokio::join!(read_events(wc, 2), read_events(kube, 2));
+    assert_eq!(k.len(), 2, "kube-apiserver's Table watch events: {k:?}");
+    for events in [&mut w, &mut k] {
+        for ev in events.iter_mut() {
+            if let Some(cells) = ev["object"]["rows"][0]["cells"].as_array_mut()
+                && cells.len() > 4
+            {
+                cells[4] = Value::Null; // a Pod's Age
+            }
+        }
+    }
+    let mut diffs = Vec::new();
+    diff("table", &Value::Array(w), &Value::Array(k), &mut diffs);
+    o.record("pods", &format!("watch {path} (Table)"), diffs);
 }

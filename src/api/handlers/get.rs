@@ -105,10 +105,15 @@ fn get_response(
         },
         None => json_response(200, obj.wire.clone()),
         Some(include) => {
-            let paths = res.cacher.codec().index_paths();
+            let columns = table::Columns::of(
+                &res.config.group,
+                &res.config.plural,
+                res.cacher.codec().index_paths(),
+            );
+            let row = table::object_row(obj, &columns, include, chrono::Utc::now());
             let t = table::table(
-                vec![table::object_row(obj, paths, include)],
-                paths,
+                vec![row],
+                &columns,
                 json!({"resourceVersion": obj.mod_revision.to_string()}),
                 true,
             );

@@ -55,13 +55,18 @@ pub(crate) async fn list(
         meta.insert("remainingItemCount".into(), json!(n));
     }
     if let Some(include) = table {
-        let paths = res.cacher.codec().index_paths();
+        let columns = table::Columns::of(
+            &res.config.group,
+            &res.config.plural,
+            res.cacher.codec().index_paths(),
+        );
+        let now = chrono::Utc::now();
         let rows = result
             .items
             .iter()
-            .map(|o| table::object_row(o, paths, include))
+            .map(|o| table::object_row(o, &columns, include, now))
             .collect();
-        let t = table::table(rows, paths, Value::Object(meta), true);
+        let t = table::table(rows, &columns, Value::Object(meta), true);
         return Ok(json_value(200, &t));
     }
     let items = if negotiation::protobuf(req, &res.config) {

@@ -13,7 +13,7 @@ use crate::api::request::connection::ConnectionHandle;
 use crate::api::request::negotiation::{self, PROTOBUF_WATCH};
 use crate::api::request::params::{Query, list_option_bool};
 use crate::api::response::Body;
-use crate::api::response::table::TableWatch;
+use crate::api::response::table::{Columns, TableWatch};
 use crate::api::response::watch_stream::WatchStreamParams;
 use crate::api::response::writers::response;
 use crate::api::state::State;
@@ -92,8 +92,14 @@ pub(crate) async fn watch(
     } else {
         "application/json"
     };
-    let table =
-        table.map(|include| TableWatch::new(res.cacher.codec().index_paths().to_vec(), include));
+    let table = table.map(|include| {
+        let columns = Columns::of(
+            &res.config.group,
+            &res.config.plural,
+            res.cacher.codec().index_paths(),
+        );
+        TableWatch::new(columns, include)
+    });
     // HTTP/2 streams end through flow control; only an HTTP/1.1 connection
     // is closed when its watch's end cannot be written.
     let http1_connection = (req.version() < hyper::Version::HTTP_2).then(|| conn.clone());

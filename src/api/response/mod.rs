@@ -1,7 +1,8 @@
 //! Writing answers (kube-apiserver's `responsewriters`): the response
 //! [`Body`], the frames of a List ([`list`]) and those kept for the next
 //! List of the same objects ([`list_body_cache`], within [`budget`]),
-//! gzip ([`compression`], [`gzip`]), protobuf, Tables, and watch streams.
+//! gzip ([`compression`], [`gzip`]), protobuf, Tables (with kube-apiserver's
+//! [`printers`]), and watch streams.
 //! Below the handlers: nothing here imports them or the state.
 
 pub mod body;
@@ -10,6 +11,7 @@ pub mod compression;
 pub mod gzip;
 pub mod list;
 pub mod list_body_cache;
+pub mod printers;
 pub mod protobuf;
 pub mod table;
 pub mod watch_stream;

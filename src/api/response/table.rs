@@ -1,13 +1,17 @@
 //! `meta.k8s.io/v1` Table rendering for `kubectl get` (which asks for
-//! `application/json;as=Table;v=v1;g=meta.k8s.io`): columns NAME, AGE and one
-//! per configured index field. Only kubectl-style clients pay for this; plain
-//! JSON reads keep writing the cached wire bytes.
+//! `application/json;as=Table;v=v1;g=meta.k8s.io`): a built-in kind with a
+//! ported kube-apiserver printer ([`super::printers`]) gets its columns and
+//! cells; any other resource NAME, AGE and one column per configured index
+//! field. Only kubectl-style clients pay for this; plain JSON reads keep
+//! writing the cached wire bytes.
 
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
+use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 
+use super::printers::{self, Printer};
 use crate::api::request::negotiation::IncludeObject;
 use crate::object::{Object, metadata_str};
 
@@ -22,8 +26,36 @@ fn column_name(path: &str) -> String {
     }
 }
 
-/// The column definitions: Name, Age, then the index paths.
-pub fn column_definitions(index_paths: &[Arc<str>]) -> Value {
+/// The columns of a resource's Tables.
+#[derive(Clone)]
+pub enum Columns {
+    /// kube-apiserver's printer of the kind.
+    Printed(&'static Printer),
+    /// Name, Age, then the configured index paths.
+    Generic(Vec<Arc<str>>),
+}
+
+impl Columns {
+    /// The printer of `group`/`plural` if there is one, else the generic
+    /// columns of `index_paths`.
+    pub fn of(group: &str, plural: &str, index_paths: &[Arc<str>]) -> Columns {
+        match printers::for_resource(group, plural) {
+            Some(p) => Columns::Printed(p),
+            None => Columns::Generic(index_paths.to_vec()),
+        }
+    }
+
+    /// The column definitions.
+    pub fn definitions(&self) -> Value {
+        match self {
+            Columns::Printed(p) => p.column_definitions(),
+            Columns::Generic(paths) => generic_definitions(paths),
+        }
+    }
+}
+
+/// The generic column definitions: Name, Age, then the index paths.
+fn generic_definitions(index_paths: &[Arc<str>]) -> Value {
     let mut cols = vec![
         json!({"name": "Name", "type": "string", "format": "name",
                "description": "Name must be unique within a namespace.", "priority": 0}),
@@ -39,29 +71,54 @@ pub fn column_definitions(index_paths: &[Arc<str>]) -> Value {
     Value::Array(cols)
 }
 
-/// One row for an object given as JSON.
-pub fn row(obj: Value, index_paths: &[Arc<str>], include: IncludeObject) -> Value {
-    let meta_str = |f: &str| crate::object::metadata_str(&obj, f).map(str::to_string);
+/// The generic cells of an object.
+fn generic_cells(obj: &Value, index_paths: &[Arc<str>], now: DateTime<Utc>) -> Vec<Value> {
+    let meta_str = |f: &str| crate::object::metadata_str(obj, f).map(str::to_string);
     let name = meta_str("name").unwrap_or_default();
     let age = meta_str("creationTimestamp")
-        .map(|t| age_of(&t))
+        .map(|t| age_of(&t, now))
         .unwrap_or_else(|| "<unknown>".to_string());
     let mut cells = vec![Value::String(name), Value::String(age)];
     for p in index_paths {
-        let v = crate::object::lookup_path(&obj, p)
+        let v = crate::object::lookup_path(obj, p)
             .and_then(crate::object::field_string)
             .unwrap_or_default();
         cells.push(Value::String(v));
     }
+    cells
+}
+
+/// One row for an object given as JSON; `now` is the time Ages are taken at.
+pub fn row(obj: Value, columns: &Columns, include: IncludeObject, now: DateTime<Utc>) -> Value {
     let mut row = Map::new();
-    row.insert("cells".into(), Value::Array(cells));
+    match columns {
+        Columns::Printed(p) => {
+            let printed = p.row(&obj, now);
+            row.insert("cells".into(), Value::Array(printed.cells));
+            if let Some(c) = printed.conditions {
+                row.insert("conditions".into(), c);
+            }
+        }
+        Columns::Generic(paths) => {
+            row.insert(
+                "cells".into(),
+                Value::Array(generic_cells(&obj, paths, now)),
+            );
+        }
+    }
     match include {
-        IncludeObject::None => {}
+        // kube-apiserver's row has an empty RawExtension, written as null.
+        IncludeObject::None => {
+            row.insert("object".into(), Value::Null);
+        }
         IncludeObject::Object => {
             row.insert("object".into(), obj);
         }
         IncludeObject::Metadata => {
-            let meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+            let mut meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
+            if let Columns::Printed(p) = columns {
+                p.row_metadata(&mut meta);
+            }
             row.insert(
                 "object".into(),
                 json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}),
@@ -72,19 +129,25 @@ pub fn row(obj: Value, index_paths: &[Arc<str>], include: IncludeObject) -> Valu
 }
 
 /// One row for a cached object.
-pub fn object_row(obj: &Object, index_paths: &[Arc<str>], include: IncludeObject) -> Value {
+pub fn object_row(
+    obj: &Object,
+    columns: &Columns,
+    include: IncludeObject,
+    now: DateTime<Utc>,
+) -> Value {
     let v: Value = serde_json::from_slice(&obj.wire).unwrap_or_else(|_| json!({}));
-    row(v, index_paths, include)
+    row(v, columns, include, now)
 }
 
 /// A whole Table from rows. `meta` is the list's `metadata` (resourceVersion,
-/// continue, remainingItemCount). Column definitions are left empty when
-/// `with_columns` is false (later watch events).
-pub fn table(rows: Vec<Value>, index_paths: &[Arc<str>], meta: Value, with_columns: bool) -> Value {
+/// continue, remainingItemCount). Column definitions are null, as
+/// kube-apiserver writes them, when `with_columns` is false (later watch
+/// events).
+pub fn table(rows: Vec<Value>, columns: &Columns, meta: Value, with_columns: bool) -> Value {
     let columns = if with_columns {
-        column_definitions(index_paths)
+        columns.definitions()
     } else {
-        Value::Array(Vec::new())
+        Value::Null
     };
     json!({
         "kind": "Table",
@@ -95,77 +158,28 @@ pub fn table(rows: Vec<Value>, index_paths: &[Arc<str>], meta: Value, with_colum
     })
 }
 
-/// `kubectl`'s short age: `45s`, `3m12s`, `25m`, `5h3m`, `20h`, `3d4h`, `40d`, `2y10d`.
-pub fn age_of(creation_timestamp: &str) -> String {
+/// `kubectl`'s short age of a creation timestamp at `now`: `45s`, `3m12s`,
+/// `25m`, `5h3m`, `20h`, `3d4h`, `40d`, `2y10d`.
+fn age_of(creation_timestamp: &str, now: DateTime<Utc>) -> String {
     match chrono::DateTime::parse_from_rfc3339(creation_timestamp) {
-        Ok(t) => {
-            let secs = (chrono::Utc::now() - t.with_timezone(&chrono::Utc)).num_seconds();
-            human_duration(secs)
-        }
+        Ok(t) => printers::human_duration((now - t.with_timezone(&Utc)).num_seconds()),
         Err(_) => "<invalid>".into(),
-    }
-}
-
-/// Kubernetes' `duration.HumanDuration`.
-pub fn human_duration(secs: i64) -> String {
-    if secs < -1 {
-        return "<invalid>".into();
-    }
-    let s = secs.max(0);
-    let m = s / 60;
-    let h = s / 3600;
-    let d = s / 86400;
-    let y = d / 365;
-    if s < 120 {
-        format!("{s}s")
-    } else if m < 10 {
-        if s % 60 == 0 {
-            format!("{m}m")
-        } else {
-            format!("{m}m{}s", s % 60)
-        }
-    } else if h < 3 {
-        format!("{m}m")
-    } else if h < 8 {
-        if m % 60 == 0 {
-            format!("{h}h")
-        } else {
-            format!("{h}h{}m", m % 60)
-        }
-    } else if h < 48 {
-        format!("{h}h")
-    } else if h < 24 * 8 {
-        if h % 24 == 0 {
-            format!("{d}d")
-        } else {
-            format!("{d}d{}h", h % 24)
-        }
-    } else if d < 365 * 2 {
-        format!("{d}d")
-    } else if y < 8 {
-        if d % 365 == 0 {
-            format!("{y}y")
-        } else {
-            format!("{y}y{}d", d % 365)
-        }
-    } else {
-        format!("{y}y")
     }
 }
 
 /// Turns watch lines into Table watch lines (kubectl `get -w`).
 pub(crate) struct TableWatch {
-    paths: Vec<Arc<str>>,
+    columns: Columns,
     include: IncludeObject,
     first: bool,
 }
 
 impl TableWatch {
-    /// Rows with the columns of `paths`; the first event's Table carries
-    /// the column definitions.
-    pub(crate) fn new(paths: Vec<Arc<str>>, include: IncludeObject) -> TableWatch {
+    /// Rows with `columns`; the first event's Table carries the column
+    /// definitions.
+    pub(crate) fn new(columns: Columns, include: IncludeObject) -> TableWatch {
         TableWatch {
-            paths,
+            columns,
             include,
             first: true,
         }
@@ -183,10 +197,10 @@ impl TableWatch {
                 let rv = metadata_str(&obj, "resourceVersion")
                     .unwrap_or("")
                     .to_string();
-                let row = row(obj, &self.paths, self.include);
+                let row = row(obj, &self.columns, self.include, Utc::now());
                 let t = table(
                     vec![row],
-                    &self.paths,
+                    &self.columns,
                     json!({"resourceVersion": rv}),
                     self.first,
                 );
@@ -208,15 +222,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations() {
-        assert_eq!(human_duration(5), "5s");
-        assert_eq!(human_duration(192), "3m12s");
-        assert_eq!(human_duration(25 * 60), "25m");
-        assert_eq!(human_duration(5 * 3600 + 180), "5h3m");
-        assert_eq!(human_duration(20 * 3600), "20h");
-        assert_eq!(human_duration(3 * 86400 + 4 * 3600), "3d4h");
-        assert_eq!(human_duration(40 * 86400), "40d");
-        assert_eq!(human_duration(-5), "<invalid>");
+    fn column_names() {
         assert_eq!(column_name("spec.nodeName"), "NodeName");
+    }
+
+    #[test]
+    fn printed_and_generic_columns() {
+        let paths: Vec<Arc<str>> = vec![Arc::from("spec.nodeName")];
+        let pods = Columns::of("", "pods", &paths);
+        assert_eq!(pods.definitions()[1]["name"], "Ready");
+        let generic = Columns::of("example.com", "widgets", &paths);
+        assert_eq!(generic.definitions()[2]["name"], "NodeName");
+        let now = Utc::now();
+        let obj = json!({"metadata": {"name": "w"}, "spec": {"nodeName": "n1"}});
+        let r = row(obj.clone(), &generic, IncludeObject::None, now);
+        assert_eq!(r["cells"], json!(["w", "<unknown>", "n1"]));
+        let r = row(obj, &pods, IncludeObject::Metadata, now);
+        assert_eq!(r["cells"][0], "w");
+        assert_eq!(r["object"]["kind"], "PartialObjectMetadata");
     }
 }
