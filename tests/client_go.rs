@@ -129,7 +129,10 @@ impl Tap {
                 };
                 let cut = tokio::select! {
                     accepted = l.accept() => {
-                        if let Ok((inbound, _)) = accepted {
+                        // One accepted as the tap is cut is closed at once.
+                        if let Ok((inbound, _)) = accepted
+                            && *open_tx.borrow()
+                        {
                             let conn_open = open_tx.subscribe();
                             tokio::spawn(forward(inbound, target, conn_open, reqs.clone(), marks.clone()));
                         }
@@ -248,9 +251,10 @@ async fn forward(
         }
     };
     tokio::select! {
+        biased;
+        _ = open.wait_for(|open| !*open) => {}
         _ = up => {}
         _ = down => {}
-        _ = open.wait_for(|open| !*open) => {}
     }
 }
 
