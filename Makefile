@@ -24,7 +24,7 @@ test: lint test-peers
 # The peers the tests use (the others are for the benchmarks and `make peers`).
 test-peers:
 	bash scripts/peers.sh kube-apiserver-1.34 kube-apiserver-1.37
-	bash scripts/clients.sh informer
+	bash scripts/clients.sh informer informer-latest
 
 # Real kube-apiserver and etcd built from their Go modules, cached outside the
 # clone (README, "Peers"); `scripts/peers.sh --print NAME` gives a binary's path.

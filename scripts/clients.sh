@@ -8,10 +8,13 @@
 #   scripts/clients.sh --print NAME...   print each binary's path, build
 #                                        nothing; exit 1 if one is not cached
 #
-# NAME: informer (tests/clients/go/informer, k8s.io/client-go).
+# NAME: informer (tests/clients/go/informer with its go.mod: k8s.io/client-go
+# v0.34) or informer-latest (the same main.go with latest.mod/latest.sum
+# beside it, `go build -modfile latest.mod`: the newest client-go the Go
+# module proxy serves, `go list -m -versions k8s.io/client-go`).
 #
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/watchcache/clients/
-#   <name>-<client-go version>-<sha256 of main.go + go.sum, 12 hex>/<name>
+#   <name>-<client-go version>-<sha256 of main.go + mod + sum, 12 hex>/<binary>
 # so a change to the program or its dependencies builds a new binary. A build
 # goes to a temporary directory beside it, renamed into place when done; a
 # flock keeps two runs from building the same one. Go runs under `nice -n 10`
@@ -20,26 +23,31 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/watchcache/clients"
-CLIENTS="informer"
+CLIENTS="informer informer-latest"
 
 log() { printf '%s clients: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-src_of() { echo "$ROOT/tests/clients/go/$1"; }
+# NAME-latest is NAME's program with latest.mod instead of go.mod.
+src_of() { echo "$ROOT/tests/clients/go/${1%-latest}"; }
+mod_of() { case $1 in *-latest) echo latest.mod ;; *) echo go.mod ;; esac; }
+bin_of() { echo "${1%-latest}"; }
 
 path_of() { # name -> cached binary path
-  local src version sha
+  local src mod version sha
   src=$(src_of "$1")
-  [ -f "$src/go.mod" ] || die "unknown client: $1"
-  version=$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$src/go.mod")
-  [ -n "$version" ] || die "$1: no k8s.io/client-go in go.mod"
-  sha=$(cat "$src/main.go" "$src/go.sum" | sha256sum | cut -c1-12)
-  echo "$CACHE/$1-$version-$sha/$1"
+  mod=$(mod_of "$1")
+  [ -f "$src/$mod" ] || die "unknown client: $1"
+  version=$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$src/$mod")
+  [ -n "$version" ] || die "$1: no k8s.io/client-go in $mod"
+  sha=$(cat "$src/main.go" "$src/$mod" "$src/${mod%.mod}.sum" | sha256sum | cut -c1-12)
+  echo "$CACHE/$1-$version-$sha/$(bin_of "$1")"
 }
 
 build() { # name
-  local name=$1 src bin dir tmp start
+  local name=$1 src mod bin dir tmp start
   src=$(src_of "$name")
+  mod=$(mod_of "$name")
   bin=$(path_of "$name")
   dir=$(dirname "$bin")
   [ -x "$bin" ] && return 0
@@ -51,7 +59,7 @@ build() { # name
     start=$(date +%s)
     log "building $name into $dir"
     if ! (cd "$src" && CGO_ENABLED=0 GOWORK=off GOFLAGS=-mod=readonly \
-          nice -n 10 go build -trimpath -o "$tmp/$name" .); then
+          nice -n 10 go build -modfile "$mod" -trimpath -o "$tmp/$(bin_of "$name")" .); then
       rm -rf "$tmp"
       die "build of $name failed"
     fi

@@ -1,72 +1,340 @@
 //! client-go against watchcache (issue "kube-apiserver as the oracle"
 //! §1/§3): a real `k8s.io/client-go` SharedIndexInformer
-//! (tests/clients/go/informer, built and cached by `scripts/clients.sh`)
-//! follows the configmaps of a namespace through churn, with client-go's
-//! WatchListClient feature gate off and on; its store must end equal (names
-//! and resourceVersions) to watchcache's List.
+//! (tests/clients/go/informer, built against v0.34 and against the newest
+//! client-go, cached by `scripts/clients.sh`) on configmaps and pods, in JSON
+//! and in protobuf, through a TCP tap that records its requests:
+//! - churn: its store ends equal (names and resourceVersions) to
+//!   watchcache's List and to etcd; v0.34 with WatchListClient off LISTs then
+//!   WATCHes, with it on (and the newest, by default) it sends one
+//!   `sendInitialEvents=true` watch and no LIST;
+//! - a forced 410: cut off while writes overrun a 20-event history and etcd
+//!   is compacted, each informer relists exactly once and converges;
+//! - bookmarks: on a quiet namespace the informer resumes after a cut
+//!   without a relist, bookmarks having moved it past the compaction.
 mod common;
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use etcd_client::GetOptions;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-const CONFIGMAPS: &str = r#"
-[[resources]]
-group = ""
-version = "v1"
-kind = "ConfigMap"
-plural = "configmaps"
-namespaced = true
-history_capacity = 1000
-"#;
+/// configmaps and pods, with this history capacity and bookmark interval.
+fn config(endpoint: &str, prefix: &str, history: usize, bookmark_ms: u64) -> String {
+    let mut text = format!(
+        "listen = \"127.0.0.1:0\"\n[etcd]\nendpoints = [\"{endpoint}\"]\nprefix = \"{prefix}\"\nrequest_timeout_ms = 2000\ndial_timeout_ms = 1000\n[server]\nbookmark_interval_ms = {bookmark_ms}\n"
+    );
+    for (kind, plural) in [("ConfigMap", "configmaps"), ("Pod", "pods")] {
+        text.push_str(&format!(
+            "[[resources]]\ngroup = \"\"\nversion = \"v1\"\nkind = \"{kind}\"\nplural = \"{plural}\"\nnamespaced = true\nhistory_capacity = {history}\n"
+        ));
+    }
+    text
+}
 
 /// name -> resourceVersion
 type Store = BTreeMap<String, String>;
 
-/// The informer binary: `scripts/clients.sh informer` builds it when it is
-/// not cached yet and prints "informer PATH".
-fn informer_binary() -> String {
+/// Which client-go, and how its informer gets its initial state.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Client {
+    /// v0.34, WatchListClient off: LIST, then WATCH.
+    ListWatch,
+    /// v0.34, WatchListClient on: a `sendInitialEvents=true` watch.
+    WatchList,
+    /// The newest client-go, its default (WatchList).
+    Latest,
+}
+
+impl Client {
+    const ALL: [Client; 3] = [Client::ListWatch, Client::WatchList, Client::Latest];
+
+    fn program(self) -> &'static str {
+        match self {
+            Client::Latest => "informer-latest",
+            _ => "informer",
+        }
+    }
+
+    fn watch_list(self) -> bool {
+        self != Client::ListWatch
+    }
+}
+
+/// The informer binary of `name`: `scripts/clients.sh NAME` builds it when
+/// it is not cached yet and prints "NAME PATH".
+fn informer_binary(name: &str) -> String {
     let root = env!("CARGO_MANIFEST_DIR");
     let out = std::process::Command::new("bash")
         .arg(format!("{root}/scripts/clients.sh"))
-        .arg("informer")
+        .arg(name)
         .stderr(Stdio::inherit())
         .output()
         .expect("run scripts/clients.sh");
-    assert!(out.status.success(), "scripts/clients.sh informer failed");
+    assert!(out.status.success(), "scripts/clients.sh {name} failed");
     let text = String::from_utf8(out.stdout).expect("utf-8");
     text.lines()
-        .find_map(|l| l.strip_prefix("informer "))
+        .find_map(|l| l.strip_prefix(&format!("{name} ")))
         .expect("informer path")
         .trim()
         .to_string()
 }
 
+async fn binary(client: Client) -> String {
+    let name = client.program();
+    tokio::task::spawn_blocking(move || informer_binary(name))
+        .await
+        .expect("build informer")
+}
+
+/// A TCP forwarder between an informer and watchcache (plain HTTP/1.1) that
+/// records each request line and counts the BOOKMARK events it passes back.
+/// `cut` closes its listener (new connections are refused, as by a server
+/// that is down) and drops the live ones; `restore` listens again on the
+/// same port.
+struct Tap {
+    addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+    requests: Arc<Mutex<Vec<String>>>,
+    bookmarks: Arc<std::sync::atomic::AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Tap {
+    async fn start(target: std::net::SocketAddr) -> Tap {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind tap");
+        let addr = listener.local_addr().expect("tap addr");
+        let (open, _) = tokio::sync::watch::channel(true);
+        let requests = Arc::new(Mutex::new(Vec::new()));
+        let bookmarks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let open_tx = open.clone();
+        let mut open_rx = open.subscribe();
+        let (reqs, marks) = (requests.clone(), bookmarks.clone());
+        let task = tokio::spawn(async move {
+            let mut listener = Some(listener);
+            loop {
+                let Some(l) = listener.as_ref() else {
+                    // Cut: wait to be opened again, then listen on the same port.
+                    if open_rx.wait_for(|open| *open).await.is_err() {
+                        return;
+                    }
+                    listener = Some(bind_again(addr).await);
+                    continue;
+                };
+                let cut = tokio::select! {
+                    accepted = l.accept() => {
+                        // One accepted as the tap is cut is closed at once.
+                        if let Ok((inbound, _)) = accepted
+                            && *open_tx.borrow()
+                        {
+                            let conn_open = open_tx.subscribe();
+                            tokio::spawn(forward(inbound, target, conn_open, reqs.clone(), marks.clone()));
+                        }
+                        false
+                    }
+                    closed = async { open_rx.wait_for(|open| !*open).await.is_ok() } => closed,
+                };
+                if cut {
+                    listener = None;
+                }
+            }
+        });
+        Tap {
+            addr,
+            open,
+            requests,
+            bookmarks,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn requests(&self) -> Vec<String> {
+        self.requests.lock().unwrap().clone()
+    }
+
+    fn bookmarks(&self) -> usize {
+        self.bookmarks.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    fn restore(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+impl Drop for Tap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn bind_again(addr: std::net::SocketAddr) -> tokio::net::TcpListener {
+    for _ in 0..100 {
+        if let Ok(l) = tokio::net::TcpListener::bind(addr).await {
+            return l;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the tap could not listen on {addr} again");
+}
+
+/// One connection: both directions copied until either side closes or the
+/// tap is cut; request lines and BOOKMARKs recorded on the way.
+async fn forward(
+    inbound: tokio::net::TcpStream,
+    target: std::net::SocketAddr,
+    mut open: tokio::sync::watch::Receiver<bool>,
+    requests: Arc<Mutex<Vec<String>>>,
+    bookmarks: Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
+        return;
+    };
+    let (mut cr, mut cw) = inbound.into_split();
+    let (mut sr, mut sw) = outbound.into_split();
+    let up = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut line = Vec::new();
+        loop {
+            let n = match cr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            for &b in &buf[..n] {
+                line.push(b);
+                if line.ends_with(b"\r\n") {
+                    let text = String::from_utf8_lossy(&line[..line.len() - 2]).into_owned();
+                    if let Some(rest) = text.strip_prefix("GET ")
+                        && let Some(target) = rest.strip_suffix(" HTTP/1.1")
+                    {
+                        requests.lock().unwrap().push(target.to_string());
+                    }
+                    line.clear();
+                } else if line.len() > 64 * 1024 {
+                    line.clear();
+                }
+            }
+            if sw.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    let down = async {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut carry: Vec<u8> = Vec::new();
+        loop {
+            let n = match sr.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            carry.extend_from_slice(&buf[..n]);
+            let found = carry.windows(8).filter(|w| w == b"BOOKMARK").count();
+            bookmarks.fetch_add(found, std::sync::atomic::Ordering::SeqCst);
+            let keep = carry.len().min(7);
+            carry.drain(..carry.len() - keep);
+            if cw.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = open.wait_for(|open| !*open) => {}
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+/// What an informer asked for, from the tap's request lines.
+#[derive(Debug, Default, PartialEq)]
+struct Requests {
+    /// Plain LISTs.
+    lists: usize,
+    /// Watches with `sendInitialEvents=true` (WatchList's initial state).
+    initial_watches: usize,
+    /// Other watches.
+    watches: usize,
+}
+
+impl Requests {
+    fn of(lines: &[String]) -> Requests {
+        let mut r = Requests::default();
+        for l in lines {
+            let query = l.split_once('?').map(|(_, q)| q).unwrap_or("");
+            let has = |kv: &str| query.split('&').any(|p| p == kv);
+            if !has("watch=true") {
+                r.lists += 1;
+            } else if has("sendInitialEvents=true") {
+                r.initial_watches += 1;
+            } else {
+                r.watches += 1;
+            }
+        }
+        r
+    }
+
+    /// Requests for the whole state: a LIST or an initial-events watch.
+    fn relists(&self) -> usize {
+        self.lists + self.initial_watches
+    }
+}
+
 struct Informer {
+    what: String,
     child: Child,
     stdin: Option<ChildStdin>,
     stdout: tokio::io::Lines<BufReader<ChildStdout>>,
-    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+    stderr: Arc<Mutex<String>>,
     synced: tokio::sync::watch::Receiver<bool>,
+    tap: Tap,
 }
 
 impl Informer {
-    async fn start(bin: &str, server: &str, namespace: &str, watch_list: bool) -> Informer {
-        let mut child = Command::new(bin)
-            .args(["--server", server, "--resource", "configmaps"])
-            .args(["--namespace", namespace])
-            .env("KUBE_FEATURE_WatchListClient", watch_list.to_string())
+    /// An informer of `client` on `resource` in `namespace`, through a tap
+    /// in front of `d`.
+    async fn start(
+        client: Client,
+        d: &common::Daemon,
+        resource: &str,
+        namespace: &str,
+        protobuf: bool,
+    ) -> Informer {
+        let bin = binary(client).await;
+        let tap = Tap::start(d.addr).await;
+        let mut cmd = Command::new(bin);
+        cmd.args(["--server", &tap.url(), "--resource", resource])
+            .args(["--namespace", namespace]);
+        if protobuf {
+            cmd.arg("--protobuf");
+        }
+        // The newest runs with its default gates; v0.34 with the gate set.
+        if client != Client::Latest {
+            cmd.env(
+                "KUBE_FEATURE_WatchListClient",
+                client.watch_list().to_string(),
+            );
+        }
+        let mut child = cmd
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .expect("spawn informer");
-        let stderr = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
         let (tx, synced) = tokio::sync::watch::channel(false);
         let mut err_lines = BufReader::new(child.stderr.take().unwrap()).lines();
         let log = stderr.clone();
@@ -80,12 +348,15 @@ impl Informer {
                 log.push('\n');
             }
         });
+        let encoding = if protobuf { "protobuf" } else { "JSON" };
         Informer {
+            what: format!("{client:?} informer on {resource} in {namespace} ({encoding})"),
             stdin: child.stdin.take(),
             stdout: BufReader::new(child.stdout.take().unwrap()).lines(),
             child,
             stderr,
             synced,
+            tap,
         }
     }
 
@@ -93,7 +364,12 @@ impl Informer {
         self.stderr.lock().unwrap().clone()
     }
 
-    async fn wait_synced(&mut self) {
+    fn requests(&self) -> Requests {
+        Requests::of(&self.tap.requests())
+    }
+
+    /// Waits for SYNCED and checks the client-go and gate it reports.
+    async fn wait_synced(&mut self, client: Client) {
         let ok = tokio::time::timeout(
             Duration::from_secs(30),
             self.synced.wait_for(|synced| *synced),
@@ -102,8 +378,22 @@ impl Informer {
         .is_ok_and(|r| r.is_ok());
         assert!(
             ok,
-            "informer printed SYNCED within 30 s; its log:\n{}",
+            "{} printed SYNCED within 30 s; its log:\n{}",
+            self.what,
             self.log()
+        );
+        let log = self.log();
+        let want = format!("WatchListClient={}", client.watch_list());
+        assert!(log.contains(&want), "{}: {want}; log:\n{log}", self.what);
+        let version = if client == Client::Latest {
+            "client-go=v0.37."
+        } else {
+            "client-go=v0.34."
+        };
+        assert!(
+            log.contains(version),
+            "{}: {version}; log:\n{log}",
+            self.what
         );
     }
 
@@ -137,6 +427,23 @@ impl Informer {
         self.read_store(true).await
     }
 
+    /// Polls the store until it equals `expected`, within 60 s.
+    async fn converge(&mut self, expected: &Store) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut seen = self.dump().await;
+        while &seen != expected && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            seen = self.dump().await;
+        }
+        assert_eq!(
+            &seen,
+            expected,
+            "{}: its store equals the expected state; log:\n{}",
+            self.what,
+            self.log()
+        );
+    }
+
     /// Closes stdin; the informer prints its store and exits 0.
     async fn finish(mut self) -> Store {
         drop(self.stdin.take());
@@ -147,16 +454,18 @@ impl Informer {
             .expect("wait informer");
         assert!(
             status.success(),
-            "informer exit: {status}; log:\n{}",
+            "{} exit: {status}; log:\n{}",
+            self.what,
             self.log()
         );
         store
     }
 }
 
-async fn list(http: &reqwest::Client, d: &common::Daemon, ns: &str) -> Store {
+/// watchcache's List of `resource` in `ns`.
+async fn list(http: &reqwest::Client, d: &common::Daemon, resource: &str, ns: &str) -> Store {
     let r = http
-        .get(d.url(&format!("/api/v1/namespaces/{ns}/configmaps")))
+        .get(d.url(&format!("/api/v1/namespaces/{ns}/{resource}")))
         .send()
         .await
         .expect("list");
@@ -178,16 +487,68 @@ async fn list(http: &reqwest::Client, d: &common::Daemon, ns: &str) -> Store {
         .collect()
 }
 
-async fn create(http: &reqwest::Client, d: &common::Daemon, ns: &str, name: &str) {
-    let cm = json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": name, "namespace": ns},
-        "data": {"v": "0"}
-    });
+/// etcd's state of `resource` in `ns`: name -> mod_revision.
+async fn etcd_state(endpoint: &str, prefix: &str, resource: &str, ns: &str) -> Store {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("etcd client");
+    let key = format!("{}/{resource}/{ns}/", prefix.trim_end_matches('/'));
+    let resp = c
+        .get(key.as_str(), Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("etcd get");
+    resp.kvs()
+        .iter()
+        .map(|kv| {
+            let k = String::from_utf8_lossy(kv.key());
+            (
+                k.trim_start_matches(&key).to_string(),
+                kv.mod_revision().to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Compacts etcd at its current revision.
+async fn compact(endpoint: &str) {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("etcd client");
+    let rev = c
+        .get("/", None)
+        .await
+        .expect("etcd get")
+        .header()
+        .expect("header")
+        .revision();
+    c.compact(
+        rev,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .expect("compact");
+}
+
+fn object(resource: &str, ns: &str, name: &str) -> Value {
+    match resource {
+        "pods" => json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}
+        }),
+        _ => json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": ns},
+            "data": {"v": "0"}
+        }),
+    }
+}
+
+async fn create(http: &reqwest::Client, d: &common::Daemon, resource: &str, ns: &str, name: &str) {
     let r = http
-        .post(d.url(&format!("/api/v1/namespaces/{ns}/configmaps")))
+        .post(d.url(&format!("/api/v1/namespaces/{ns}/{resource}")))
         .header("Content-Type", "application/json")
-        .body(cm.to_string())
+        .body(object(resource, ns, name).to_string())
         .send()
         .await
         .expect("create");
@@ -199,11 +560,11 @@ async fn create(http: &reqwest::Client, d: &common::Daemon, ns: &str, name: &str
     );
 }
 
-async fn update(http: &reqwest::Client, d: &common::Daemon, ns: &str, name: &str) {
+async fn update(http: &reqwest::Client, d: &common::Daemon, resource: &str, ns: &str, name: &str) {
     let r = http
-        .patch(d.url(&format!("/api/v1/namespaces/{ns}/configmaps/{name}")))
+        .patch(d.url(&format!("/api/v1/namespaces/{ns}/{resource}/{name}")))
         .header("Content-Type", "application/merge-patch+json")
-        .body(json!({"data": {"v": "1"}}).to_string())
+        .body(json!({"metadata": {"labels": {"v": "1"}}}).to_string())
         .send()
         .await
         .expect("update");
@@ -215,9 +576,11 @@ async fn update(http: &reqwest::Client, d: &common::Daemon, ns: &str, name: &str
     );
 }
 
-async fn delete(http: &reqwest::Client, d: &common::Daemon, ns: &str, name: &str) {
+async fn delete(http: &reqwest::Client, d: &common::Daemon, resource: &str, ns: &str, name: &str) {
     let r = http
-        .delete(d.url(&format!("/api/v1/namespaces/{ns}/configmaps/{name}")))
+        .delete(d.url(&format!(
+            "/api/v1/namespaces/{ns}/{resource}/{name}?gracePeriodSeconds=0"
+        )))
         .send()
         .await
         .expect("delete");
@@ -229,81 +592,283 @@ async fn delete(http: &reqwest::Client, d: &common::Daemon, ns: &str, name: &str
     );
 }
 
-async fn informer_follows_churn(watch_list: bool) {
-    let bin = tokio::task::spawn_blocking(informer_binary)
-        .await
-        .expect("build informer");
-    let prefix = common::unique_prefix(&format!("client-go-{watch_list}"));
-    let d = common::Daemon::start(
-        &common::daemon_config(common::etcd(), &prefix, CONFIGMAPS),
-        &[],
-    )
-    .await;
-    d.wait_ready().await;
-    let http = reqwest::Client::new();
-    let ns = "informer";
-
-    // Some objects before the informer starts, for its initial list.
-    for i in 0..5 {
-        create(&http, &d, ns, &format!("pre-{i}")).await;
-    }
-    let mut informer = Informer::start(&bin, &d.url(""), ns, watch_list).await;
-    informer.wait_synced().await;
-    assert!(
-        informer
-            .log()
-            .contains(&format!("WatchListClient={watch_list}")),
-        "client-go's gate follows KUBE_FEATURE_WatchListClient; log:\n{}",
-        informer.log()
-    );
-    let first = informer.dump().await;
-    assert_eq!(first, list(&http, &d, ns).await, "store after sync");
-
-    // Churn: create 30, update 20, delete 10.
+/// Creates 30, updates 20, deletes 10 (`tag` keeps rounds apart).
+async fn churn(http: &reqwest::Client, d: &common::Daemon, resource: &str, ns: &str, tag: &str) {
     for i in 0..30 {
-        create(&http, &d, ns, &format!("cm-{i:02}")).await;
+        create(http, d, resource, ns, &format!("{tag}-{i:02}")).await;
     }
     for i in 0..20 {
-        update(&http, &d, ns, &format!("cm-{i:02}")).await;
+        update(http, d, resource, ns, &format!("{tag}-{i:02}")).await;
     }
     for i in 20..30 {
-        delete(&http, &d, ns, &format!("cm-{i:02}")).await;
+        delete(http, d, resource, ns, &format!("{tag}-{i:02}")).await;
     }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut expected = list(&http, &d, ns).await;
-    while expected.len() != 25 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        expected = list(&http, &d, ns).await;
-    }
-    assert_eq!(
-        expected.len(),
-        25,
-        "watchcache's List shows the final state: {expected:?}"
-    );
+}
 
-    // The informer catches up: poll its store until equal, within 30 s.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let mut seen = informer.dump().await;
-    while seen != expected && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        seen = informer.dump().await;
+/// watchcache's List once it equals etcd's state (names and RVs).
+async fn settled(
+    http: &reqwest::Client,
+    d: &common::Daemon,
+    endpoint: &str,
+    prefix: &str,
+    resource: &str,
+    ns: &str,
+) -> Store {
+    let want = etcd_state(endpoint, prefix, resource, ns).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut got = list(http, d, resource, ns).await;
+    while got != want && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        got = list(http, d, resource, ns).await;
     }
     assert_eq!(
-        seen,
-        expected,
-        "informer store (WatchListClient={watch_list}) equals watchcache's List; log:\n{}",
-        informer.log()
+        got, want,
+        "watchcache's List of {resource} in {ns} equals etcd"
     );
-    let last = informer.finish().await;
-    assert_eq!(last, expected, "store printed at stdin EOF");
+    got
+}
+
+/// For one client: on configmaps and pods, JSON and protobuf, an informer
+/// syncs, follows churn and ends equal to watchcache's List and etcd; the
+/// tap shows how it got its initial state.
+async fn informer_follows_churn(client: Client) {
+    let endpoint = common::etcd();
+    let prefix = common::unique_prefix(&format!("client-go-{client:?}"));
+    let d = common::Daemon::start(&config(endpoint, &prefix, 1000, 60_000), &[]).await;
+    d.wait_ready().await;
+    let http = reqwest::Client::new();
+    for resource in ["configmaps", "pods"] {
+        for protobuf in [false, true] {
+            let ns = format!("churn-{}", if protobuf { "pb" } else { "json" });
+            // Some objects before the informer starts, for its initial state.
+            for i in 0..5 {
+                create(&http, &d, resource, &ns, &format!("pre-{i}")).await;
+            }
+            let mut inf = Informer::start(client, &d, resource, &ns, protobuf).await;
+            inf.wait_synced(client).await;
+            let first = inf.dump().await;
+            assert_eq!(
+                first,
+                list(&http, &d, resource, &ns).await,
+                "store after sync"
+            );
+
+            churn(&http, &d, resource, &ns, "obj").await;
+            let expected = settled(&http, &d, endpoint, &prefix, resource, &ns).await;
+            assert_eq!(expected.len(), 25, "the final state: {expected:?}");
+            inf.converge(&expected).await;
+
+            // On the wire: LIST+WATCH, or one initial-events watch and no LIST.
+            let r = inf.requests();
+            if client.watch_list() {
+                assert_eq!(
+                    (r.lists, r.initial_watches),
+                    (0, 1),
+                    "{}: a sendInitialEvents=true watch, no LIST: {:?}",
+                    inf.what,
+                    inf.tap.requests()
+                );
+            } else {
+                assert_eq!(
+                    (r.lists, r.initial_watches),
+                    (1, 0),
+                    "{}: one LIST, then watches: {:?}",
+                    inf.what,
+                    inf.tap.requests()
+                );
+                assert!(r.watches >= 1, "{}: {:?}", inf.what, inf.tap.requests());
+            }
+            let what = inf.what.clone();
+            let last = inf.finish().await;
+            assert_eq!(last, expected, "{what}: store printed at stdin EOF");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn informer_list_watch() {
-    informer_follows_churn(false).await;
+    informer_follows_churn(Client::ListWatch).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn informer_watch_list() {
-    informer_follows_churn(true).await;
+    informer_follows_churn(Client::WatchList).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn informer_latest_watch_list() {
+    informer_follows_churn(Client::Latest).await;
+}
+
+/// Each client, on configmaps (JSON) and pods (protobuf), in one namespace
+/// of a private etcd (it is compacted) with a 20-event history.
+async fn informers(d: &common::Daemon, ns: &str) -> Vec<(Client, &'static str, Informer)> {
+    let mut out = Vec::new();
+    for client in Client::ALL {
+        for (resource, protobuf) in [("configmaps", false), ("pods", true)] {
+            let mut inf = Informer::start(client, d, resource, ns, protobuf).await;
+            inf.wait_synced(client).await;
+            out.push((client, resource, inf));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn informers_relist_once_after_a_forced_410() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let endpoint = etcd.endpoint();
+    let prefix = common::unique_prefix("client-go-410");
+    let d = common::Daemon::start(&config(&endpoint, &prefix, 20, 60_000), &[]).await;
+    d.wait_ready().await;
+    let http = reqwest::Client::new();
+    let ns = "gone";
+    for resource in ["configmaps", "pods"] {
+        for i in 0..3 {
+            create(&http, &d, resource, ns, &format!("pre-{i}")).await;
+        }
+    }
+    let mut infs = informers(&d, ns).await;
+    // Past client-go's "very short watch" (under 1 s, no event).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let before: Vec<usize> = infs
+        .iter()
+        .map(|(_, _, inf)| inf.tap.requests().len())
+        .collect();
+
+    // Cut off, the informers miss 60 events per resource (three times the
+    // history), compacted away in etcd too.
+    for (_, _, inf) in &infs {
+        inf.tap.cut();
+    }
+    for resource in ["configmaps", "pods"] {
+        churn(&http, &d, resource, ns, "gone").await;
+    }
+    let mut expected = BTreeMap::new();
+    for resource in ["configmaps", "pods"] {
+        let state = settled(&http, &d, &endpoint, &prefix, resource, ns).await;
+        assert_eq!(state.len(), 23, "{resource}: {state:?}");
+        expected.insert(resource, state);
+    }
+    compact(&endpoint).await;
+    // watchcache answers a watch from before the cut with 410 Gone.
+    let old_rv = {
+        let (_, _, inf) = &infs[0];
+        let lines = inf.tap.requests();
+        let watch = lines
+            .iter()
+            .rev()
+            .find(|l| l.contains("watch=true"))
+            .expect("a watch before the cut")
+            .clone();
+        watch
+            .split(['?', '&'])
+            .find_map(|p| p.strip_prefix("resourceVersion="))
+            .expect("the watch's resourceVersion")
+            .to_string()
+    };
+    let r = http
+        .get(d.url(&format!(
+            "/api/v1/namespaces/{ns}/configmaps?watch=true&resourceVersion={old_rv}&timeoutSeconds=1"
+        )))
+        .send()
+        .await
+        .expect("watch");
+    let text = r.text().await.expect("watch body");
+    assert!(
+        text.contains("\"code\":410"),
+        "a watch from {old_rv} is too old now: {text}"
+    );
+
+    for (_, _, inf) in &infs {
+        inf.tap.restore();
+    }
+    for (i, (client, resource, inf)) in infs.iter_mut().enumerate() {
+        inf.converge(&expected[resource]).await;
+        // Give a second relist (there must be none) time to show.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let after = Requests::of(&inf.tap.requests()[before[i]..]);
+        assert_eq!(
+            after.relists(),
+            1,
+            "{client:?} on {resource}: exactly one relist after the 410: {:?}",
+            &inf.tap.requests()[before[i]..]
+        );
+        if client.watch_list() {
+            assert_eq!(after.lists, 0, "{}: relisted by WatchList", inf.what);
+        }
+    }
+    for (_, resource, inf) in infs {
+        assert_eq!(inf.finish().await, expected[resource]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookmarks_let_a_quiet_informer_resume_past_a_compaction() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let endpoint = etcd.endpoint();
+    let prefix = common::unique_prefix("client-go-bookmarks");
+    // Bookmarks every 300 ms instead of every minute.
+    let d = common::Daemon::start(&config(&endpoint, &prefix, 20, 300), &[]).await;
+    d.wait_ready().await;
+    let http = reqwest::Client::new();
+    let (quiet, busy) = ("quiet", "busy");
+    let mut expected = BTreeMap::new();
+    for resource in ["configmaps", "pods"] {
+        for i in 0..2 {
+            create(&http, &d, resource, quiet, &format!("q-{i}")).await;
+        }
+        expected.insert(resource, list(&http, &d, resource, quiet).await);
+    }
+    let mut infs = informers(&d, quiet).await;
+
+    // Writes elsewhere overrun the history; the quiet informers see none
+    // of them, only bookmarks past them.
+    for resource in ["configmaps", "pods"] {
+        churn(&http, &d, resource, busy, "busy").await;
+        settled(&http, &d, &endpoint, &prefix, resource, busy).await;
+    }
+    let marks: Vec<usize> = infs.iter().map(|(_, _, i)| i.tap.bookmarks()).collect();
+    for (i, (_, _, inf)) in infs.iter().enumerate() {
+        let (tap, want) = (&inf.tap, marks[i] + 2);
+        let ok = common::eventually(Duration::from_secs(20), || async move {
+            tap.bookmarks() >= want
+        })
+        .await;
+        assert!(ok, "{}: bookmarks after the writes", inf.what);
+    }
+    compact(&endpoint).await;
+    let before: Vec<usize> = infs
+        .iter()
+        .map(|(_, _, inf)| inf.tap.requests().len())
+        .collect();
+    for (_, _, inf) in &infs {
+        inf.tap.cut();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let marks: Vec<usize> = infs.iter().map(|(_, _, i)| i.tap.bookmarks()).collect();
+    for (_, _, inf) in &infs {
+        inf.tap.restore();
+    }
+    for (i, (client, resource, inf)) in infs.iter_mut().enumerate() {
+        // Resumed: a new watch that brings bookmarks again.
+        let (tap, want) = (&inf.tap, marks[i] + 2);
+        let ok = common::eventually(Duration::from_secs(60), || async move {
+            tap.bookmarks() >= want
+        })
+        .await;
+        assert!(ok, "{}: watching again after the cut", inf.what);
+        let after = Requests::of(&inf.tap.requests()[before[i]..]);
+        assert_eq!(
+            after.relists(),
+            0,
+            "{client:?} on {resource}: resumed without a relist: {:?}",
+            &inf.tap.requests()[before[i]..]
+        );
+        assert!(after.watches >= 1, "{}: watched again", inf.what);
+        inf.converge(&expected[resource]).await;
+    }
+    for (_, resource, inf) in infs {
+        assert_eq!(inf.finish().await, expected[resource]);
+    }
 }

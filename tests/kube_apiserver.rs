@@ -779,6 +779,7 @@ async fn oracle(version: &str) {
     writes_through_watchcache(&mut o, &etcd.endpoint()).await;
     watches_from_the_same_revision(&mut o).await;
     manifests_pass_server_dry_run(&o.kube);
+    protobuf_watch_frames_byte_for_byte(&mut o).await;
 
     let unseen: Vec<String> = o
         .known
@@ -1342,6 +1343,265 @@ async fn watches_from_the_same_revision(o: &mut Oracle) {
         }
     }
     o.record("configmaps", &format!("watch {path}"), diffs);
+}
+
+/// Reads `count` frames of a protobuf watch stream (4-byte big-endian
+/// length, then the frame), or what came within 30 s.
+async fn read_frames(resp: reqwest::Response, count: usize) -> Vec<Vec<u8>> {
+    use futures::StreamExt;
+    let mut stream = resp.bytes_stream();
+    let mut buf = Vec::new();
+    let mut frames = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while frames.len() < count {
+        while buf.len() >= 4 {
+            let len = u32::from_be_bytes([buf[0], buf[1], buf[2], buf[3]]) as usize;
+            if buf.len() < 4 + len {
+                break;
+            }
+            frames.push(buf[4..4 + len].to_vec());
+            buf.drain(..4 + len);
+        }
+        if frames.len() >= count {
+            break;
+        }
+        let next = tokio::time::timeout_at(deadline, stream.next()).await;
+        let Ok(Some(Ok(chunk))) = next else { break };
+        buf.extend_from_slice(&chunk);
+    }
+    frames
+}
+
+/// Protobuf watches from the same resourceVersion on both while
+/// kube-apiserver writes: the same frames, byte for byte. Each is a bare
+/// `meta.v1.WatchEvent` (kube-apiserver's raw stream serializer, what
+/// client-go decodes), its object in the full `k8s\0` encoding.
+async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle) {
+    use watchcache::object::protobuf as pb;
+    let cms = format!("/api/v1/namespaces/{NS}/configmaps");
+    let (_, body) = o.wc_get(&cms, JSON).await;
+    let list: Value = serde_json::from_slice(&body).expect("list");
+    let rv = list["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string();
+    let path = format!("{cms}?watch=1&resourceVersion={rv}");
+    let open = |kube: bool| {
+        let (client, url) = if kube {
+            (&o.kube.http, o.kube.url(&path))
+        } else {
+            (&o.http, o.watchcache.url(&path))
+        };
+        client
+            .get(url)
+            .header("accept", PROTOBUF)
+            .timeout(Duration::from_secs(60))
+            .send()
+    };
+    let (wc, kube) = tokio::join!(open(false), open(true));
+    let (wc, kube) = (wc.expect("watchcache watch"), kube.expect("kube watch"));
+    let mut diffs = Vec::new();
+    for (who, r) in [("watchcache", &wc), ("kube-apiserver", &kube)] {
+        let ct = r
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if r.status() != 200 || ct != "application/vnd.kubernetes.protobuf;stream=watch" {
+            diffs.push((
+                format!("protobuf/watch/{who}"),
+                format!("{} {ct}", r.status()),
+            ));
+        }
+    }
+    let cm = |name: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"v": "1"}});
+    o.kube.create(&cms, &cm("framed")).await;
+    let (code, body) = o
+        .kube
+        .send(
+            Method::PATCH,
+            &format!("{cms}/framed"),
+            "application/merge-patch+json",
+            Some(json!({"data": {"v": "2"}}).to_string()),
+        )
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = o
+        .kube
+        .send(Method::DELETE, &format!("{cms}/framed"), JSON, None)
+        .await;
+    assert_eq!(code, 200, "{body}");
+    let (w, k) = tokio::join!(read_frames(wc, 3), read_frames(kube, 3));
+    assert_eq!(k.len(), 3, "kube-apiserver's protobuf watch frames");
+    for (i, kf) in k.iter().enumerate() {
+        assert!(
+            !kf.starts_with(pb::MAGIC),
+            "kube-apiserver's frame {i} is a bare WatchEvent"
+        );
+        match w.get(i) {
+            Some(wf) if wf == kf => {}
+            Some(wf) => {
+                let mut d = Vec::new();
+                let decode = |f: &[u8]| {
+                    pb::decode_watch_event(f).unwrap_or_else(|e| Value::String(e.to_string()))
+                };
+                diff("", &decode(wf), &decode(kf), &mut d);
+                diffs.push((
+                    format!("protobuf/watch/{i}"),
+                    format!(
+                        "{} bytes, kube-apiserver {} bytes; decoded: {d:?}",
+                        wf.len(),
+                        kf.len()
+                    ),
+                ));
+            }
+            None => diffs.push((format!("protobuf/watch/{i}"), "missing".into())),
+        }
+    }
+    o.record("configmaps", &format!("watch {path} (protobuf)"), diffs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_old_resource_version_is_answered_as_kube_apiserver_1_34_does() {
+    too_old_resource_version("1.34").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_too_old_resource_version_is_answered_as_kube_apiserver_1_37_does() {
+    too_old_resource_version("1.37").await;
+}
+
+/// A resourceVersion older than both caches and compacted in etcd: a watch
+/// and an Exact List from it get the same code, reason and message (numbers
+/// aside: each names its own oldest revision) from both. etcd is 50
+/// revisions in before kube-apiserver starts, so that its watch cache (which
+/// keeps every event since it started) begins after revision 10.
+async fn too_old_resource_version(version: &str) {
+    let binary = peer(&format!("kube-apiserver-{version}"));
+    let etcd = PrivateEtcd::start().await.expect("start etcd");
+    let mut c = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .expect("etcd client");
+    for i in 0..50 {
+        c.put(format!("/unrelated/{i}"), "x", None)
+            .await
+            .expect("etcd put");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let encryption = write_encryption_config(dir.path());
+    let kube = KubeApiserver::start(&binary, &etcd.endpoint(), "/registry", &encryption, &[]).await;
+    let enc = encryption.display().to_string();
+    let watchcache = Daemon::start(
+        &watchcache_config(&etcd.endpoint()),
+        &["--encryption-provider-config", &enc],
+    )
+    .await;
+    watchcache.wait_ready().await;
+    let mut o = Oracle {
+        kube,
+        watchcache,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(60))
+            .build()
+            .expect("client"),
+        known: known_differences(version),
+        failures: Vec::new(),
+        compared: 0,
+    };
+    let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}});
+    o.kube.create("/api/v1/namespaces", &ns).await;
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "old"}, "data": {"v": "1"}});
+    o.kube
+        .create(&format!("/api/v1/namespaces/{NS}/configmaps"), &cm)
+        .await;
+    let rev = c
+        .get("/", None)
+        .await
+        .expect("etcd get")
+        .header()
+        .expect("header")
+        .revision();
+    c.compact(
+        rev,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .expect("compact");
+    // The shape of a Status: its code, reason, status and message with
+    // every number as N.
+    let shape = |code: u16, status: &Value| {
+        let message = status["message"].as_str().unwrap_or("");
+        let mut m = String::new();
+        let mut in_number = false;
+        for ch in message.chars() {
+            if ch.is_ascii_digit() {
+                if !in_number {
+                    m.push('N');
+                }
+                in_number = true;
+            } else {
+                m.push(ch);
+                in_number = false;
+            }
+        }
+        json!({"httpCode": code, "kind": status["kind"], "status": status["status"],
+            "reason": status["reason"], "code": status["code"], "message": m})
+    };
+    let cms = format!("/api/v1/namespaces/{NS}/configmaps");
+    // A watch: kube-apiserver answers 200 and an ERROR event.
+    let path = format!("{cms}?watch=1&resourceVersion=10");
+    let mut answers = Vec::new();
+    for kube in [false, true] {
+        let (client, url) = if kube {
+            (&o.kube.http, o.kube.url(&path))
+        } else {
+            (&o.http, o.watchcache.url(&path))
+        };
+        let r = client
+            .get(url)
+            .timeout(Duration::from_secs(60))
+            .send()
+            .await
+            .expect("watch");
+        let code = r.status().as_u16();
+        let answer = if code == 200 {
+            let events = read_events(r, 1).await;
+            let event = events.first().cloned().unwrap_or(Value::Null);
+            json!({"type": event["type"], "status": shape(code, &event["object"])})
+        } else {
+            let body = r.bytes().await.unwrap_or_default();
+            let status = serde_json::from_slice::<Value>(&body).unwrap_or(Value::Null);
+            json!({"type": null, "status": shape(code, &status)})
+        };
+        answers.push(answer);
+    }
+    let mut diffs = Vec::new();
+    diff("", &answers[0], &answers[1], &mut diffs);
+    if answers[1]["type"] != "ERROR" || answers[1]["status"]["code"] != 410 {
+        diffs.push(("/kube".into(), format!("kube-apiserver: {}", answers[1])));
+    }
+    o.record("configmaps", &format!("watch {path}"), diffs);
+    // An Exact List.
+    let path = format!("{cms}?resourceVersion=10&resourceVersionMatch=Exact");
+    let (wc_code, wc_body) = o.wc_get(&path, JSON).await;
+    let (k_code, k_body) = o.kube_get(&path, JSON).await;
+    let parse = |b: &[u8]| serde_json::from_slice::<Value>(b).unwrap_or(Value::Null);
+    let mut diffs = Vec::new();
+    diff(
+        "",
+        &shape(wc_code, &parse(&wc_body)),
+        &shape(k_code, &parse(&k_body)),
+        &mut diffs,
+    );
+    if k_code != 410 {
+        diffs.push(("/kube".into(), format!("kube-apiserver answered {k_code}")));
+    }
+    o.record("configmaps", &format!("GET {path}"), diffs);
+    assert!(
+        o.failures.is_empty(),
+        "differences from kube-apiserver {version}:\n{}",
+        o.failures.join("\n")
+    );
 }
 
 /// kube-apiserver with `--etcd-servers` on watchcache's etcd gRPC front

@@ -145,9 +145,13 @@ impl Cacher {
         let all = match self.storage.list_all(prefix, &opts).await {
             Ok(all) => all,
             Err(StorageError::Compacted { requested, .. }) => {
-                return Err(CacherError::Expired(format!(
-                    "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (resource version {requested})"
-                )));
+                return Err(CacherError::Expired(match start_key {
+                    Some(_) => format!(
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter. (resource version {requested})"
+                    ),
+                    // kube-apiserver's etcd3 store, for an exact revision.
+                    None => "The resourceVersion for the provided list is too old.".to_string(),
+                }));
             }
             Err(e) => return Err(e.into()),
         };

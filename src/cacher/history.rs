@@ -155,7 +155,7 @@ impl HistoryEvent {
                 (EventType::Deleted, _, Some(prev)) => {
                     Some(protobuf_object_frame(ty, prev, self.rv, api_version, kind))
                 }
-                _ => Some(protobuf_watch_frames(self.line(ty)?, api_version)),
+                _ => Some(protobuf_watch_frames(self.line(ty)?)),
             };
         if cell.get().is_none() {
             let frame = encode()?;
@@ -507,12 +507,11 @@ mod tests {
         assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
         // Made from the object's cached message, byte for byte what the
         // JSON line encodes to.
-        let from_line =
-            protobuf_watch_frames(ev.added_line().unwrap(), "v1").expect("line encodes");
+        let from_line = protobuf_watch_frames(ev.added_line().unwrap()).expect("line encodes");
         assert_eq!(a, &from_line);
         let len = u32::from_be_bytes([a[0], a[1], a[2], a[3]]) as usize;
         assert_eq!(len + 4, a.len());
-        let event = crate::object::protobuf::decode(&a[4..]).expect("decodes");
+        let event = crate::object::protobuf::decode_watch_event(&a[4..]).expect("decodes");
         assert_eq!(event["type"], "ADDED");
         assert_eq!(event["object"]["metadata"]["name"], "a");
         assert!(
@@ -536,13 +535,12 @@ mod tests {
             .frame(EventType::Deleted, "v1", "Pod")
             .unwrap()
             .expect("a Pod encodes");
-        let event = crate::object::protobuf::decode(&d[4..]).expect("decodes");
+        let event = crate::object::protobuf::decode_watch_event(&d[4..]).expect("decodes");
         assert_eq!(event["type"], "DELETED");
         assert_eq!(event["object"]["metadata"]["resourceVersion"], "5");
         // Made from the deleted object's message with the revision written
         // in: byte for byte what its line (re-rendered JSON) encodes to.
-        let from_line =
-            protobuf_watch_frames(del.deleted_line().unwrap(), "v1").expect("line encodes");
+        let from_line = protobuf_watch_frames(del.deleted_line().unwrap()).expect("line encodes");
         assert_eq!(d, &from_line);
         // An object of a type that is not built in cannot be sent as protobuf.
         let plain = h.push(

@@ -476,6 +476,12 @@ impl Cacher {
                         .list_from_etcd(&pred, *rv, Some(start_key.clone()), limit)
                         .await;
                 }
+                // An exact revision older than the retained snapshots: etcd
+                // may still have it, as kube-apiserver's cacher delegates it
+                // (else it answers Compacted -> 410).
+                if let (ReadPlan::Exact(n), CacherError::Expired(_)) = (&plan, &e) {
+                    return self.list_from_etcd(&pred, *n, None, limit).await;
+                }
                 return Err(e);
             }
             Err(e) => return Err(e),

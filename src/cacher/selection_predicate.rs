@@ -588,7 +588,8 @@ mod tests {
             assert!(rest.len() >= 4, "a frame's length: {rest:?}");
             let len = u32::from_be_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
             assert!(rest.len() >= 4 + len, "a frame of {len} bytes");
-            let event = crate::object::protobuf::decode(&rest[4..4 + len]).expect("decodes");
+            let event =
+                crate::object::protobuf::decode_watch_event(&rest[4..4 + len]).expect("decodes");
             events.push(event);
             rest = &rest[4 + len..];
         }

@@ -203,8 +203,8 @@ impl Watcher {
     /// Appends JSON lines (initial events, bookmarks) in this watcher's encoding.
     fn push_lines(&self, buf: &mut Chunk, lines: &[u8]) -> Result<(), CacherError> {
         if self.protobuf {
-            let frames = protobuf_watch_frames(lines, &self.params.api_version)
-                .map_err(|e| CacherError::Encoding(e.to_string()))?;
+            let frames =
+                protobuf_watch_frames(lines).map_err(|e| CacherError::Encoding(e.to_string()))?;
             buf.extend_from_slice(&frames);
         } else {
             buf.extend_from_slice(lines);

@@ -59,13 +59,11 @@ pub const INITIAL_EVENTS_END_ANNOTATION: &str = "k8s.io/initial-events-end";
 
 /// Watch lines (`{"type":..,"object":..}`, newline-separated) as
 /// kube-apiserver's protobuf watch stream: per event, a 4-byte big-endian
-/// length, then `k8s\0` + `runtime.Unknown` holding a `WatchEvent`
-/// (typed `<api_version> WatchEvent`) whose object is the object's own
-/// `k8s\0` encoding. Only for built-in types (see [`super::protobuf`]).
-pub fn protobuf_watch_frames(
-    lines: &[u8],
-    api_version: &str,
-) -> Result<Bytes, super::protobuf::ProtobufError> {
+/// length, then a bare `meta.v1.WatchEvent` message (no `k8s\0` envelope:
+/// kube-apiserver's stream serializer is protobuf's raw one) whose object
+/// is the object's own `k8s\0` encoding. Only for built-in types (see
+/// [`super::protobuf`]).
+pub fn protobuf_watch_frames(lines: &[u8]) -> Result<Bytes, super::protobuf::ProtobufError> {
     use super::protobuf::{ProtobufError, encode, encode_watch_event};
     let mut out = BytesMut::with_capacity(lines.len());
     for line in lines.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
@@ -76,7 +74,7 @@ pub fn protobuf_watch_frames(
             })?;
         let ty = event.get("type").and_then(|t| t.as_str()).unwrap_or("");
         let object = encode(event.get("object").unwrap_or(&serde_json::Value::Null))?;
-        push_frame(&mut out, &encode_watch_event(ty, object, api_version)?)?;
+        push_frame(&mut out, &encode_watch_event(ty, object)?)?;
     }
     Ok(out.freeze())
 }
@@ -96,7 +94,7 @@ pub fn protobuf_object_frame(
     use super::protobuf::{encode_watch_event, wrap_message};
     let message = object.protobuf_message_at(api_version, kind, resource_version)?;
     let object = wrap_message(api_version, kind, &message)?;
-    let frame = encode_watch_event(event_type.as_str(), object, api_version)?;
+    let frame = encode_watch_event(event_type.as_str(), object)?;
     let mut out = BytesMut::with_capacity(4 + frame.len());
     push_frame(&mut out, &frame)?;
     Ok(out.freeze())

@@ -276,7 +276,7 @@ impl WatchBody {
             .as_ref()
             .and_then(|x| x.protobuf_api_version.as_ref());
         match api_version {
-            Some(api_version) => match protobuf_watch_frames(&line, api_version) {
+            Some(_) => match protobuf_watch_frames(&line) {
                 Ok(frames) => frames,
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot encode a watch error as protobuf");

@@ -322,14 +322,12 @@ impl ListEncoder {
     }
 }
 
-/// One event of a protobuf watch stream as kube-apiserver writes it: a
-/// `meta.v1.WatchEvent` whose object is `object` (itself an encoded `k8s\0`
-/// value) in the `k8s\0` envelope typed `<api_version> WatchEvent`.
-pub fn encode_watch_event(
-    event_type: &str,
-    object: Vec<u8>,
-    api_version: &str,
-) -> Result<Vec<u8>, ProtobufError> {
+/// One event of a protobuf watch stream as kube-apiserver writes it: a bare
+/// `meta.v1.WatchEvent` message, without the `k8s\0` envelope (its watch
+/// stream uses protobuf's raw serializer; client-go decodes each frame as
+/// the message itself), whose object is `object`, itself an encoded
+/// `k8s\0` value.
+pub fn encode_watch_event(event_type: &str, object: Vec<u8>) -> Result<Vec<u8>, ProtobufError> {
     let schema = Schema::get()?;
     let missing = |name: &str| ProtobufError::Schema(format!("{name} missing"));
     let event_desc = schema
@@ -349,7 +347,21 @@ pub fn encode_watch_event(
     event
         .try_set_field_by_name("object", PValue::Message(raw))
         .map_err(schema_error)?;
-    wrap(schema, api_version, "WatchEvent", &event.encode_to_vec())
+    Ok(event.encode_to_vec())
+}
+
+/// Decodes one frame of a protobuf watch stream ([`encode_watch_event`]):
+/// `{"type", "object"}`, the object decoded from its `k8s\0` value.
+pub fn decode_watch_event(frame: &[u8]) -> Result<Value, ProtobufError> {
+    let schema = Schema::get()?;
+    let desc = schema
+        .message(WATCH_EVENT)
+        .ok_or_else(|| ProtobufError::Schema(format!("{WATCH_EVENT} missing")))?;
+    let event = DynamicMessage::decode(desc, frame).map_err(|e| ProtobufError::Decode {
+        message: WATCH_EVENT.to_string(),
+        reason: e.to_string(),
+    })?;
+    json::message_to_json(schema, &event, 0)
 }
 
 fn type_of(object: &Value) -> (&str, &str) {

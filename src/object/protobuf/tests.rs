@@ -642,3 +642,39 @@ fn stored_fields_unknown_to_the_schema_reach_protobuf_clients() {
     let known = encode_message(json, "v1", "Pod").expect("encodes");
     assert_eq!(&served[..served.len() - future.len()], &known[..]);
 }
+
+/// A protobuf watch frame is a bare `meta.v1.WatchEvent` message, as
+/// kube-apiserver's raw stream serializer writes it: field 1 the type, field
+/// 2 a `RawExtension` whose field 1 is the object's full `k8s\0` value. A
+/// `k8s\0` envelope around it makes client-go fail (`proto: illegal
+/// wireType`).
+#[test]
+fn a_watch_event_is_a_bare_message_around_an_enveloped_object() {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a"}});
+    let object = encode(&pod).expect("a Pod encodes");
+    let frame = encode_watch_event("ADDED", object.clone()).expect("encodes");
+    let mut expected = vec![0x0a, 5];
+    expected.extend_from_slice(b"ADDED");
+    let mut raw = vec![0x0a];
+    push_varint(&mut raw, object.len());
+    raw.extend_from_slice(&object);
+    expected.push(0x12);
+    push_varint(&mut expected, raw.len());
+    expected.extend_from_slice(&raw);
+    assert_eq!(frame, expected);
+    assert!(!frame.starts_with(MAGIC));
+    let event = decode_watch_event(&frame).expect("decodes");
+    assert_eq!(event["type"], "ADDED");
+    assert_eq!(event["object"]["metadata"]["name"], "a");
+    assert_eq!(event["object"]["kind"], "Pod");
+    // Not a WatchEvent: a typed error, no panic.
+    assert!(decode_watch_event(b"k8s\0\x0a\xff").is_err());
+}
+
+fn push_varint(out: &mut Vec<u8>, mut n: usize) {
+    while n >= 0x80 {
+        out.push((n as u8) | 0x80);
+        n >>= 7;
+    }
+    out.push(n as u8);
+}

@@ -8,7 +8,14 @@
 //
 // client-go's WatchListClient feature gate follows env
 // KUBE_FEATURE_WatchListClient=true|false (client-go's env feature gates);
-// the program prints "WatchListClient=<bool>" on stderr as client-go sees it.
+// the program prints "WatchListClient=<bool>" and "client-go=<version>" on
+// stderr as client-go sees them. --protobuf makes client-go ask for and send
+// application/vnd.kubernetes.protobuf (its ContentType), as kube-controller-
+// manager does.
+//
+// The same main.go is built against two client-go releases: go.mod (v0.34)
+// and latest.mod (the newest the Go module proxy serves); see
+// scripts/clients.sh.
 package main
 
 import (
@@ -18,6 +25,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -44,6 +52,7 @@ func main() {
 	server := flag.String("server", "", "watchcache URL (plain http)")
 	resource := flag.String("resource", "configmaps", "configmaps|pods")
 	namespace := flag.String("namespace", "default", "namespace (\"\" for all)")
+	protobuf := flag.Bool("protobuf", false, "use application/vnd.kubernetes.protobuf instead of JSON")
 	duration := flag.Duration("duration", 0, "exit after this long (0: until stdin EOF or SIGTERM)")
 	flag.Parse()
 	if *server == "" {
@@ -53,6 +62,13 @@ func main() {
 
 	// The gate as client-go sees it (env KUBE_FEATURE_WatchListClient).
 	fmt.Fprintf(os.Stderr, "WatchListClient=%t\n", clientfeatures.FeatureGates().Enabled(clientfeatures.WatchListClient))
+	if info, ok := debug.ReadBuildInfo(); ok {
+		for _, dep := range info.Deps {
+			if dep.Path == "k8s.io/client-go" {
+				fmt.Fprintf(os.Stderr, "client-go=%s\n", dep.Version)
+			}
+		}
+	}
 
 	var obj runtime.Object
 	switch *resource {
@@ -66,6 +82,10 @@ func main() {
 	}
 
 	cfg := &rest.Config{Host: *server, QPS: -1}
+	if *protobuf {
+		cfg.ContentType = "application/vnd.kubernetes.protobuf"
+		cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	}
 	client, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
