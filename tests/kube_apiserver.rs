@@ -872,12 +872,20 @@ async fn get_with(
 }
 
 /// kube-apiserver's ETag rule: the SHA-512 of the list's items without type
-/// meta, as Go marshals them (the served JSON's key order).
-fn discovery_etag(body: &Value) -> String {
+/// meta, as Go marshals them: the served items' bytes (the last key of the
+/// compact document), after `{"metadata":{},"items":`.
+fn discovery_etag(body: &[u8]) -> String {
     use sha2::Digest;
-    let bytes =
-        serde_json::to_vec(&json!({"metadata": {}, "items": body["items"]})).expect("serializes");
-    let hex: String = sha2::Sha512::digest(&bytes)
+    const ITEMS: &[u8] = b"\"items\":";
+    let Some(at) = body.windows(ITEMS.len()).position(|w| w == ITEMS) else {
+        return "no items".into();
+    };
+    let body = body.trim_ascii_end();
+    let items = &body[at + ITEMS.len()..body.len().saturating_sub(1)];
+    let mut hashed = b"{\"metadata\":{},\"items\":".to_vec();
+    hashed.extend_from_slice(items);
+    hashed.push(b'}');
+    let hex: String = sha2::Sha512::digest(&hashed)
         .iter()
         .map(|b| format!("{b:02X}"))
         .collect();
@@ -918,7 +926,10 @@ async fn aggregated_discovery(o: &mut Oracle) {
         }
         let w: Value = serde_json::from_slice(&wc_body).unwrap_or(Value::Null);
         let k: Value = serde_json::from_slice(&k_body).unwrap_or(Value::Null);
-        for (who, body, h) in [("watchcache", &w, &wc_h), ("kube-apiserver", &k, &k_h)] {
+        for (who, body, h) in [
+            ("watchcache", &wc_body, &wc_h),
+            ("kube-apiserver", &k_body, &k_h),
+        ] {
             let etag = h.get("etag").and_then(|v| v.to_str().ok()).unwrap_or("");
             if etag != discovery_etag(body) {
                 diffs.push((

@@ -597,3 +597,71 @@ async fn server_side_apply_refuses_bad_requests() {
     assert_eq!(c, 200, "{v}");
     assert!(v["metadata"].get("managedFields").is_none(), "{v}");
 }
+
+/// kubectl's discovery through aggregated discovery: `kubectl
+/// api-resources` asks `/api` and `/apis` once each (no request per group
+/// version), lists the configured resources, and a second run revalidates
+/// its cached copies (`--cache-dir`) with `If-None-Match`: 304, no body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_discovery_uses_aggregated_discovery_and_its_cache() {
+    let ts = TestServer::start("kc-discovery", |_| {}).await;
+    let k = kubectl(&ts);
+    // `-v=6` logs each request with its URL and status.
+    let requests = |stderr: &str| -> Vec<(String, String)> {
+        stderr
+            .lines()
+            .filter(|l| l.contains("GET") && l.contains(ts.base().as_str()))
+            .map(|l| {
+                let path = l
+                    .split(ts.base().as_str())
+                    .nth(1)
+                    .and_then(|rest| rest.split(['?', '"', ' ']).next())
+                    .unwrap_or("")
+                    .to_string();
+                let status = if l.contains("304") {
+                    "304"
+                } else if l.contains("200") {
+                    "200"
+                } else {
+                    "other"
+                };
+                (path, status.to_string())
+            })
+            .collect()
+    };
+    let first = k.output(&["api-resources", "-v=6"]).await;
+    assert!(first.success, "{}", first.stderr);
+    for (name, group) in [("pods", "v1"), ("widgets", "example.com/v1")] {
+        assert!(
+            first
+                .stdout
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains(group)),
+            "{name} in\n{}",
+            first.stdout
+        );
+    }
+    let reqs = requests(&first.stderr);
+    assert_eq!(
+        reqs,
+        [
+            ("/api".to_string(), "200".to_string()),
+            ("/apis".to_string(), "200".to_string())
+        ],
+        "exactly the two aggregated requests:\n{}",
+        first.stderr
+    );
+    let second = k.output(&["api-resources", "-v=6"]).await;
+    assert!(second.success, "{}", second.stderr);
+    assert_eq!(second.stdout, first.stdout);
+    let reqs = requests(&second.stderr);
+    assert_eq!(
+        reqs,
+        [
+            ("/api".to_string(), "304".to_string()),
+            ("/apis".to_string(), "304".to_string())
+        ],
+        "revalidated from the cache:\n{}",
+        second.stderr
+    );
+}

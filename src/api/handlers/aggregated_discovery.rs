@@ -223,7 +223,8 @@ pub fn document(
     reviews: &[Review],
 ) -> GroupDiscoveryList {
     // group -> version -> resources, in first-seen order, then sorted.
-    let mut groups: Vec<(String, Vec<(String, Vec<ResourceDiscovery>)>)> = Vec::new();
+    type Versions = Vec<(String, Vec<ResourceDiscovery>)>;
+    let mut groups: Vec<(String, Versions)> = Vec::new();
     let mut add = |group: &str, version: &str, res: ResourceDiscovery| {
         let gi = match groups.iter().position(|(g, _)| g == group) {
             Some(i) => i,
@@ -313,18 +314,24 @@ impl GroupDiscoveryList {
         format!("\"{hex}\"")
     }
 
-    /// The answer's body: the list with its type meta.
+    /// The answer's body: the list with its type meta, in Go's field order
+    /// (so the ETag is the hash of the served items' bytes, as for
+    /// kube-apiserver).
     pub fn to_body(&self) -> Vec<u8> {
-        let mut v = serde_json::json!({
-            "kind": "APIGroupDiscoveryList",
-            "apiVersion": "apidiscovery.k8s.io/v2",
-        });
-        if let (Some(obj), Ok(serde_json::Value::Object(rest))) =
-            (v.as_object_mut(), serde_json::to_value(self))
-        {
-            obj.extend(rest);
+        #[derive(Serialize)]
+        struct Typed<'a> {
+            kind: &'static str,
+            #[serde(rename = "apiVersion")]
+            api_version: &'static str,
+            #[serde(flatten)]
+            list: &'a GroupDiscoveryList,
         }
-        serde_json::to_vec(&v).unwrap_or_default()
+        serde_json::to_vec(&Typed {
+            kind: "APIGroupDiscoveryList",
+            api_version: "apidiscovery.k8s.io/v2",
+            list: self,
+        })
+        .unwrap_or_default()
     }
 }
 
@@ -421,7 +428,12 @@ mod tests {
             .filter_map(|g| g["metadata"]["name"].as_str())
             .collect();
         assert_eq!(names, ["apps", "authorization.k8s.io"]);
-        let body: serde_json::Value = serde_json::from_slice(&apis.to_body()).unwrap();
+        let raw = apis.to_body();
+        assert!(
+            raw.starts_with(br#"{"kind":"APIGroupDiscoveryList","apiVersion":"apidiscovery.k8s.io/v2","metadata":{},"items":[{"#),
+            "Go's field order"
+        );
+        let body: serde_json::Value = serde_json::from_slice(&raw).unwrap();
         assert_eq!(body["kind"], "APIGroupDiscoveryList");
         assert_eq!(body["apiVersion"], "apidiscovery.k8s.io/v2");
         assert_eq!(body["items"], v["items"]);
