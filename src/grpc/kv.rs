@@ -38,7 +38,8 @@ pub struct KvService {
 impl Front {
     /// The answer from the cache, or `None` when etcd must answer: the
     /// range is not inside one cached prefix, the cache is not ready, the
-    /// revision is not retained, or a linearizable read could not wait
+    /// revision is not retained (or etcd did not confirm it is not
+    /// compacted), or a linearizable read could not wait
     /// (or a serializable one for a write through the front) for the cache
     /// in time.
     pub(crate) async fn range_from_cache(
