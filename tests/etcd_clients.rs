@@ -256,6 +256,20 @@ async fn clientv3_differential(version: &str) {
     }
     let (direct, via) = (&transcripts[0], &transcripts[1]);
     assert!(direct.lines().count() > 50, "a whole transcript: {direct}");
+    // The scenario did what it says against etcd: every watch got its
+    // events, and the compacted revision was refused to reads and watches.
+    let step = |name: &str| {
+        let tag = format!("\"step\":\"{name}\"");
+        direct
+            .lines()
+            .find(|l| l.contains(&tag))
+            .unwrap_or_else(|| panic!("step {name} in {direct}"))
+            .to_string()
+    };
+    assert!(!direct.contains("context deadline exceeded"), "{direct}");
+    assert!(step("get before compaction").contains("required revision has been compacted"));
+    assert!(step("watch before compaction").contains("\"canceled\":true"));
+    assert!(step("watch progress").contains("\"revision\":"));
     for (d, v) in direct.lines().zip(via.lines()) {
         assert_eq!(v, d, "clientv3 {version}: front (left) vs etcd (right)");
     }
