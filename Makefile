@@ -24,7 +24,8 @@ test: lint test-peers
 # The peers the tests use (the others are for the benchmarks and `make peers`).
 test-peers:
 	bash scripts/peers.sh kube-apiserver-1.34 kube-apiserver-1.37
-	bash scripts/clients.sh informer informer-latest
+	bash scripts/peers.sh etcdctl-3.6 etcdctl-3.7
+	bash scripts/clients.sh informer informer-latest etcdclient-3.6 etcdclient-3.7
 
 # Real kube-apiserver and etcd built from their Go modules, cached outside the
 # clone (README, "Peers"); `scripts/peers.sh --print NAME` gives a binary's path.
@@ -39,5 +40,5 @@ test-etcd-matrix: setup
 	  echo "== etcd $$v"; \
 	  WATCHCACHE_ETCD_BIN=$$(bash scripts/peers.sh --print etcd-$$v) \
 	  WATCHCACHE_ETCDCTL_BIN=$$(bash scripts/peers.sh --print etcdctl-$$v) \
-	  cargo test --test storage --test cacher --test grpc || exit 1; \
+	  cargo test --test storage --test cacher --test grpc --test etcd_clients || exit 1; \
 	done

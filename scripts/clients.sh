@@ -8,13 +8,16 @@
 #   scripts/clients.sh --print NAME...   print each binary's path, build
 #                                        nothing; exit 1 if one is not cached
 #
-# NAME: informer (tests/clients/go/informer with its go.mod: k8s.io/client-go
-# v0.34) or informer-latest (the same main.go with latest.mod/latest.sum
-# beside it, `go build -modfile latest.mod`: the newest client-go the Go
-# module proxy serves, `go list -m -versions k8s.io/client-go`).
+# NAME (program directory, modfile, the module whose version keys the cache):
+#   informer         tests/clients/go/informer    go.mod      k8s.io/client-go (v0.34)
+#   informer-latest  tests/clients/go/informer    latest.mod  k8s.io/client-go (the newest
+#                    the Go module proxy serves: `go list -m -versions k8s.io/client-go`)
+#   etcdclient-3.6   tests/clients/go/etcdclient  go.mod      go.etcd.io/etcd/client/v3 (v3.6)
+#   etcdclient-3.7   tests/clients/go/etcdclient  go.37.mod   go.etcd.io/etcd/client/v3 (v3.7)
+# One main.go per program, built against each modfile with `go build -modfile`.
 #
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/watchcache/clients/
-#   <name>-<client-go version>-<sha256 of main.go + mod + sum, 12 hex>/<binary>
+#   <name>-<module version>-<sha256 of main.go + mod + sum, 12 hex>/<binary>
 # so a change to the program or its dependencies builds a new binary. A build
 # goes to a temporary directory beside it, renamed into place when done; a
 # flock keeps two runs from building the same one. Go runs under `nice -n 10`
@@ -23,23 +26,42 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/watchcache/clients"
-CLIENTS="informer informer-latest"
+CLIENTS="informer informer-latest etcdclient-3.6 etcdclient-3.7"
 
 log() { printf '%s clients: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
 
-# NAME-latest is NAME's program with latest.mod instead of go.mod.
-src_of() { echo "$ROOT/tests/clients/go/${1%-latest}"; }
-mod_of() { case $1 in *-latest) echo latest.mod ;; *) echo go.mod ;; esac; }
-bin_of() { echo "${1%-latest}"; }
+# The program (its directory's and binary's name) of a client NAME.
+bin_of() {
+  case $1 in
+    informer | informer-latest) echo informer ;;
+    etcdclient-3.6 | etcdclient-3.7) echo etcdclient ;;
+    *) die "unknown client: $1" ;;
+  esac
+}
+src_of() { echo "$ROOT/tests/clients/go/$(bin_of "$1")"; }
+mod_of() {
+  case $1 in
+    informer-latest) echo latest.mod ;;
+    etcdclient-3.7) echo go.37.mod ;;
+    *) echo go.mod ;;
+  esac
+}
+module_of() {
+  case $1 in
+    informer*) echo k8s.io/client-go ;;
+    *) echo go.etcd.io/etcd/client/v3 ;;
+  esac
+}
 
 path_of() { # name -> cached binary path
-  local src mod version sha
+  local src mod module version sha
   src=$(src_of "$1")
   mod=$(mod_of "$1")
-  [ -f "$src/$mod" ] || die "unknown client: $1"
-  version=$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$src/$mod")
-  [ -n "$version" ] || die "$1: no k8s.io/client-go in $mod"
+  module=$(module_of "$1")
+  [ -f "$src/$mod" ] || die "$1: no $src/$mod"
+  version=$(awk -v m="$module" '$1 == m { print $2; exit }' "$src/$mod")
+  [ -n "$version" ] || die "$1: no $module in $mod"
   sha=$(cat "$src/main.go" "$src/$mod" "$src/${mod%.mod}.sum" | sha256sum | cut -c1-12)
   echo "$CACHE/$1-$version-$sha/$(bin_of "$1")"
 }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use etcd_client::proto::*;
@@ -37,17 +38,32 @@ pub struct KvService {
 impl Front {
     /// The answer from the cache, or `None` when etcd must answer: the
     /// range is not inside one cached prefix, the cache is not ready, the
-    /// revision is not retained, or a linearizable read could not wait
+    /// revision is not retained (or etcd did not confirm it is not
+    /// compacted), or a linearizable read could not wait
     /// (or a serializable one for a write through the front) for the cache
     /// in time.
-    pub(crate) async fn range_from_cache(&self, r: &PbRangeRequest) -> Option<PbRangeResponse> {
+    pub(crate) async fn range_from_cache(
+        &self,
+        r: &PbRangeRequest,
+        md: &MetadataMap,
+    ) -> Option<PbRangeResponse> {
         let cache = self.cache_for(&r.key, &r.range_end)?;
         // Values etcd refuses or treats specially are left to etcd.
         if !cache.is_ready() || r.revision < 0 || r.limit < 0 || invalid_sort(r) {
             return None;
         }
+        // A past revision: etcd says whether it is compacted (then etcd
+        // answers, with its error) and gives the header (its current
+        // revision), whatever the cache still holds of it.
+        let mut etcd_header = None;
         let (map, current) = if r.revision > 0 {
-            cache.snapshot(r.revision)?
+            let held = cache.snapshot(r.revision)?;
+            etcd_header = Some(
+                self.probe_revision(&r.key, r.revision, r.serializable, md)
+                    .await
+                    .ok()?,
+            );
+            held
         } else if r.serializable {
             // May be stale, but not behind a write through this front (a
             // client reads its own writes, as from etcd's one member).
@@ -80,13 +96,49 @@ impl Front {
         };
         let (kvs, count, more) = evaluate(r, &map, from_index);
         Some(PbRangeResponse {
-            header: Some(self.headers.header(current)),
+            header: Some(etcd_header.unwrap_or_else(|| self.headers.header(current))),
             kvs,
             more,
             count,
         })
     }
+
+    /// etcd's answer to a `count_only` Range of `key` at `revision` (as
+    /// `serializable` or not, with the caller's credentials): its header
+    /// (its current revision), or its error for a compacted or future
+    /// revision.
+    pub(crate) async fn probe_revision(
+        &self,
+        key: &[u8],
+        revision: i64,
+        serializable: bool,
+        md: &MetadataMap,
+    ) -> Result<PbResponseHeader, Status> {
+        let mut probe = Request::new(PbRangeRequest {
+            key: key.to_vec(),
+            revision,
+            serializable,
+            count_only: true,
+            ..Default::default()
+        });
+        *probe.metadata_mut() = md.clone();
+        let resp: Response<PbRangeResponse> =
+            self.upstream.unary("/etcdserverpb.KV/Range", probe).await?;
+        Ok(resp.into_inner().header.unwrap_or_default())
+    }
+
+    /// Whether etcd has compacted `revision` away (its own check, as a
+    /// watch from there would meet it). Any other answer, or none, is no.
+    pub(crate) async fn compacted(&self, key: &[u8], revision: i64, md: &MetadataMap) -> bool {
+        match self.probe_revision(key, revision, true, md).await {
+            Err(s) => s.code() == tonic::Code::OutOfRange && s.message().contains(COMPACTED),
+            Ok(_) => false,
+        }
+    }
 }
+
+/// etcd's `ErrCompacted` message.
+const COMPACTED: &str = "required revision has been compacted";
 
 fn invalid_sort(r: &PbRangeRequest) -> bool {
     !(SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
@@ -191,7 +243,12 @@ impl PbKvService for KvService {
                 .auth
                 .permits(req.metadata(), &r.key, &r.range_end)
                 .await;
-        if permitted && let Some(resp) = self.front.range_from_cache(req.get_ref()).await {
+        if permitted
+            && let Some(resp) = self
+                .front
+                .range_from_cache(req.get_ref(), req.metadata())
+                .await
+        {
             super::count_range(true);
             return Ok(Response::new(resp));
         }

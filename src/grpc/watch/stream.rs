@@ -307,6 +307,21 @@ impl ClientStream {
             cache = None;
             placeable = false;
         }
+        // From a revision etcd compacted, etcd cancels the watch (with its
+        // compact_revision); from the compaction revision itself, its
+        // events there have no prev_kv (etcd reads it at the revision
+        // before). etcd serves both, whatever the ring still holds.
+        let checked = spec.start_revision - i64::from(spec.prev_kv);
+        if spec.start_revision > 0
+            && checked > 0
+            && cache
+                .as_ref()
+                .is_some_and(|c| c.cursor_at(spec.start_revision).is_some())
+            && self.front.compacted(&spec.key, checked, &self.md).await
+        {
+            cache = None;
+            placeable = false;
+        }
         let cacheable = cache.is_some();
         // "From now" means after etcd's current revision, as etcd
         // means it: the cache must have caught up with it first
