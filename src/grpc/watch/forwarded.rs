@@ -24,6 +24,15 @@ impl ClientStream {
         spec: Option<CreateSpec>,
         req: PbWatchRequest,
     ) -> Result<(), Status> {
+        if let Some(PbWatchRequestUnion::CreateRequest(c)) = &req.request_union {
+            debug!(
+                key = %String::from_utf8_lossy(&c.key),
+                range_end = %String::from_utf8_lossy(&c.range_end),
+                start_revision = c.start_revision,
+                cacheable = spec.is_some(),
+                "watch forwarded to etcd"
+            );
+        }
         self.forwarded.insert(id, spec);
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
         count_watch(&self.front, "etcd", 1);
