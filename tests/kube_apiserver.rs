@@ -1423,11 +1423,7 @@ async fn consistent_reads(kube: &KubeApiserver) -> (f64, f64) {
     let name = "apiserver_watch_cache_consistent_read_total";
     let cm = "resource=\"configmaps\"";
     (
-        metric_sum(
-            &text,
-            name,
-            &[cm, "fallback=\"false\"", "success=\"true\""],
-        ),
+        metric_sum(&text, name, &[cm, "fallback=\"false\"", "success=\"true\""]),
         metric_sum(&text, name, &[cm, "fallback=\"true\""]),
     )
 }
