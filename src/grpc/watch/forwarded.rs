@@ -136,13 +136,27 @@ impl ClientStream {
         }
         self.note_sent(&resp.events);
         self.settle_ids(&resp);
+        // A watch over a cached range etcd just created: etcd is asked for
+        // progress, and its answer (once the watch caught up) moves it
+        // onto the ring even if no event ever comes (a start at the
+        // revision the cache listed at, as kube-apiserver's compactor
+        // watches `compact_rev_key` from a Get's revision).
+        let ask_progress = resp.created
+            && !resp.canceled
+            && matches!(self.forwarded.get(&resp.watch_id), Some(Some(_)));
         let handover = self.handover_point(&resp);
         self.track_fragment(&resp);
         self.pending.push_back(resp);
-        handover
+        let mut to_etcd: Vec<PbWatchRequest> = handover
             .and_then(|(id, from)| self.hand_over(id, from))
             .into_iter()
-            .collect()
+            .collect();
+        if ask_progress {
+            to_etcd.push(PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+            });
+        }
+        to_etcd
     }
 
     /// Moves every forwarded watch over a cached range onto its ring after
@@ -411,6 +425,34 @@ mod tests {
         assert_eq!(got, vec![(5, 1)]);
     }
 
+    /// etcd's `created` of a forwarded watch over a cached range asks etcd
+    /// for progress (whose answer hands it over); an uncached one does not.
+    #[tokio::test]
+    async fn a_created_forwarded_watch_over_a_cached_range_asks_etcd_for_progress() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.forwarded.insert(5, Some(spec("/c/a", 10)));
+        s.forwarded.insert(6, None);
+        let created = |id| PbWatchResponse {
+            created: true,
+            ..progress(id, 10)
+        };
+        let asked = s.on_upstream(created(5));
+        assert!(matches!(
+            asked.as_slice(),
+            [PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::ProgressRequest(_))
+            }]
+        ));
+        assert!(s.on_upstream(created(6)).is_empty());
+        assert_eq!(
+            canceled_ids(&s.on_upstream(progress(INVALID_WATCH_ID, 10))),
+            vec![5]
+        );
+        assert_eq!(s.watches.len(), 1);
+        assert_eq!(s.watches[0].min_rev, 11);
+    }
+
     /// etcd's progress notification of one forwarded watch (no events, not
     /// `created`) hands that watch over; its `created` does not.
     #[tokio::test]
@@ -423,7 +465,7 @@ mod tests {
             ..progress(5, 12)
         };
         assert!(
-            s.on_upstream(created).is_empty(),
+            canceled_ids(&s.on_upstream(created)).is_empty(),
             "created: nothing sent yet"
         );
         assert!(s.watches.is_empty());
