@@ -14,6 +14,10 @@ use super::progress::is_progress_answer;
 use super::state::{AwaitingCreated, ClientStream, CreateSpec, UpstreamWatch};
 use super::{OUT_BUFFER, count_watch, move_watch};
 
+/// How long after etcd created a watch over a cached range the front asks
+/// etcd for progress (see `ask_progress_later`).
+const PROGRESS_AFTER_CREATE: std::time::Duration = std::time::Duration::from_millis(1000);
+
 impl ClientStream {
     /// Forwards a creation (`req`, carrying `id`) etcd serves; `spec` when
     /// a cache could take the watch over later.
@@ -136,27 +140,41 @@ impl ClientStream {
         }
         self.note_sent(&resp.events);
         self.settle_ids(&resp);
-        // A watch over a cached range etcd just created: etcd is asked for
-        // progress, and its answer (once the watch caught up) moves it
-        // onto the ring even if no event ever comes (a start at the
-        // revision the cache listed at, as kube-apiserver's compactor
-        // watches `compact_rev_key` from a Get's revision).
-        let ask_progress = resp.created
+        if resp.created
             && !resp.canceled
-            && matches!(self.forwarded.get(&resp.watch_id), Some(Some(_)));
+            && matches!(self.forwarded.get(&resp.watch_id), Some(Some(_)))
+        {
+            self.ask_progress_later();
+        }
         let handover = self.handover_point(&resp);
         self.track_fragment(&resp);
         self.pending.push_back(resp);
-        let mut to_etcd: Vec<PbWatchRequest> = handover
+        handover
             .and_then(|(id, from)| self.hand_over(id, from))
             .into_iter()
-            .collect();
-        if ask_progress {
-            to_etcd.push(PbWatchRequest {
+            .collect()
+    }
+
+    /// After etcd created a watch over a cached range: asks etcd for
+    /// progress [`PROGRESS_AFTER_CREATE`] later, and its answer moves the
+    /// watch onto the ring even if no event ever comes (a start at the
+    /// revision the cache listed at, as kube-apiserver's compactor watches
+    /// `compact_rev_key` from a Get's revision). Not at once: etcd defers
+    /// the answer to a request that finds a watch still catching up until
+    /// the stream's next event, which a quiet range never has; etcd syncs
+    /// such a watch within its 100 ms sync loop.
+    fn ask_progress_later(&self) {
+        let Some(up) = &self.upstream else {
+            return;
+        };
+        let requests = up.requests.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(PROGRESS_AFTER_CREATE).await;
+            let ask = PbWatchRequest {
                 request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
-            });
-        }
-        to_etcd
+            };
+            let _ = requests.send(ask).await;
+        });
     }
 
     /// Moves every forwarded watch over a cached range onto its ring after
@@ -426,7 +444,8 @@ mod tests {
     }
 
     /// etcd's `created` of a forwarded watch over a cached range asks etcd
-    /// for progress (whose answer hands it over); an uncached one does not.
+    /// for progress a moment later (whose answer hands it over); an
+    /// uncached one does not.
     #[tokio::test]
     async fn a_created_forwarded_watch_over_a_cached_range_asks_etcd_for_progress() {
         let mut h = harness(8, Duration::from_secs(600)).await;
@@ -437,14 +456,20 @@ mod tests {
             created: true,
             ..progress(id, 10)
         };
-        let asked = s.on_upstream(created(5));
+        assert!(s.on_upstream(created(5)).is_empty());
+        let asked = tokio::time::timeout(Duration::from_secs(30), h.to_etcd.recv()).await;
         assert!(matches!(
-            asked.as_slice(),
-            [PbWatchRequest {
+            asked,
+            Ok(Some(PbWatchRequest {
                 request_union: Some(PbWatchRequestUnion::ProgressRequest(_))
-            }]
+            }))
         ));
         assert!(s.on_upstream(created(6)).is_empty());
+        tokio::time::sleep(PROGRESS_AFTER_CREATE * 2).await;
+        assert!(
+            h.to_etcd.try_recv().is_err(),
+            "asked for the cached one only"
+        );
         assert_eq!(
             canceled_ids(&s.on_upstream(progress(INVALID_WATCH_ID, 10))),
             vec![5]
