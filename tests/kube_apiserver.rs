@@ -1392,6 +1392,9 @@ async fn etcd_watchers_within(etcd: &str, bound: Option<f64>) -> f64 {
     }
 }
 
+/// A check of etcd's watchers: (the endpoint alone, now, with whom).
+type WatcherCheck<'a> = dyn Fn(f64, f64, &str) + 'a;
+
 /// What one run of three kube-apiservers on one etcd endpoint measured.
 struct SharedRun {
     name: &'static str,
@@ -1454,7 +1457,7 @@ async fn three_on_one_endpoint(
     etcd: &str,
     endpoint: &str,
     encryption: &std::path::Path,
-    check_watchers: Option<&dyn Fn(f64, f64, &str)>,
+    check_watchers: Option<&WatcherCheck<'_>>,
 ) -> SharedRun {
     let binary = peer("kube-apiserver-1.34");
     let alone = etcd_watchers_settled(etcd).await;
