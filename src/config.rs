@@ -58,6 +58,14 @@ pub struct Config {
     /// succeed, and its buffer is reserved as soon as its length is read.
     #[serde(default = "default_grpc_max_request_bytes")]
     pub grpc_max_request_bytes: usize,
+    /// etcd key prefixes the gRPC front caches besides the resources'
+    /// (taken as written, not under `etcd.prefix`), without serving them
+    /// over REST: what other etcd clients of the front watch (e.g.
+    /// kube-apiserver's `compact_rev_key` and resources this file does not
+    /// serve), so their watches share the front's one etcd watch per prefix
+    /// instead of each going to etcd.
+    #[serde(default)]
+    pub grpc_cache_prefixes: Vec<String>,
     #[serde(default)]
     pub etcd: EtcdConfig,
     #[serde(default)]
@@ -737,6 +745,15 @@ impl Config {
                 "must be greater than 0",
             ));
         }
+        for (i, p) in self.grpc_cache_prefixes.iter().enumerate() {
+            if p.is_empty() {
+                return Err(ConfigError::invalid(
+                    file,
+                    format!("grpc_cache_prefixes[{i}]"),
+                    "must not be empty (a prefix of every key is no cache)",
+                ));
+            }
+        }
         if self.etcd.endpoints.is_empty() {
             return Err(ConfigError::invalid(
                 file,
@@ -1377,6 +1394,19 @@ indexes = ["spec.nodeName"]
         error_naming(
             &format!("grpc_listen = \"localhost\"\n{GOOD}"),
             "grpc_listen",
+        );
+    }
+
+    #[test]
+    fn grpc_cache_prefixes_default_to_none_and_are_checked() {
+        let cfg = Config::parse(GOOD, "test.toml").unwrap();
+        assert!(cfg.grpc_cache_prefixes.is_empty());
+        let some = format!("grpc_cache_prefixes = [\"compact_rev_key\", \"/registry/x/\"]\n{GOOD}");
+        let cfg = Config::parse(&some, "test.toml").unwrap();
+        assert_eq!(cfg.grpc_cache_prefixes, ["compact_rev_key", "/registry/x/"]);
+        error_naming(
+            &format!("grpc_cache_prefixes = [\"/a/\", \"\"]\n{GOOD}"),
+            "grpc_cache_prefixes[1]",
         );
     }
 

@@ -2032,3 +2032,380 @@ async fn printed_tables(o: &mut Oracle) {
     diff("table", &Value::Array(w), &Value::Array(k), &mut diffs);
     o.record("pods", &format!("watch {path} (Table)"), diffs);
 }
+
+/// `etcd grpc-proxy start` (etcd 3.5 from `tools/`) on a free loopback
+/// port in front of `etcd`; killed on drop.
+struct GrpcProxy {
+    child: std::process::Child,
+    endpoint: String,
+    dir: tempfile::TempDir,
+}
+
+impl GrpcProxy {
+    async fn start(etcd: &str) -> GrpcProxy {
+        let bin = watchcache::etcd_server::find_etcd_binary().expect("etcd binary");
+        let bin = std::fs::canonicalize(&bin).unwrap_or(bin);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let addr = format!(
+            "127.0.0.1:{}",
+            watchcache::etcd_server::free_port().expect("port")
+        );
+        let log = std::fs::File::create(dir.path().join("grpc-proxy.log")).expect("log");
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["grpc-proxy", "start", "--endpoints"])
+            .arg(etcd.trim_start_matches("http://"))
+            .arg("--listen-addr")
+            .arg(&addr)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .current_dir(dir.path())
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log);
+        watchcache::etcd_server::kill_with_parent(&mut cmd);
+        let child = cmd.spawn().expect("spawn etcd grpc-proxy");
+        let proxy = GrpcProxy {
+            child,
+            endpoint: format!("http://{addr}"),
+            dir,
+        };
+        let up = common::eventually(Duration::from_secs(30), || async {
+            let Ok(mut c) = etcd_client::Client::connect([proxy.endpoint.as_str()], None).await
+            else {
+                return false;
+            };
+            c.get("probe", None).await.is_ok()
+        })
+        .await;
+        assert!(
+            up,
+            "etcd grpc-proxy not answering; log:\n{}",
+            std::fs::read_to_string(proxy.dir.path().join("grpc-proxy.log")).unwrap_or_default()
+        );
+        proxy
+    }
+}
+
+impl Drop for GrpcProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The sum of the samples of metric `name` (exactly that name, any labels)
+/// whose labels contain every one of `labels`, in Prometheus text.
+fn metric_sum(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// etcd's open watchers (`etcd_debugging_mvcc_watcher_total`, from its own
+/// `/metrics` on the client port), once the figure held still for 3 s.
+async fn etcd_watchers_settled(etcd: &str) -> f64 {
+    let mut last = f64::NAN;
+    let mut same = 0;
+    for _ in 0..180 {
+        let text = reqwest::get(format!("{etcd}/metrics"))
+            .await
+            .expect("etcd /metrics")
+            .text()
+            .await
+            .expect("text");
+        let now = metric_sum(&text, "etcd_debugging_mvcc_watcher_total", &[]);
+        same = if now == last { same + 1 } else { 0 };
+        last = now;
+        if same >= 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    last
+}
+
+/// etcd's watchers once settled; with `bound`, polled (90 s at most) until
+/// they are no more than it, as a watch forwarded at a kube-apiserver's
+/// start moves onto the front's caches once etcd caught it up.
+async fn etcd_watchers_within(etcd: &str, bound: Option<f64>) -> f64 {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let n = etcd_watchers_settled(etcd).await;
+        match bound {
+            Some(b) if n > b && tokio::time::Instant::now() < deadline => {}
+            _ => return n,
+        }
+    }
+}
+
+/// A check of etcd's watchers: (the endpoint alone, now, with whom).
+type WatcherCheck<'a> = dyn Fn(f64, f64, &str) + 'a;
+
+/// What one run of three kube-apiservers on one etcd endpoint measured.
+struct SharedRun {
+    name: &'static str,
+    first_ready: Duration,
+    /// etcd's watchers: the endpoint alone, with one, with three kube-apiservers.
+    watchers: [f64; 3],
+    /// Consistent Lists of configmaps right after a write elsewhere.
+    lists: Vec<Duration>,
+    /// Of those: served from kube-apiserver's watch cache / fell back to etcd
+    /// (`apiserver_watch_cache_consistent_read_total`).
+    from_cache: f64,
+    fell_back: f64,
+}
+
+impl SharedRun {
+    fn row(&self) -> String {
+        let mut ms: Vec<f64> = self.lists.iter().map(|d| d.as_secs_f64() * 1e3).collect();
+        ms.sort_by(f64::total_cmp);
+        let median = ms.get(ms.len() / 2).copied().unwrap_or(f64::NAN);
+        format!(
+            "| {} | {:.1} | {} / {} / {} | {:.1} / {:.1} / {:.1} | {} / {} of {} |",
+            self.name,
+            self.first_ready.as_secs_f64(),
+            self.watchers[0],
+            self.watchers[1],
+            self.watchers[2],
+            ms.first().copied().unwrap_or(f64::NAN),
+            median,
+            ms.last().copied().unwrap_or(f64::NAN),
+            self.from_cache,
+            self.fell_back,
+            self.lists.len()
+        )
+    }
+}
+
+/// The consistent-read counters of configmaps on `kube`: (from its watch
+/// cache, fell back to etcd).
+async fn consistent_reads(kube: &KubeApiserver) -> (f64, f64) {
+    let (code, text) = kube.send(Method::GET, "/metrics", JSON, None).await;
+    assert_eq!(code, 200, "kube-apiserver /metrics");
+    let text = text.as_str().unwrap_or_default().to_string();
+    let name = "apiserver_watch_cache_consistent_read_total";
+    let cm = "resource=\"configmaps\"";
+    (
+        metric_sum(&text, name, &[cm, "fallback=\"false\"", "success=\"true\""]),
+        metric_sum(&text, name, &[cm, "fallback=\"true\""]),
+    )
+}
+
+/// Three kube-apiservers 1.34 with `--etcd-servers` at `endpoint` (in front
+/// of `etcd`): etcd's watchers counted with the endpoint alone, one and
+/// three of them; each creates, reads and watches (updates made through
+/// another); consistent Lists right after a write through another one
+/// contain it. Returns the figures; `check_watchers`, when given, checks
+/// etcd's watchers (alone, now, with whom) after each start (the front:
+/// they must not grow).
+async fn three_on_one_endpoint(
+    name: &'static str,
+    etcd: &str,
+    endpoint: &str,
+    encryption: &std::path::Path,
+    check_watchers: Option<&WatcherCheck<'_>>,
+) -> SharedRun {
+    let binary = peer("kube-apiserver-1.34");
+    let alone = etcd_watchers_settled(etcd).await;
+    let bound = check_watchers.map(|_| alone);
+    let started = std::time::Instant::now();
+    let first = KubeApiserver::start(&binary, endpoint, "/registry", encryption, &[]).await;
+    let first_ready = started.elapsed();
+    let one = etcd_watchers_within(etcd, bound).await;
+    if let Some(check) = check_watchers {
+        check(alone, one, "one kube-apiserver");
+    }
+    let (second, third) = tokio::join!(
+        KubeApiserver::start(&binary, endpoint, "/registry", encryption, &[]),
+        KubeApiserver::start(&binary, endpoint, "/registry", encryption, &[]),
+    );
+    let kubes = [first, second, third];
+    let three = etcd_watchers_within(etcd, bound).await;
+    if let Some(check) = check_watchers {
+        check(alone, three, "three kube-apiservers");
+    }
+
+    let cms = "/api/v1/namespaces/default/configmaps";
+    let secrets = "/api/v1/namespaces/default/secrets";
+    // Each creates, each reads another's object, each watches an update
+    // made through another.
+    for (k, kube) in kubes.iter().enumerate() {
+        let other = &kubes[(k + 1) % 3];
+        let cm = format!("watched-{k}");
+        let created = kube
+            .create(
+                cms,
+                &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm}, "data": {"v": "1"}}),
+            )
+            .await;
+        let rv = created["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("rv")
+            .to_string();
+        let watch = kube
+            .http
+            .get(kube.url(&format!(
+                "{cms}?watch=1&resourceVersion={rv}&fieldSelector=metadata.name%3D{cm}"
+            )))
+            .send()
+            .await
+            .expect("watch");
+        assert_eq!(watch.status(), 200, "{name}: watch on kube-apiserver {k}");
+        let (code, body) = other
+            .send(
+                Method::PATCH,
+                &format!("{cms}/{cm}"),
+                "application/merge-patch+json",
+                Some(json!({"data": {"v": "2"}}).to_string()),
+            )
+            .await;
+        assert_eq!(code, 200, "{name}: {body}");
+        let events = read_events(watch, 1).await;
+        assert_eq!(
+            events.len(),
+            1,
+            "{name}: kube-apiserver {k} watches the update made through another"
+        );
+        assert_eq!(events[0]["type"], "MODIFIED", "{name}: {events:?}");
+        assert_eq!(events[0]["object"]["data"]["v"], "2", "{name}: {events:?}");
+        let (code, got) = kubes[(k + 2) % 3]
+            .send(Method::GET, &format!("{cms}/{cm}"), JSON, None)
+            .await;
+        assert_eq!(code, 200, "{name}: {got}");
+        assert_eq!(got["data"]["v"], "2", "{name}: {got}");
+    }
+
+    // Consistent Lists of configmaps right after a write: a ConfigMap
+    // through one kube-apiserver, then a Secret (so etcd's revision is past
+    // every configmaps event), then the List through another. Its watch
+    // cache serves it only once etcd's progress notification brought the
+    // configmaps cache up to etcd's revision; else it falls back to etcd.
+    let before = futures::future::join_all(kubes.iter().map(consistent_reads)).await;
+    let mut lists = Vec::new();
+    for i in 0..12 {
+        let (writer, reader) = (&kubes[i % 3], &kubes[(i + 1) % 3]);
+        let cm = format!("listed-{i}");
+        writer
+            .create(
+                cms,
+                &json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm}}),
+            )
+            .await;
+        writer
+            .create(
+                secrets,
+                &json!({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": cm}}),
+            )
+            .await;
+        let t = std::time::Instant::now();
+        let (code, list) = reader.send(Method::GET, cms, JSON, None).await;
+        lists.push(t.elapsed());
+        assert_eq!(code, 200, "{name}: {list}");
+        let names: Vec<&str> = list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .filter_map(|i| i["metadata"]["name"].as_str())
+            .collect();
+        assert!(
+            names.contains(&cm.as_str()),
+            "{name}: {cm} in a consistent List right after its write: {names:?}"
+        );
+    }
+    let after = futures::future::join_all(kubes.iter().map(consistent_reads)).await;
+    let delta = |f: fn(&(f64, f64)) -> f64| -> f64 {
+        after.iter().map(f).sum::<f64>() - before.iter().map(f).sum::<f64>()
+    };
+    SharedRun {
+        name,
+        first_ready,
+        watchers: [alone, one, three],
+        lists,
+        from_cache: delta(|c| c.0),
+        fell_back: delta(|c| c.1),
+    }
+}
+
+/// Three kube-apiservers on one watchcache gRPC front (config/kubernetes.toml)
+/// cost etcd no watch beyond the front's own one per prefix, and are served
+/// correctly; then the same run with etcd's grpc-proxy in the front's
+/// place. `--nocapture` prints both side by side (docs/KUBERNETES.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_kube_apiservers_share_one_front() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let encryption = write_encryption_config(dir.path());
+    let enc = encryption.display().to_string();
+
+    let etcd = PrivateEtcd::start().await.expect("start etcd");
+    let grpc = format!(
+        "127.0.0.1:{}",
+        watchcache::etcd_server::free_port().expect("port")
+    );
+    let log = format!(
+        "{},watchcache::grpc::watch=debug",
+        std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())
+    );
+    let watchcache = Daemon::start_env(
+        &watchcache_config(&etcd.endpoint()),
+        &["--encryption-provider-config", &enc, "--grpc-listen", &grpc],
+        &[("RUST_LOG", &log)],
+    )
+    .await;
+    watchcache.wait_ready().await;
+    let front = three_on_one_endpoint(
+        "watchcache gRPC front",
+        &etcd.endpoint(),
+        &format!("http://{grpc}"),
+        &encryption,
+        Some(&|alone: f64, now: f64, when: &str| {
+            let log = watchcache.log();
+            let forwarded: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains("watch forwarded to etcd"))
+                .map(|l| l.split("watch forwarded to etcd").nth(1).unwrap_or(l))
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            assert!(
+                now <= alone,
+                "etcd's watchers grew from {alone} (the front alone) to {now} with {when}; \
+                 watches the front forwarded:\n{}",
+                forwarded.join("\n")
+            );
+        }),
+    )
+    .await;
+    assert!(
+        front.from_cache > 0.0,
+        "no consistent List served from kube-apiserver's watch cache through the front \
+         ({} fell back to etcd)",
+        front.fell_back
+    );
+    drop(watchcache);
+    drop(etcd);
+
+    let etcd = PrivateEtcd::start().await.expect("start etcd");
+    let proxy = GrpcProxy::start(&etcd.endpoint()).await;
+    let grpc_proxy = three_on_one_endpoint(
+        "etcd grpc-proxy",
+        &etcd.endpoint(),
+        &proxy.endpoint,
+        &encryption,
+        None,
+    )
+    .await;
+
+    println!(
+        "| endpoint | first kube-apiserver ready after (s) | etcd watchers: alone / 1 / 3 \
+         kube-apiservers | consistent List right after a write, ms: min / median / max | \
+         served from kube-apiserver's cache / fell back to etcd |"
+    );
+    println!("|---|---|---|---|---|");
+    println!("{}", front.row());
+    println!("{}", grpc_proxy.row());
+}

@@ -1,7 +1,8 @@
 //! The etcd v3 gRPC front (`--grpc-listen`): etcd's own API (the
 //! `etcdserverpb` services, served by tonic) for any etcd client, with Range
 //! and Watch answered from a raw cache of every configured resource's key
-//! prefix and everything else passed to etcd unchanged.
+//! prefix (and of each `grpc_cache_prefixes` entry) and everything else
+//! passed to etcd unchanged.
 //!
 //! - [`kv_cache`]: `KvCache`, the raw cache of one prefix (etcd's own
 //!   KeyValues, snapshots per revision, a ring of events with prev_kv), fed
@@ -307,6 +308,9 @@ pub struct GrpcServer {
     first_request_timeout: Duration,
 }
 
+/// The ring of a prefix of `grpc_cache_prefixes` (events).
+pub const EXTRA_PREFIX_HISTORY: usize = 1000;
+
 /// HTTP/2 streams per gRPC connection.
 const GRPC_MAX_CONCURRENT_STREAMS: u32 = 10_000;
 
@@ -318,10 +322,19 @@ impl GrpcServer {
         let headers = Arc::new(HeaderSource::default());
         let shutdown = CancellationToken::new();
         let mut prefixes: Vec<(String, usize)> = Vec::new();
-        for r in &config.resources {
-            let p = r.key_prefix(&config.etcd.prefix);
+        let extra = config
+            .grpc_cache_prefixes
+            .iter()
+            .map(|p| (p.clone(), EXTRA_PREFIX_HISTORY));
+        let resources = config.resources.iter().map(|r| {
+            (
+                r.key_prefix(&config.etcd.prefix),
+                r.history_capacity.unwrap_or(10_000),
+            )
+        });
+        for (p, cap) in resources.chain(extra) {
             if !prefixes.iter().any(|(q, _)| *q == p) {
-                prefixes.push((p, r.history_capacity.unwrap_or(10_000)));
+                prefixes.push((p, cap));
             }
         }
         let caches: Vec<Arc<KvCache>> = prefixes

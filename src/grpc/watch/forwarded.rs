@@ -14,6 +14,10 @@ use super::progress::is_progress_answer;
 use super::state::{AwaitingCreated, ClientStream, CreateSpec, UpstreamWatch};
 use super::{OUT_BUFFER, count_watch, move_watch};
 
+/// How long after etcd created a watch over a cached range the front asks
+/// etcd for progress (see `ask_progress_later`).
+const PROGRESS_AFTER_CREATE: std::time::Duration = std::time::Duration::from_millis(1000);
+
 impl ClientStream {
     /// Forwards a creation (`req`, carrying `id`) etcd serves; `spec` when
     /// a cache could take the watch over later.
@@ -24,6 +28,15 @@ impl ClientStream {
         spec: Option<CreateSpec>,
         req: PbWatchRequest,
     ) -> Result<(), Status> {
+        if let Some(PbWatchRequestUnion::CreateRequest(c)) = &req.request_union {
+            debug!(
+                key = %String::from_utf8_lossy(&c.key),
+                range_end = %String::from_utf8_lossy(&c.range_end),
+                start_revision = c.start_revision,
+                cacheable = spec.is_some(),
+                "watch forwarded to etcd"
+            );
+        }
         self.forwarded.insert(id, spec);
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
         count_watch(&self.front, "etcd", 1);
@@ -110,25 +123,84 @@ impl ClientStream {
 
     /// An answer from etcd for a forwarded watch, passed on unchanged
     /// (progress answers wait for the cached watches, see `answer_progress`);
-    /// the cancel for etcd when the watch moves onto the ring.
-    pub(super) fn on_upstream(&mut self, resp: PbWatchResponse) -> Option<PbWatchRequest> {
+    /// the cancels for etcd of the watches that move onto the ring.
+    pub(super) fn on_upstream(&mut self, resp: PbWatchResponse) -> Vec<PbWatchRequest> {
         if let Some(h) = &resp.header {
             self.front.headers.learn(h);
         }
         if self.dropped(&resp) {
-            return None;
+            return Vec::new();
         }
         if is_progress_answer(&resp) {
             self.upstream_progress(&resp);
-            return None;
+            // etcd answers a progress request only once every watch of its
+            // stream is synced: each sent everything up to the revision.
+            let rev = resp.header.as_ref().map_or(0, |h| h.revision);
+            return self.hand_over_synced(rev);
         }
         self.note_sent(&resp.events);
         self.settle_ids(&resp);
+        if resp.created
+            && !resp.canceled
+            && matches!(self.forwarded.get(&resp.watch_id), Some(Some(_)))
+        {
+            self.ask_progress_later();
+        }
         let handover = self.handover_point(&resp);
         self.track_fragment(&resp);
         self.pending.push_back(resp);
-        let (id, from) = handover?;
-        self.hand_over(id, from)
+        handover
+            .and_then(|(id, from)| self.hand_over(id, from))
+            .into_iter()
+            .collect()
+    }
+
+    /// After etcd created a watch over a cached range: asks etcd for
+    /// progress [`PROGRESS_AFTER_CREATE`] later, and its answer moves the
+    /// watch onto the ring even if no event ever comes (a start at the
+    /// revision the cache listed at, as kube-apiserver's compactor watches
+    /// `compact_rev_key` from a Get's revision). Not at once: etcd defers
+    /// the answer to a request that finds a watch still catching up until
+    /// the stream's next event, which a quiet range never has; etcd syncs
+    /// such a watch within its 100 ms sync loop.
+    fn ask_progress_later(&self) {
+        let Some(up) = &self.upstream else {
+            return;
+        };
+        let requests = up.requests.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(PROGRESS_AFTER_CREATE).await;
+            let ask = PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
+            };
+            let _ = requests.send(ask).await;
+        });
+    }
+
+    /// Moves every forwarded watch over a cached range onto its ring after
+    /// etcd said all of them were sent every event up to `rev`; the cancels
+    /// for etcd. Without it a watch of a quiet prefix (no event to hand
+    /// over at) would stay on etcd.
+    fn hand_over_synced(&mut self, rev: i64) -> Vec<PbWatchRequest> {
+        if rev <= 0 {
+            return Vec::new();
+        }
+        let creating = self.awaiting_created.as_ref().map(|a| a.id);
+        let ready: Vec<(i64, i64)> = self
+            .forwarded
+            .iter()
+            .filter(|(id, _)| Some(**id) != creating)
+            .filter_map(|(id, spec)| {
+                let spec = spec.as_ref()?;
+                let from = (rev + 1).max(spec.start_revision);
+                let cache = self.front.cache_for(&spec.key, &spec.range_end)?;
+                cache.cursor_at(from).map(|_| (*id, from))
+            })
+            .collect();
+        ready
+            .into_iter()
+            .filter_map(|(id, from)| self.hand_over(id, from))
+            .collect()
     }
 
     /// Whether etcd's answer is dropped: for a watch handed over (the ring
@@ -175,19 +247,26 @@ impl ClientStream {
     /// The revision a forwarded watch could continue from in the ring after
     /// this answer: etcd sent every event of the watch up to the answer's
     /// last one (whole revisions; the last fragment of a split one).
+    /// An answer without events (not `created`) is etcd's progress
+    /// notification of the watch, which etcd sends a synced watch only:
+    /// every event up to its header's revision was sent.
     fn handover_point(&self, resp: &PbWatchResponse) -> Option<(i64, i64)> {
-        if resp.fragment || resp.canceled || resp.events.is_empty() {
+        if resp.fragment || resp.canceled || resp.created {
             return None;
         }
         let spec = self.forwarded.get(&resp.watch_id)?.as_ref()?;
         let cache = self.front.cache_for(&spec.key, &spec.range_end)?;
-        let last = resp
-            .events
-            .iter()
-            .filter_map(|e| e.kv.as_ref())
-            .map(|kv| kv.mod_revision)
-            .max()?;
-        cache.cursor_at(last + 1).map(|_| (resp.watch_id, last + 1))
+        let last = if resp.events.is_empty() {
+            resp.header.as_ref()?.revision
+        } else {
+            resp.events
+                .iter()
+                .filter_map(|e| e.kv.as_ref())
+                .map(|kv| kv.mod_revision)
+                .max()?
+        };
+        let from = (last + 1).max(spec.start_revision);
+        cache.cursor_at(from).map(|_| (resp.watch_id, from))
     }
 
     /// Moves a forwarded watch onto its cache's ring from revision `from`
@@ -255,7 +334,7 @@ mod tests {
         ));
         assert!(h.to_etcd.try_recv().is_err(), "etcd is asked once");
         // etcd's event in flight reaches the ring: no handover, not passed on.
-        assert!(s.on_upstream(event_answer(5, "/c/a", 11)).is_none());
+        assert!(s.on_upstream(event_answer(5, "/c/a", 11)).is_empty());
         assert!(s.watches.is_empty(), "not resurrected as a cached watch");
         assert!(s.pending.is_empty(), "no events after the cancel");
         // etcd's `canceled`, once.
@@ -264,7 +343,7 @@ mod tests {
             canceled: true,
             ..Default::default()
         };
-        assert!(s.on_upstream(canceled).is_none());
+        assert!(s.on_upstream(canceled).is_empty());
         let got: Vec<(i64, bool)> = s.pending.iter().map(|r| (r.watch_id, r.canceled)).collect();
         assert_eq!(got, vec![(5, true)]);
         assert!(s.forwarded.is_empty() && s.canceling.is_empty());
@@ -283,7 +362,7 @@ mod tests {
             created: true,
             ..Default::default()
         };
-        assert!(s.on_upstream(created).is_none());
+        assert!(s.on_upstream(created).is_empty());
         s.handle(create_from("/x/b", "", 0)).await.expect("handled");
         assert_eq!(sent_create_id(&mut h.to_etcd), Some(1));
         let refused = PbWatchResponse {
@@ -293,12 +372,135 @@ mod tests {
             cancel_reason: "etcdserver: permission denied".to_string(),
             ..Default::default()
         };
-        assert!(s.on_upstream(refused).is_none());
+        assert!(s.on_upstream(refused).is_empty());
         s.handle(create_from("/x/c", "", 0)).await.expect("handled");
         assert_eq!(sent_create_id(&mut h.to_etcd), Some(1), "1 again");
         assert_eq!(
             s.forwarded.keys().copied().collect::<HashSet<_>>(),
             HashSet::from([0, 1])
         );
+    }
+
+    fn progress(id: i64, rev: i64) -> PbWatchResponse {
+        PbWatchResponse {
+            header: Some(PbResponseHeader {
+                revision: rev,
+                ..Default::default()
+            }),
+            watch_id: id,
+            ..Default::default()
+        }
+    }
+
+    fn canceled_ids(cancels: &[PbWatchRequest]) -> Vec<i64> {
+        let mut ids: Vec<i64> = cancels
+            .iter()
+            .filter_map(|r| match &r.request_union {
+                Some(PbWatchRequestUnion::CancelRequest(c)) => Some(c.watch_id),
+                _ => None,
+            })
+            .collect();
+        ids.sort();
+        ids
+    }
+
+    /// A forwarded watch of a quiet cached prefix (its start older than the
+    /// ring: no event ever comes to hand over at) moves onto the ring at
+    /// etcd's answer to a progress request, which etcd sends only once
+    /// every watch of the stream is synced; one starting later than that
+    /// keeps its start.
+    #[tokio::test]
+    async fn a_quiet_forwarded_watch_moves_onto_the_ring_at_etcds_progress_answer() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.forwarded.insert(5, Some(spec("/c/a", 3)));
+        s.forwarded.insert(6, Some(spec("/c/b", 30)));
+        s.forwarded.insert(7, None); // a range no cache holds
+        let cancels = s.on_upstream(progress(INVALID_WATCH_ID, 12));
+        assert_eq!(
+            canceled_ids(&cancels),
+            vec![5, 6],
+            "etcd's watches canceled"
+        );
+        assert_eq!(
+            s.forwarded.keys().copied().collect::<Vec<_>>(),
+            vec![7],
+            "the uncached one stays on etcd"
+        );
+        let mut starts: Vec<(i64, i64)> = s.watches.iter().map(|w| (w.id, w.min_rev)).collect();
+        starts.sort();
+        assert_eq!(starts, vec![(5, 13), (6, 30)]);
+        // etcd's events of a handed-over watch are dropped; the ring's come.
+        assert!(s.on_upstream(event_answer(5, "/c/a", 13)).is_empty());
+        assert!(s.pending.is_empty());
+        h.cache.apply(vec![put("/c/a", b"1".to_vec(), 13)], 13);
+        assert!(s.next_events());
+        let got: Vec<(i64, usize)> = s
+            .pending
+            .iter()
+            .map(|r| (r.watch_id, r.events.len()))
+            .collect();
+        assert_eq!(got, vec![(5, 1)]);
+    }
+
+    /// etcd's `created` of a forwarded watch over a cached range asks etcd
+    /// for progress a moment later (whose answer hands it over); an
+    /// uncached one does not.
+    #[tokio::test]
+    async fn a_created_forwarded_watch_over_a_cached_range_asks_etcd_for_progress() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.forwarded.insert(5, Some(spec("/c/a", 10)));
+        s.forwarded.insert(6, None);
+        let created = |id| PbWatchResponse {
+            created: true,
+            ..progress(id, 10)
+        };
+        assert!(s.on_upstream(created(5)).is_empty());
+        let asked = tokio::time::timeout(Duration::from_secs(30), h.to_etcd.recv()).await;
+        assert!(matches!(
+            asked,
+            Ok(Some(PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::ProgressRequest(_))
+            }))
+        ));
+        assert!(s.on_upstream(created(6)).is_empty());
+        tokio::time::sleep(PROGRESS_AFTER_CREATE * 2).await;
+        assert!(
+            h.to_etcd.try_recv().is_err(),
+            "asked for the cached one only"
+        );
+        assert_eq!(
+            canceled_ids(&s.on_upstream(progress(INVALID_WATCH_ID, 10))),
+            vec![5]
+        );
+        assert_eq!(s.watches.len(), 1);
+        assert_eq!(s.watches[0].min_rev, 11);
+    }
+
+    /// etcd's progress notification of one forwarded watch (no events, not
+    /// `created`) hands that watch over; its `created` does not.
+    #[tokio::test]
+    async fn a_forwarded_watch_moves_onto_the_ring_at_its_progress_notification() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.forwarded.insert(5, Some(spec("/c/a", 3)));
+        let created = PbWatchResponse {
+            created: true,
+            ..progress(5, 12)
+        };
+        assert!(
+            canceled_ids(&s.on_upstream(created)).is_empty(),
+            "created: nothing sent yet"
+        );
+        assert!(s.watches.is_empty());
+        let cancels = s.on_upstream(progress(5, 12));
+        assert_eq!(canceled_ids(&cancels), vec![5]);
+        assert!(s.forwarded.is_empty());
+        assert_eq!(s.watches.len(), 1);
+        assert_eq!(s.watches[0].min_rev, 13);
+        // The notification itself reaches the client.
+        let got: Vec<i64> = s.pending.iter().map(|r| r.watch_id).collect();
+        assert_eq!(got, vec![5, 5]);
     }
 }

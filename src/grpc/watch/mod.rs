@@ -3,7 +3,8 @@
 //! ring; the rest (other ranges, a start revision the ring no longer holds,
 //! a cache not ready) goes to etcd unchanged on one etcd stream per client
 //! stream. A forwarded watch over a cached range moves onto the ring once
-//! etcd's catch-up reaches it.
+//! etcd's catch-up reaches it (an event, or etcd's progress notification or
+//! progress answer, which etcd sends a synced watch only).
 //!
 //! One task per client stream owns its watches. A cached watch is only a
 //! cursor into the ring: the task reads from it when the client can take

@@ -266,8 +266,8 @@ mod tests {
                 Ok(Some(PbWatchRequestUnion::ProgressRequest(_)))
             ));
         }
-        assert!(s.on_upstream(progress_answer(20)).is_none());
-        assert!(s.on_upstream(progress_answer(20)).is_none());
+        assert!(s.on_upstream(progress_answer(20)).is_empty());
+        assert!(s.on_upstream(progress_answer(20)).is_empty());
         assert!(s.pending.is_empty(), "etcd's answers are not passed on");
         // The answer: after the event, at the cached watch's revision.
         assert!(s.next_events());
@@ -356,7 +356,7 @@ mod tests {
         s.forwarded.insert(5, Some(spec("/c/a", 5)));
         // etcd, ahead of the cache (at 10), sent the event at 15.
         let cancel = s.on_upstream(event_answer(5, "/c/a", 15));
-        assert!(cancel.is_some(), "handed over to the ring");
+        assert_eq!(cancel.len(), 1, "handed over to the ring");
         assert_eq!(s.watches.len(), 1);
         s.pending.clear();
         s.progress_notify();

@@ -187,7 +187,7 @@ impl ClientStream {
             Step::RequestsEnded => inputs.requests_open = false,
             Step::Request(r) => self.handle(r).await?,
             Step::Upstream(Some(Ok(resp))) => {
-                if let Some(cancel) = self.on_upstream(resp) {
+                for cancel in self.on_upstream(resp) {
                     self.send_upstream(cancel).await?;
                 }
             }
