@@ -36,10 +36,10 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 # metric URL NAME[{labels}] -> value (sum of the matching series)
 metric() {
   curl -s "$1/metrics" | awk -v n="$2" '
-    $0 !~ /^#/ && (index($1, n "{") == 1 || $1 == n) { s += $2 } END { printf "%.0f\n", s }'
+    $0 !~ /^#/ && (index($1, n "{") == 1 || $1 == n) { s += $2 } END { printf "%.3f\n", s }'
 }
 
-printf '%-6s %-40s %10s %14s %8s %s\n' round binary etcd_cpu_s etcd_alloc_mb ranges deliveries
+printf '%-6s %-40s %10s %14s %8s %s\n' round binary etcd_cpu_s etcd_alloc_mb ranges deliveries/expected
 for round in $(seq 1 "$rounds"); do
   for bin in "${bins[@]}"; do
     dir=$(mktemp -d)
@@ -62,11 +62,11 @@ for round in $(seq 1 "$rounds"); do
     cpu1=$(metric "$url" process_cpu_seconds_total)
     alloc1=$(metric "$url" go_memstats_alloc_bytes_total)
     range1=$(metric "$url" etcd_mvcc_range_total)
-    deliveries=$(python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); t=r["results"][0] if "results" in r else r; print(t.get("deliveries", t.get("proxy", {}).get("deliveries", "?")))' "$dir/fanout.json" 2>/dev/null || echo "?")
+    deliveries=$(python3 -c 'import json,sys; p=json.load(open(sys.argv[1]))["results"]["proxy"]; print("%s/%s" % (p.get("deliveries"), p.get("expected_deliveries")))' "$dir/fanout.json" 2>/dev/null || echo "?")
     kill "$epid"; wait "$epid" 2>/dev/null || true
-    printf '%-6s %-40s %10.2f %14.1f %8d %s\n' "$round" "$bin" \
+    printf '%-6s %-40s %10.2f %14.1f %8.0f %s\n' "$round" "$bin" \
       "$(python3 -c "print($cpu1 - $cpu0)")" "$(python3 -c "print(($alloc1 - $alloc0) / 1e6)")" \
-      "$((range1 - range0))" "$deliveries"
+      "$(python3 -c "print($range1 - $range0)")" "$deliveries"
     rm -rf "$dir"
   done
 done
