@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 
 use super::{
-    AGE, Column, NAME, Printer, Row, age, at, container_cells, format_label_selector,
-    format_labels, int, list, map, name, selector_string,
+    AGE, Column, NAME, Printer, Row, TEMPLATE_CONTAINERS, TEMPLATE_IMAGES, age, at,
+    container_cells, format_label_selector, format_labels, int, list, map, name, selector_string,
 };
 
 /// kube-apiserver's `deploymentColumnDefinitions`.
@@ -25,18 +25,8 @@ pub(super) const DEPLOYMENT_COLUMNS: &[Column] = &[
         "Total number of available non-terminating pods (ready for at least minReadySeconds) targeted by this deployment.",
     ),
     AGE,
-    Column::new(
-        "Containers",
-        "string",
-        1,
-        "Names of each container in the template.",
-    ),
-    Column::new(
-        "Images",
-        "string",
-        1,
-        "Images referenced by each container in the template.",
-    ),
+    TEMPLATE_CONTAINERS,
+    TEMPLATE_IMAGES,
     Column::new(
         "Selector",
         "string",
@@ -67,18 +57,8 @@ pub(super) const REPLICA_SET_COLUMNS: &[Column] = &[
         "The number of non-terminating pods targeted by this ReplicaSet with a Ready Condition.",
     ),
     AGE,
-    Column::new(
-        "Containers",
-        "string",
-        1,
-        "Names of each container in the template.",
-    ),
-    Column::new(
-        "Images",
-        "string",
-        1,
-        "Images referenced by each container in the template.",
-    ),
+    TEMPLATE_CONTAINERS,
+    TEMPLATE_IMAGES,
     Column::new(
         "Selector",
         "string",
@@ -92,18 +72,8 @@ pub(super) const STATEFUL_SET_COLUMNS: &[Column] = &[
     NAME,
     Column::new("Ready", "string", 0, "Number of the pod with ready state"),
     AGE,
-    Column::new(
-        "Containers",
-        "string",
-        1,
-        "Names of each container in the template.",
-    ),
-    Column::new(
-        "Images",
-        "string",
-        1,
-        "Images referenced by each container in the template.",
-    ),
+    TEMPLATE_CONTAINERS,
+    TEMPLATE_IMAGES,
 ];
 
 /// kube-apiserver's `daemonSetColumnDefinitions`.
@@ -146,18 +116,8 @@ pub(super) const DAEMON_SET_COLUMNS: &[Column] = &[
         "NodeSelector is a selector which must be true for the pod to fit on a node. Selector which must match a node's labels for the pod to be scheduled on that node. More info: https://kubernetes.io/docs/concepts/configuration/assign-pod-node/",
     ),
     AGE,
-    Column::new(
-        "Containers",
-        "string",
-        1,
-        "Names of each container in the template.",
-    ),
-    Column::new(
-        "Images",
-        "string",
-        1,
-        "Images referenced by each container in the template.",
-    ),
+    TEMPLATE_CONTAINERS,
+    TEMPLATE_IMAGES,
     Column::new(
         "Selector",
         "string",

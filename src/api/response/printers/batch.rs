@@ -4,8 +4,8 @@ use chrono::{DateTime, Utc};
 use serde_json::{Value, json};
 
 use super::{
-    AGE, Column, NAME, Printer, Row, age, ago, at, container_cells, format_label_selector, int,
-    list, name, print_bool, since, string, time,
+    AGE, Column, NAME, Printer, Row, TEMPLATE_CONTAINERS, TEMPLATE_IMAGES, age, ago, at,
+    container_cells, format_label_selector, int, list, name, print_bool, since, string, time,
 };
 
 /// kube-apiserver's `jobColumnDefinitions`.
@@ -25,18 +25,8 @@ pub(super) const JOB_COLUMNS: &[Column] = &[
         "Time required to complete the job.",
     ),
     AGE,
-    Column::new(
-        "Containers",
-        "string",
-        1,
-        "Names of each container in the template.",
-    ),
-    Column::new(
-        "Images",
-        "string",
-        1,
-        "Images referenced by each container in the template.",
-    ),
+    TEMPLATE_CONTAINERS,
+    TEMPLATE_IMAGES,
     Column::new(
         "Selector",
         "string",
@@ -79,18 +69,8 @@ pub(super) const CRON_JOB_COLUMNS: &[Column] = &[
         "Information when was the last time the job was successfully scheduled.",
     ),
     AGE,
-    Column::new(
-        "Containers",
-        "string",
-        1,
-        "Names of each container in the template.",
-    ),
-    Column::new(
-        "Images",
-        "string",
-        1,
-        "Images referenced by each container in the template.",
-    ),
+    TEMPLATE_CONTAINERS,
+    TEMPLATE_IMAGES,
     Column::new(
         "Selector",
         "string",

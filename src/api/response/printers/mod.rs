@@ -56,6 +56,20 @@ const NAME: Column = Column {
 };
 
 /// `metav1.ObjectMeta{}.SwaggerDoc()["creationTimestamp"]`.
+/// The -o wide columns of every kind with a pod template.
+const TEMPLATE_CONTAINERS: Column = Column::new(
+    "Containers",
+    "string",
+    1,
+    "Names of each container in the template.",
+);
+const TEMPLATE_IMAGES: Column = Column::new(
+    "Images",
+    "string",
+    1,
+    "Images referenced by each container in the template.",
+);
+
 const AGE: Column = Column::new(
     "Age",
     "string",
