@@ -212,6 +212,34 @@ struct Oracle {
 }
 
 impl Oracle {
+    /// watchcache started with `config/kubernetes.toml` on kube-apiserver's
+    /// etcd and encryption config, ready, beside `kube`.
+    async fn with_watchcache(
+        kube: KubeApiserver,
+        etcd: &str,
+        encryption: &std::path::Path,
+        version: &str,
+    ) -> Oracle {
+        let enc = encryption.display().to_string();
+        let watchcache = Daemon::start(
+            &watchcache_config(etcd),
+            &["--encryption-provider-config", &enc],
+        )
+        .await;
+        watchcache.wait_ready().await;
+        Oracle {
+            kube,
+            watchcache,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(60))
+                .build()
+                .expect("client"),
+            known: known_differences(version),
+            failures: Vec::new(),
+            compared: 0,
+        }
+    }
+
     async fn kube_get(&self, path: &str, accept: &str) -> (u16, Vec<u8>) {
         let r = self
             .kube
@@ -697,24 +725,7 @@ async fn oracle(version: &str) {
     populate(&kube).await;
     populate_printed_pods(&kube).await;
 
-    let enc = encryption.display().to_string();
-    let watchcache = Daemon::start(
-        &watchcache_config(&etcd.endpoint()),
-        &["--encryption-provider-config", &enc],
-    )
-    .await;
-    watchcache.wait_ready().await;
-    let mut o = Oracle {
-        kube,
-        watchcache,
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("client"),
-        known: known_differences(version),
-        failures: Vec::new(),
-        compared: 0,
-    };
+    let mut o = Oracle::with_watchcache(kube, &etcd.endpoint(), &encryption, version).await;
 
     for r in shipped_resources() {
         let res = r.plural.as_str();
@@ -1501,24 +1512,7 @@ async fn too_old_resource_version(version: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let encryption = write_encryption_config(dir.path());
     let kube = KubeApiserver::start(&binary, &etcd.endpoint(), "/registry", &encryption, &[]).await;
-    let enc = encryption.display().to_string();
-    let watchcache = Daemon::start(
-        &watchcache_config(&etcd.endpoint()),
-        &["--encryption-provider-config", &enc],
-    )
-    .await;
-    watchcache.wait_ready().await;
-    let mut o = Oracle {
-        kube,
-        watchcache,
-        http: reqwest::Client::builder()
-            .timeout(Duration::from_secs(60))
-            .build()
-            .expect("client"),
-        known: known_differences(version),
-        failures: Vec::new(),
-        compared: 0,
-    };
+    let mut o = Oracle::with_watchcache(kube, &etcd.endpoint(), &encryption, version).await;
     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}});
     o.kube.create("/api/v1/namespaces", &ns).await;
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "old"}, "data": {"v": "1"}});
