@@ -1894,3 +1894,115 @@ async fn etcd_auth_is_enforced_on_cached_reads_as_etcd_does() {
     assert!(direct.is_err());
     assert_eq!(range_view(&mut anon_f, &pa).await, direct);
 }
+
+/// A user permitted only a sub-range (`{p}a/` .. `{p}a0`): every Range and
+/// Watch shape (single key, prefix, from-key, explicit range; inside,
+/// straddling and outside the permitted range; cached and passed to etcd)
+/// is answered through the front exactly as etcd answers it. etcd 3.7.1
+/// fixed a from-key watch whose permission check covered only its first
+/// key (GHSA-xg4h-6gfc-h4m8); the CI's etcd matrix runs this against 3.6
+/// and 3.7 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sub_range_permissions_are_enforced_on_every_range_shape_as_etcd_does() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("subrange");
+    let p = format!("{prefix}/pods/");
+    let (pa, pb) = (format!("{p}a/"), format!("{p}b/"));
+    let pa_end = format!("{p}a0");
+    let mut c = Client::connect([ep.as_str()], None).await.expect("etcd");
+    for (k, v) in [("a/1", "a1"), ("a/2", "a2"), ("b/1", "b1")] {
+        put(&mut c, &format!("{p}{k}"), v).await;
+    }
+    c.user_add("root", "rootpw", None).await.expect("root");
+    c.user_grant_role("root", "root").await.expect("root role");
+    c.user_add("sub", "subpw", None).await.expect("sub");
+    c.role_add("read-sub").await.expect("role");
+    c.role_grant_permission(
+        "read-sub",
+        etcd_client::Permission::read(pa.as_str()).with_range_end(pa_end.as_str()),
+    )
+    .await
+    .expect("grant the sub-range");
+    c.user_grant_role("sub", "read-sub").await.expect("grant");
+    c.auth_enable().await.expect("auth enable");
+    drop(c);
+    let front = TestFront::start(&ep, &prefix, |cfg| {
+        cfg.etcd.username = Some("root".into());
+        cfg.etcd.password = Some(watchcache::config::Password("rootpw".into()));
+    })
+    .await;
+    let ok = common::eventually(WAIT, || {
+        let front = Arc::clone(&front.front);
+        async move { front.auth().status() == Some(true) }
+    })
+    .await;
+    assert!(ok, "the front learned that etcd has auth enabled");
+    let mut direct = client_as(&ep, Some(("sub", "subpw"))).await;
+    let mut fronted = client_as(&front.endpoint(), Some(("sub", "subpw"))).await;
+
+    // (name, key, range end: None = the key alone, Some("\0") = from-key)
+    let a1 = format!("{pa}1");
+    let shapes: Vec<(&str, String, Option<String>)> = vec![
+        ("key inside", a1.clone(), None),
+        ("key outside", format!("{pb}1"), None),
+        ("prefix inside", pa.clone(), Some(pa_end.clone())),
+        ("prefix outside", pb.clone(), Some(format!("{p}b0"))),
+        ("prefix around", p.clone(), Some(format!("{prefix}/pods0"))),
+        ("range inside", a1.clone(), Some(format!("{pa}2"))),
+        ("range straddling", a1.clone(), Some(format!("{pb}2"))),
+        ("from-key inside", a1.clone(), Some("\0".into())),
+        ("from-key before", p.clone(), Some("\0".into())),
+    ];
+    let mut permitted = 0;
+    for (name, key, end) in &shapes {
+        let opts = || {
+            let o = etcd_client::GetOptions::new();
+            match end.as_deref() {
+                None => o,
+                Some("\0") => o.with_from_key(),
+                Some(e) => o.with_range(e),
+            }
+        };
+        let view = |r: Result<etcd_client::GetResponse, etcd_client::Error>| match r {
+            Ok(r) => Ok(r
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+                .collect::<Vec<_>>()),
+            Err(e) => Err(status_of::<()>(Err(e))),
+        };
+        let want = view(direct.get(key.as_str(), Some(opts())).await);
+        let got = view(fronted.get(key.as_str(), Some(opts())).await);
+        assert_eq!(got, want, "Range {name}");
+        permitted += usize::from(want.is_ok());
+        let wopts = || {
+            let o = WatchOptions::new();
+            match end.as_deref() {
+                None => o,
+                Some("\0") => o.with_from_key(),
+                Some(e) => o.with_range(e),
+            }
+        };
+        let creation = |c: &mut Client| {
+            let (key, o) = (key.clone(), wopts());
+            let mut c = c.clone();
+            async move {
+                let mut w = c.watch(key, Some(o)).await.expect("watch stream");
+                let r = tokio::time::timeout(WAIT, w.message())
+                    .await
+                    .expect("watch answered")
+                    .expect("watch answer")
+                    .expect("a watch response");
+                (r.created(), r.canceled(), r.cancel_reason().to_string())
+            }
+        };
+        let want = creation(&mut direct).await;
+        assert_eq!(creation(&mut fronted).await, want, "Watch {name}");
+    }
+    assert!(
+        (1..shapes.len()).contains(&permitted),
+        "some shapes permitted, some refused: {permitted} of {}",
+        shapes.len()
+    );
+}
