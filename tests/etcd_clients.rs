@@ -468,14 +468,22 @@ fn b64(s: &str) -> String {
 }
 
 /// etcd's `endpoint status -w json` without the fields the front's own
-/// requests to etcd move (raft indexes, database sizes).
+/// requests to etcd move (raft indexes, database sizes), and etcd 3.6's
+/// `storageVersion`, which a member moves from 3.5.0 to 3.6.0 some seconds
+/// after it starts (the two etcds of a comparison differ in age).
 fn without_moving_status(out: &str) -> String {
     let Ok(mut v) = serde_json::from_str::<serde_json::Value>(out) else {
         return out.to_string();
     };
     for s in v.as_array_mut().into_iter().flatten() {
         if let Some(st) = s.get_mut("Status").and_then(|st| st.as_object_mut()) {
-            for moving in ["raftIndex", "raftAppliedIndex", "dbSize", "dbSizeInUse"] {
+            for moving in [
+                "raftIndex",
+                "raftAppliedIndex",
+                "dbSize",
+                "dbSizeInUse",
+                "storageVersion",
+            ] {
                 st.remove(moving);
             }
         }
