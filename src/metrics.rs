@@ -42,6 +42,7 @@ pub struct Metrics {
     pub authentication_attempts: IntCounterVec,
     /// Authorization decisions: `allowed` or `denied`.
     pub authorization_decisions: IntCounterVec,
+    pub impersonation_attempts: IntCounterVec,
     pub transformation_operations: IntCounterVec,
     pub transformation_failures: IntCounterVec,
     pub etcd_tls_handshake_errors: IntCounterVec,
@@ -168,6 +169,12 @@ impl Metrics {
                 &r,
                 "watchcache_authorization_decisions_total",
                 "Authorization decisions (allowed, denied).",
+                &["decision"],
+            ),
+            impersonation_attempts: counter(
+                &r,
+                "watchcache_impersonation_attempts_total",
+                "Requests with impersonation headers, by decision (allowed, denied).",
                 &["decision"],
             ),
             transformation_operations: counter(

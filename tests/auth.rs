@@ -15,7 +15,8 @@ use common::server::{TestServer, pod};
 use common::tls::{self, ClientAuth};
 use watchcache::config::{AuthorizationMode, TlsConfig};
 
-const TOKENS: &str = "bob-token,bob,1002,\"ops,dev\"\nprom-token,prometheus,1003\n";
+const TOKENS: &str =
+    "bob-token,bob,1002,\"ops,dev\"\nprom-token,prometheus,1003\ncarol-token,carol,1004\n";
 
 const POLICY: &str = r#"
 apiVersion: rbac.authorization.k8s.io/v1
@@ -65,6 +66,29 @@ metadata: {name: prometheus}
 subjects:
 - {kind: User, name: prometheus, apiGroup: rbac.authorization.k8s.io}
 roleRef: {kind: ClusterRole, name: metrics-reader, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: impersonate-alice}
+rules:
+- apiGroups: [""]
+  resources: [users]
+  resourceNames: [alice]
+  verbs: [impersonate]
+- apiGroups: [""]
+  resources: [groups]
+  resourceNames: [dev]
+  verbs: [impersonate]
+- apiGroups: [authentication.k8s.io]
+  resources: [userextras/scopes]
+  verbs: [impersonate]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: carol-impersonates-alice}
+subjects:
+- {kind: User, name: carol, apiGroup: rbac.authorization.k8s.io}
+roleRef: {kind: ClusterRole, name: impersonate-alice, apiGroup: rbac.authorization.k8s.io}
 "#;
 
 /// A TLS server with client certificates and tokens, plus the PKI.
@@ -673,6 +697,17 @@ async fn daemon_flags_and_audit_lines() {
         401,
         "anonymous is off by default with a token file"
     );
+    // carol acting as alice: alice may not create pods; the line names both.
+    let r = http
+        .post(d.url("/api/v1/namespaces/team-a/pods"))
+        .bearer_auth("carol-token")
+        .header("impersonate-user", "alice")
+        .header("content-type", "application/json")
+        .body(pod("team-a", "as-alice").to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
     // Reads that are allowed are not audited.
     let r = http
         .get(d.url("/apis/example.com/v1/namespaces/team-c/widgets"))
@@ -684,17 +719,17 @@ async fn daemon_flags_and_audit_lines() {
 
     let found = common::eventually(Duration::from_secs(10), || {
         let log = d.log();
-        async move { log.lines().filter(|l| l.contains("\"audit\"")).count() >= 4 }
+        async move { log.lines().filter(|l| l.contains("\"audit\"")).count() >= 5 }
     })
     .await;
     let log = d.log();
-    assert!(found, "four audit lines:\n{log}");
+    assert!(found, "five audit lines:\n{log}");
     let audits: Vec<Value> = log
         .lines()
         .filter_map(|l| serde_json::from_str::<Value>(l).ok())
         .filter(|v| v["target"] == "audit")
         .collect();
-    assert_eq!(audits.len(), 4, "{log}");
+    assert_eq!(audits.len(), 5, "{log}");
     let f = |v: &Value, k: &str| v["fields"][k].clone();
     let create = &audits[0];
     assert_eq!(f(create, "user"), "bob");
@@ -717,6 +752,21 @@ async fn daemon_flags_and_audit_lines() {
     assert_eq!(
         (f(unauth, "user"), f(unauth, "code")),
         (json!(""), json!(401))
+    );
+    let impersonated = &audits[4];
+    assert_eq!(
+        (
+            f(impersonated, "user"),
+            f(impersonated, "impersonated_user"),
+            f(impersonated, "impersonated_groups"),
+            f(impersonated, "code")
+        ),
+        (
+            json!("carol"),
+            json!("alice"),
+            json!("system:authenticated"),
+            json!(403)
+        )
     );
     assert!(!log.contains("body-marker"), "no bodies in the log");
     assert!(!log.contains("bob-token"), "no credentials in the log");
@@ -883,4 +933,160 @@ fn bad_security_settings_stop_startup_naming_flag_or_file() {
         assert!(!out.status.success(), "{args:?} should fail: {stderr}");
         assert!(stderr.contains(want), "{args:?}: want {want:?} in {stderr}");
     }
+}
+
+/// Impersonation as kube-apiserver does it: carol may impersonate alice
+/// (and the group dev, and the extra `scopes`), nothing else. `kubectl
+/// --as` runs as alice with alice's rights; `kubectl auth can-i --as` and
+/// `auth whoami --as` answer for alice; impersonating anyone else is
+/// kube-apiserver's 403, a group without a user its 400; audit lines carry
+/// both users; system:masters may impersonate anyone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_as_kube_apiserver_does_it() {
+    let s = start_secure(
+        "auth-impersonate",
+        Options {
+            rbac: true,
+            anonymous: Some(false),
+            min_version: "VersionTLS12",
+        },
+    )
+    .await;
+    let admin = ClientAuth::cert(&s.admin);
+    for (path, body) in [
+        ("/api/v1/namespaces/team-a/pods", pod("team-a", "a1")),
+        ("/api/v1/namespaces/team-b/pods", pod("team-b", "b1")),
+    ] {
+        let (code, body) = s.req(&admin, "POST", path, Some(&body)).await;
+        assert_eq!(code, 201, "{path}: {body}");
+    }
+    let carol = s.kubectl(KubeUser::Token("carol-token"));
+    // carol alone may read nothing; as alice, what alice may.
+    carol
+        .fail(&["get", "pods", "-n", "team-a", "-o", "name"])
+        .await;
+    let out = carol
+        .run(&["get", "pods", "-n", "team-a", "-o", "name", "--as", "alice"])
+        .await;
+    assert_eq!(out.trim(), "pod/a1");
+    let err = carol
+        .fail(&["get", "pods", "-n", "team-b", "--as", "alice"])
+        .await;
+    assert!(
+        err.contains(r#"pods is forbidden: User "alice" cannot list resource "pods" in API group "" in the namespace "team-b""#),
+        "{err}"
+    );
+    for (ns, want) in [("team-a", "yes"), ("team-b", "no")] {
+        let o = carol
+            .output(&["auth", "can-i", "list", "pods", "-n", ns, "--as", "alice"])
+            .await;
+        assert_eq!(o.stdout.trim(), want, "can-i in {ns}: {}", o.stderr);
+    }
+    let who = carol
+        .run(&[
+            "auth",
+            "whoami",
+            "-o",
+            "json",
+            "--as",
+            "alice",
+            "--as-group",
+            "dev",
+        ])
+        .await;
+    let who = json_of(&who);
+    assert_eq!(who["status"]["userInfo"]["username"], "alice");
+    assert_eq!(
+        who["status"]["userInfo"]["groups"],
+        json!(["dev", "system:authenticated"])
+    );
+    // Anyone else: kube-apiserver's 403 for the impersonation itself.
+    let err = carol
+        .fail(&["get", "pods", "-n", "team-a", "--as", "bob"])
+        .await;
+    assert!(
+        err.contains(r#"users "bob" is forbidden: User "carol" cannot impersonate resource "users" in API group "" at the cluster scope"#),
+        "{err}"
+    );
+    let err = carol
+        .fail(&[
+            "get",
+            "pods",
+            "-n",
+            "team-a",
+            "--as",
+            "alice",
+            "--as-group",
+            "ops",
+        ])
+        .await;
+    assert!(
+        err.contains(
+            r#"groups "ops" is forbidden: User "carol" cannot impersonate resource "groups""#
+        ),
+        "{err}"
+    );
+    // A user extra: allowed for `scopes`, with the group in the Status.
+    let carol_raw = ClientAuth::token("carol-token")
+        .with_header("Impersonate-User", "alice")
+        .with_header("Impersonate-Extra-Scopes", "view");
+    let (code, body) = s
+        .req(
+            &carol_raw,
+            "POST",
+            "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            Some(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})),
+        )
+        .await;
+    assert_eq!(code, 201, "{body}");
+    assert_eq!(
+        json_of(&body)["status"]["userInfo"]["extra"],
+        json!({"scopes": ["view"]})
+    );
+    let other = ClientAuth::token("carol-token")
+        .with_header("Impersonate-User", "alice")
+        .with_header("Impersonate-Extra-Team", "x");
+    let (code, body) = s
+        .req(&other, "GET", "/api/v1/namespaces/team-a/pods", None)
+        .await;
+    assert_eq!(code, 403, "{body}");
+    let status = json_of(&body);
+    assert_eq!(
+        status["message"],
+        r#"userextras.authentication.k8s.io "x" is forbidden: User "carol" cannot impersonate resource "userextras/team" in API group "authentication.k8s.io" at the cluster scope"#
+    );
+    assert_eq!(
+        status["details"],
+        json!({"name": "x", "group": "authentication.k8s.io", "kind": "userextras"})
+    );
+    // A group without a user: 400.
+    let no_user = ClientAuth::token("carol-token").with_header("Impersonate-Group", "dev");
+    let (code, body) = s
+        .req(&no_user, "GET", "/api/v1/namespaces/team-a/pods", None)
+        .await;
+    assert_eq!(code, 400, "{body}");
+    assert_eq!(
+        json_of(&body)["message"],
+        "requested [{Group  dev    }] without impersonating a user"
+    );
+    // system:masters (cluster-admin) may impersonate anyone.
+    let k_admin = s.kubectl(KubeUser::Cert(&s.admin));
+    let out = k_admin
+        .run(&[
+            "auth",
+            "whoami",
+            "-o",
+            "json",
+            "--as",
+            "system:serviceaccount:team-a:builder",
+        ])
+        .await;
+    assert_eq!(
+        json_of(&out)["status"]["userInfo"]["groups"],
+        json!([
+            "system:serviceaccounts",
+            "system:serviceaccounts:team-a",
+            "system:authenticated"
+        ])
+    );
 }

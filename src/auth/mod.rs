@@ -31,6 +31,9 @@ pub struct UserInfo {
     pub name: String,
     pub uid: String,
     pub groups: Vec<String>,
+    /// Extra attributes (set by impersonation's `Impersonate-Extra-*`).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub extra: std::collections::BTreeMap<String, Vec<String>>,
 }
 
 impl UserInfo {
@@ -40,6 +43,7 @@ impl UserInfo {
             name: ANONYMOUS_USER.into(),
             uid: String::new(),
             groups: vec![UNAUTHENTICATED_GROUP.into()],
+            ..Default::default()
         }
     }
 
@@ -349,6 +353,7 @@ mod tests {
             name: "bob".into(),
             uid: String::new(),
             groups: vec!["admins".into()],
+            ..Default::default()
         };
         // A verified certificate wins over a token.
         let cert = Authenticator::connection_identity(Some(Ok(cert_user)));
@@ -397,6 +402,7 @@ mod tests {
                 name: name.into(),
                 uid: String::new(),
                 groups: groups.iter().map(|g| g.to_string()).collect(),
+                ..Default::default()
             };
             let id = Authenticator::connection_identity(Some(Ok(user)));
             a.authenticate(&id, None).unwrap().groups.clone()

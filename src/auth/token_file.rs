@@ -100,6 +100,7 @@ impl TokenFile {
                 name: record[1].to_string(),
                 uid: record[2].to_string(),
                 groups,
+                ..Default::default()
             };
             if tokens.insert(token.to_string(), Arc::new(user)).is_some() {
                 tracing::warn!(

@@ -135,6 +135,7 @@ fn subject_user(cert: &CertificateDer<'_>) -> Result<Option<UserInfo>, AuthnErro
         name,
         uid: String::new(),
         groups,
+        ..Default::default()
     }))
 }
 

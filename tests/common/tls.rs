@@ -18,23 +18,30 @@ pub use super::pki::CertFiles;
 pub struct ClientAuth {
     pub cert: Option<CertFiles>,
     pub token: Option<String>,
+    /// Further request headers (impersonation's `Impersonate-*`).
+    pub headers: Vec<(String, String)>,
 }
 
 impl ClientAuth {
     pub fn cert(files: &CertFiles) -> ClientAuth {
         ClientAuth {
             cert: Some(files.clone()),
-            token: None,
+            ..ClientAuth::default()
         }
     }
     pub fn token(t: &str) -> ClientAuth {
         ClientAuth {
-            cert: None,
             token: Some(t.to_string()),
+            ..ClientAuth::default()
         }
     }
     pub fn anonymous() -> ClientAuth {
         ClientAuth::default()
+    }
+    /// The same credentials, sending `name: value` too.
+    pub fn with_header(mut self, name: &str, value: &str) -> ClientAuth {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
     }
 }
 
@@ -126,6 +133,9 @@ pub async fn request_with(
         .header("host", addr.to_string());
     if let Some(t) = &auth.token {
         req = req.header("authorization", format!("Bearer {t}"));
+    }
+    for (name, value) in &auth.headers {
+        req = req.header(name.as_str(), value.as_str());
     }
     let bytes = match body {
         Some((content_type, text)) => {

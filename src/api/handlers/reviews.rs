@@ -337,6 +337,9 @@ async fn review(
         if !user.uid.is_empty() {
             info["uid"] = json!(user.uid);
         }
+        if !user.extra.is_empty() {
+            info["extra"] = json!(user.extra);
+        }
         Ok(json_value(
             201,
             &json!({

@@ -1,6 +1,6 @@
 //! The filters kube-apiserver runs before every handler, in its order:
-//! authentication (401), authorization (403), then the handler; one audit
-//! line per mutating or denied request.
+//! authentication (401), impersonation (400, 403), authorization (403),
+//! then the handler; one audit line per mutating or denied request.
 
 use std::sync::{Arc, OnceLock};
 
@@ -23,6 +23,8 @@ struct Counters {
     authn_anonymous: IntCounter,
     allowed: IntCounter,
     denied: IntCounter,
+    impersonated: IntCounter,
+    impersonation_denied: IntCounter,
 }
 
 fn counters() -> &'static Counters {
@@ -37,13 +39,18 @@ fn counters() -> &'static Counters {
             authn_anonymous: authn("anonymous"),
             allowed: authz("allowed"),
             denied: authz("denied"),
+            impersonated: m.impersonation_attempts.with_label_values(&["allowed"]),
+            impersonation_denied: m.impersonation_attempts.with_label_values(&["denied"]),
         }
     })
 }
 
 /// A request that passed authentication and authorization.
 pub(crate) struct Admitted<'a> {
+    /// Who the request runs as (the impersonated user, if any).
     pub user: Option<Arc<UserInfo>>,
+    /// Who authenticated, when that is not `user` (impersonation).
+    pub requestor: Option<Arc<UserInfo>>,
     pub attrs: Attributes<'a>,
 }
 
@@ -85,19 +92,36 @@ pub(crate) fn admit<'a>(
                 && (req.method() == Method::GET || req.method() == Method::HEAD) =>
         {
             m.authn_anonymous.inc();
-            return Ok(Admitted { user: None, attrs });
+            return Ok(Admitted {
+                user: None,
+                requestor: None,
+                attrs,
+            });
         }
         Err(e) => {
             m.authn_failure.inc();
             debug!(error = %e, path = %attrs.path, "authentication failed");
-            audit(None, &attrs, 401);
+            audit(None, None, &attrs, 401);
             return Err(ApiStatus::unauthorized());
         }
     };
+    let (user, requestor) =
+        match super::impersonation::impersonate(&state.security.authorizer, &user, req.headers()) {
+            Ok(None) => (user, None),
+            Ok(Some(impersonated)) => {
+                m.impersonated.inc();
+                (Arc::new(impersonated), Some(user))
+            }
+            Err(status) => {
+                m.impersonation_denied.inc();
+                audit(Some(&user), None, &attrs, status.code);
+                return Err(status);
+            }
+        };
     let decision = state.security.authorizer.authorize(&user, &attrs);
     if !decision.allowed {
         m.denied.inc();
-        audit(Some(&user), &attrs, 403);
+        audit_as(&user, requestor.as_deref(), &attrs, 403);
         let mut status = ApiStatus::forbidden(attrs.forbidden_message(&user, &decision.reason));
         if attrs.is_resource_request && !attrs.name.is_empty() {
             status = status.with_details(attrs.name.to_string(), attrs.resource.to_string());
@@ -107,6 +131,7 @@ pub(crate) fn admit<'a>(
     m.allowed.inc();
     Ok(Admitted {
         user: Some(user),
+        requestor,
         attrs,
     })
 }
@@ -114,14 +139,31 @@ pub(crate) fn admit<'a>(
 /// After the handler: the audit line of a mutating request.
 pub(crate) fn finish(admitted: &Admitted<'_>, code: u16) {
     if admitted.attrs.is_mutating() {
-        audit(admitted.user.as_deref(), &admitted.attrs, code);
+        match (&admitted.user, &admitted.requestor) {
+            (Some(user), requestor) => audit_as(user, requestor.as_deref(), &admitted.attrs, code),
+            (None, _) => audit(None, None, &admitted.attrs, code),
+        }
+    }
+}
+
+/// [`audit`] of a request running as `user`: the requestor is who
+/// authenticated, and `user` its impersonated user when they differ.
+fn audit_as(user: &UserInfo, requestor: Option<&UserInfo>, attrs: &Attributes, code: u16) {
+    match requestor {
+        Some(r) => audit(Some(r), Some(user), attrs, code),
+        None => audit(Some(user), None, attrs, code),
     }
 }
 
 /// One structured line, target `audit`: who did what to which object and
-/// the answer's code. Never bodies or credentials.
-fn audit(user: Option<&UserInfo>, attrs: &Attributes, code: u16) {
+/// the answer's code, and, as kube-apiserver's `impersonatedUser`, who the
+/// requestor acted as. Never bodies or credentials.
+fn audit(user: Option<&UserInfo>, impersonated: Option<&UserInfo>, attrs: &Attributes, code: u16) {
     let (name, groups) = match user {
+        Some(u) => (u.name.as_str(), u.groups.join(",")),
+        None => ("", String::new()),
+    };
+    let (imp_name, imp_groups) = match impersonated {
         Some(u) => (u.name.as_str(), u.groups.join(",")),
         None => ("", String::new()),
     };
@@ -129,6 +171,8 @@ fn audit(user: Option<&UserInfo>, attrs: &Attributes, code: u16) {
         target: "audit",
         user = name,
         groups = %groups,
+        impersonated_user = imp_name,
+        impersonated_groups = %imp_groups,
         verb = %attrs.verb,
         api_group = %attrs.api_group,
         resource = %attrs.resource,
