@@ -2194,6 +2194,10 @@ async fn watch_list_streams_are_gzipped_for_clients_that_ask() {
         .map(|ev| ev["object"]["metadata"]["name"].clone())
         .collect();
     assert_eq!(names.len(), 41, "{names:?}");
+    let counted = ts
+        .metric(r#"watchcache_api_gzip_responses_total{source="watch"} "#)
+        .await;
+    assert_eq!(counted, 2.0, "gzipped WatchLists");
 
     // A plain watch, with or without sendInitialEvents=false: as it is.
     for plain in [

@@ -125,6 +125,10 @@ pub(crate) async fn watch(
     ));
     let mut resp = response(200, content_type, body);
     if gzip {
+        crate::metrics::metrics()
+            .api_gzip_responses
+            .with_label_values(&["watch"])
+            .inc();
         let headers = resp.headers_mut();
         headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
         headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
