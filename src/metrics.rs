@@ -249,7 +249,7 @@ impl Metrics {
             api_gzip_responses: counter(
                 &r,
                 "watchcache_api_gzip_responses_total",
-                "Responses sent gzipped to clients that asked (over 128 KiB), by source: whole (one buffer), stream (compressed as it was made), kept (a List written from the gzip kept beside its kept body).",
+                "Responses sent gzipped to clients that asked (over 128 KiB), by source: whole (one buffer), stream (compressed as it was made), kept (a List written from the gzip kept beside its kept body), watch (a WatchList stream).",
                 &["source"],
             ),
             registry: r,

@@ -2055,3 +2055,193 @@ async fn large_responses_are_gzipped_for_clients_that_ask() {
     let got: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(got["items"], plain["items"]);
 }
+
+/// A gzipped watch stream read as it comes: each chunk is decoded on
+/// arrival (the server sync-flushes each one), so an event is seen without
+/// waiting for more bytes or for the stream's end.
+struct GzipWatch {
+    resp: reqwest::Response,
+    dec: flate2::write::GzDecoder<Vec<u8>>,
+    lines: Vec<u8>,
+}
+
+impl GzipWatch {
+    /// The next event decoded, or None at the stream's end or after 10 s.
+    async fn next(&mut self) -> Option<Value> {
+        use std::io::Write;
+        loop {
+            let out = self.dec.get_mut();
+            if !out.is_empty() {
+                self.lines.append(out);
+            }
+            if let Some(pos) = self.lines.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.lines.drain(..=pos).collect();
+                return Some(serde_json::from_slice(&line).expect("a JSON event"));
+            }
+            let chunk = tokio::time::timeout(Duration::from_secs(10), self.resp.chunk())
+                .await
+                .ok()?
+                .expect("the stream's bytes")?;
+            self.dec.write_all(&chunk).expect("valid gzip");
+            self.dec.flush().expect("valid gzip");
+        }
+    }
+}
+
+/// A WatchList (`sendInitialEvents=true`) to a client that accepts gzip
+/// comes gzipped, as kube-apiserver 1.37 sends it: the same events as
+/// without gzip, each readable as it arrives (the initial-events-end
+/// bookmark before any later write), one valid gzip stream to its end. A
+/// plain watch is not compressed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_list_streams_are_gzipped_for_clients_that_ask() {
+    let ts = TestServer::start("gzip-watchlist", |_| {}).await;
+    create_large_pods(&ts, "ns1", 40, 4_000).await;
+    let (_, list) = ts.get_json(PODS).await;
+    let rv = rv_of(&list);
+    let url = ts.url(&format!(
+        "{PODS}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true\
+         &resourceVersionMatch=NotOlderThan&resourceVersion={rv}"
+    ));
+    let is_end = |ev: &Value| {
+        ev["type"] == "BOOKMARK"
+            && ev["object"]["metadata"]["annotations"]["k8s.io/initial-events-end"] == "true"
+    };
+
+    // Without gzip: the events up to the initial-events-end bookmark.
+    let mut plain = WatchStream {
+        resp: Some(ts.http.get(&url).send().await.unwrap()),
+        buf: Vec::new(),
+    };
+    let mut want = Vec::new();
+    loop {
+        let ev = plain
+            .next(Duration::from_secs(10))
+            .await
+            .expect("plain event");
+        let end = is_end(&ev);
+        want.push(ev);
+        if end {
+            break;
+        }
+    }
+    assert_eq!(want.len(), 41);
+    drop(plain);
+
+    let r = ts
+        .http
+        .get(&url)
+        .header("Accept-Encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()["content-encoding"], "gzip");
+    assert_eq!(r.headers()["vary"], "Accept-Encoding");
+    let mut z = GzipWatch {
+        resp: r,
+        dec: flate2::write::GzDecoder::new(Vec::new()),
+        lines: Vec::new(),
+    };
+    let mut got = Vec::new();
+    loop {
+        // Nothing is written meanwhile: the bookmark is readable at once.
+        let ev = z.next().await.expect("initial events and their end");
+        let end = is_end(&ev);
+        got.push(ev);
+        if end {
+            break;
+        }
+    }
+    // The same objects; the bookmarks' resourceVersions may differ, as
+    // other tests' writes move etcd's revision on.
+    let objects = |evs: &[Value]| -> Vec<Value> {
+        evs.iter()
+            .filter(|ev| ev["type"] != "BOOKMARK")
+            .cloned()
+            .collect()
+    };
+    assert_eq!(objects(&got), objects(&want));
+    assert_eq!(objects(&got).len(), 40);
+
+    // A later write arrives while the stream stays open.
+    let (c, v) = ts.post_json(PODS, &pod("ns1", "later")).await;
+    assert_eq!(c, 201, "{v}");
+    let ev = loop {
+        let ev = z.next().await.expect("the later event");
+        if ev["type"] != "BOOKMARK" {
+            break ev;
+        }
+    };
+    assert_eq!(ev["type"], "ADDED");
+    assert_eq!(ev["object"]["metadata"]["name"], "later");
+    drop(z);
+
+    // To its end (timeoutSeconds): one whole gzip stream, its trailer
+    // (CRC and length) checked by the decoder.
+    let (code, encoding, _, body) = get_raw(
+        &ts.http,
+        &format!("{url}&timeoutSeconds=1"),
+        &[("Accept-Encoding", "gzip")],
+    )
+    .await;
+    assert_eq!((code, encoding.as_deref()), (200, Some("gzip")));
+    let text = String::from_utf8(gunzip(&body)).unwrap();
+    let names: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|ev| ev["type"] == "ADDED")
+        .map(|ev| ev["object"]["metadata"]["name"].clone())
+        .collect();
+    assert_eq!(names.len(), 41, "{names:?}");
+    let counted = ts
+        .metric(r#"watchcache_api_gzip_responses_total{source="watch"} "#)
+        .await;
+    assert_eq!(counted, 2.0, "gzipped WatchLists");
+
+    // A plain watch, with or without sendInitialEvents=false: as it is.
+    for plain in [
+        "",
+        "&sendInitialEvents=false&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan",
+    ] {
+        let r = ts
+            .http
+            .get(ts.url(&format!("{PODS}?watch=1&resourceVersion={rv}{plain}")))
+            .header("Accept-Encoding", "gzip")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(r.headers().get("content-encoding").is_none(), "{plain}");
+        let mut w = WatchStream {
+            resp: Some(r),
+            buf: Vec::new(),
+        };
+        let ev = w
+            .next_event(Duration::from_secs(10))
+            .await
+            .expect("an event");
+        assert_eq!(ev["object"]["metadata"]["name"], "later");
+    }
+
+    // Turned off with the rest of gzip (`server.response_compression`).
+    let off = TestServer::start_on(
+        &ts.endpoint,
+        &ts.prefix,
+        |c| c.server.response_compression = false,
+        true,
+    )
+    .await;
+    let r = off
+        .http
+        .get(off.url(&format!(
+            "{PODS}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true\
+             &resourceVersionMatch=NotOlderThan&timeoutSeconds=1"
+        )))
+        .header("Accept-Encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().get("content-encoding").is_none());
+}

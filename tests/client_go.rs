@@ -101,11 +101,15 @@ struct Tap {
     open: tokio::sync::watch::Sender<bool>,
     requests: Arc<Mutex<Vec<String>>>,
     bookmarks: Arc<std::sync::atomic::AtomicUsize>,
+    /// Responses sent with `content-encoding: gzip`.
+    gzipped: Arc<std::sync::atomic::AtomicUsize>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Tap {
-    async fn start(target: std::net::SocketAddr) -> Tap {
+    /// With `hide_gzip`, requests offer no gzip (their `Accept-Encoding:
+    /// gzip` becomes `none`), so the BOOKMARKs stay countable.
+    async fn start(target: std::net::SocketAddr, hide_gzip: bool) -> Tap {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind tap");
@@ -113,9 +117,10 @@ impl Tap {
         let (open, _) = tokio::sync::watch::channel(true);
         let requests = Arc::new(Mutex::new(Vec::new()));
         let bookmarks = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let gzipped = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let open_tx = open.clone();
         let mut open_rx = open.subscribe();
-        let (reqs, marks) = (requests.clone(), bookmarks.clone());
+        let (reqs, marks, zs) = (requests.clone(), bookmarks.clone(), gzipped.clone());
         let task = tokio::spawn(async move {
             let mut listener = Some(listener);
             loop {
@@ -134,7 +139,8 @@ impl Tap {
                             && *open_tx.borrow()
                         {
                             let conn_open = open_tx.subscribe();
-                            tokio::spawn(forward(inbound, target, conn_open, reqs.clone(), marks.clone()));
+                            let counts = (reqs.clone(), marks.clone(), zs.clone());
+                            tokio::spawn(forward(inbound, target, conn_open, counts, hide_gzip));
                         }
                         false
                     }
@@ -150,6 +156,7 @@ impl Tap {
             open,
             requests,
             bookmarks,
+            gzipped,
             task,
         }
     }
@@ -164,6 +171,10 @@ impl Tap {
 
     fn bookmarks(&self) -> usize {
         self.bookmarks.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn gzipped(&self) -> usize {
+        self.gzipped.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn cut(&self) {
@@ -192,13 +203,18 @@ async fn bind_again(addr: std::net::SocketAddr) -> tokio::net::TcpListener {
 }
 
 /// One connection: both directions copied until either side closes or the
-/// tap is cut; request lines and BOOKMARKs recorded on the way.
+/// tap is cut; request lines, BOOKMARKs and gzipped responses recorded on
+/// the way.
 async fn forward(
     inbound: tokio::net::TcpStream,
     target: std::net::SocketAddr,
     mut open: tokio::sync::watch::Receiver<bool>,
-    requests: Arc<Mutex<Vec<String>>>,
-    bookmarks: Arc<std::sync::atomic::AtomicUsize>,
+    (requests, bookmarks, gzipped): (
+        Arc<Mutex<Vec<String>>>,
+        Arc<std::sync::atomic::AtomicUsize>,
+        Arc<std::sync::atomic::AtomicUsize>,
+    ),
+    hide_gzip: bool,
 ) {
     let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
         return;
@@ -227,6 +243,13 @@ async fn forward(
                     line.clear();
                 }
             }
+            if hide_gzip {
+                // Go writes a request's head at once: the header is whole.
+                const OFFER: &[u8] = b"Accept-Encoding: gzip\r\n";
+                if let Some(at) = buf[..n].windows(OFFER.len()).position(|w| w == OFFER) {
+                    buf[at + OFFER.len() - 6..at + OFFER.len() - 2].copy_from_slice(b"none");
+                }
+            }
             if sw.write_all(&buf[..n]).await.is_err() {
                 return;
             }
@@ -243,7 +266,13 @@ async fn forward(
             carry.extend_from_slice(&buf[..n]);
             let found = carry.windows(8).filter(|w| w == b"BOOKMARK").count();
             bookmarks.fetch_add(found, std::sync::atomic::Ordering::SeqCst);
-            let keep = carry.len().min(7);
+            const GZIPPED: &[u8] = b"\r\ncontent-encoding: gzip\r\n";
+            let found = carry
+                .windows(GZIPPED.len())
+                .filter(|w| w == &GZIPPED)
+                .count();
+            gzipped.fetch_add(found, std::sync::atomic::Ordering::SeqCst);
+            let keep = carry.len().min(GZIPPED.len() - 1);
             carry.drain(..carry.len() - keep);
             if cw.write_all(&buf[..n]).await.is_err() {
                 return;
@@ -311,9 +340,10 @@ impl Informer {
         resource: &str,
         namespace: &str,
         protobuf: bool,
+        hide_gzip: bool,
     ) -> Informer {
         let bin = binary(client).await;
-        let tap = Tap::start(d.addr).await;
+        let tap = Tap::start(d.addr, hide_gzip).await;
         let mut cmd = Command::new(bin);
         cmd.args(["--server", &tap.url(), "--resource", resource])
             .args(["--namespace", namespace]);
@@ -644,7 +674,7 @@ async fn informer_follows_churn(client: Client) {
             for i in 0..5 {
                 create(&http, &d, resource, &ns, &format!("pre-{i}")).await;
             }
-            let mut inf = Informer::start(client, &d, resource, &ns, protobuf).await;
+            let mut inf = Informer::start(client, &d, resource, &ns, protobuf, false).await;
             inf.wait_synced(client).await;
             let first = inf.dump().await;
             assert_eq!(
@@ -668,6 +698,9 @@ async fn informer_follows_churn(client: Client) {
                     inf.what,
                     inf.tap.requests()
                 );
+                // Go's transport asked for gzip, and the WatchList came
+                // gzipped (decoded by the transport itself).
+                assert!(inf.tap.gzipped() >= 1, "{}: gzipped WatchList", inf.what);
             } else {
                 assert_eq!(
                     (r.lists, r.initial_watches),
@@ -677,6 +710,8 @@ async fn informer_follows_churn(client: Client) {
                     inf.tap.requests()
                 );
                 assert!(r.watches >= 1, "{}: {:?}", inf.what, inf.tap.requests());
+                // A small LIST and plain watches: nothing gzipped.
+                assert_eq!(inf.tap.gzipped(), 0, "{}", inf.what);
             }
             let what = inf.what.clone();
             let last = inf.finish().await;
@@ -702,11 +737,15 @@ async fn informer_latest_watch_list() {
 
 /// Each client, on configmaps (JSON) and pods (protobuf), in one namespace
 /// of a private etcd (it is compacted) with a 20-event history.
-async fn informers(d: &common::Daemon, ns: &str) -> Vec<(Client, &'static str, Informer)> {
+async fn informers(
+    d: &common::Daemon,
+    ns: &str,
+    hide_gzip: bool,
+) -> Vec<(Client, &'static str, Informer)> {
     let mut out = Vec::new();
     for client in Client::ALL {
         for (resource, protobuf) in [("configmaps", false), ("pods", true)] {
-            let mut inf = Informer::start(client, d, resource, ns, protobuf).await;
+            let mut inf = Informer::start(client, d, resource, ns, protobuf, hide_gzip).await;
             inf.wait_synced(client).await;
             out.push((client, resource, inf));
         }
@@ -728,7 +767,7 @@ async fn informers_relist_once_after_a_forced_410() {
             create(&http, &d, resource, ns, &format!("pre-{i}")).await;
         }
     }
-    let mut infs = informers(&d, ns).await;
+    let mut infs = informers(&d, ns, false).await;
     // Past client-go's "very short watch" (under 1 s, no event).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let before: Vec<usize> = infs
@@ -820,7 +859,9 @@ async fn bookmarks_let_a_quiet_informer_resume_past_a_compaction() {
         }
         expected.insert(resource, list(&http, &d, resource, quiet).await);
     }
-    let mut infs = informers(&d, quiet).await;
+    // Gzip hidden: the tap counts BOOKMARKs in plain bytes (a WatchList
+    // would come gzipped).
+    let mut infs = informers(&d, quiet, true).await;
 
     // Writes elsewhere overrun the history; the quiet informers see none
     // of them, only bookmarks past them.

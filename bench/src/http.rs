@@ -306,6 +306,50 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// Opens a WatchList (`sendInitialEvents=true`) of `path` and reads
+    /// it, unpacking gzip as it comes, until the initial-events-end
+    /// bookmark; then drops it (this connection is done with it):
+    /// (bytes received, bytes of the stream, whether it came gzipped).
+    pub async fn watch_list_count(mut self, path: &str) -> Result<(u64, u64, bool)> {
+        const END: &[u8] = b"k8s.io/initial-events-end";
+        let q = format!(
+            "{path}?watch=1&sendInitialEvents=true&allowWatchBookmarks=true\
+             &resourceVersionMatch=NotOlderThan"
+        );
+        let resp = self.get(&q).await?;
+        if !resp.status().is_success() {
+            bail!("GET {q}: {}", resp.status());
+        }
+        let gzipped = is_gzipped(&resp);
+        let mut unpack = gzipped.then(|| flate2::write::GzDecoder::new(Vec::new()));
+        let mut body = resp.into_body();
+        let (mut wire, mut plain) = (0u64, 0u64);
+        // The last bytes seen, for a marker split across frames.
+        let mut tail: Vec<u8> = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let Ok(d) = frame?.into_data() else { continue };
+            wire += d.len() as u64;
+            let data = match &mut unpack {
+                Some(u) => {
+                    u.write_all(&d).context("gzip stream")?;
+                    u.flush().context("gzip stream")?;
+                    Bytes::from(std::mem::take(u.get_mut()))
+                }
+                None => d,
+            };
+            plain += data.len() as u64;
+            tail.extend_from_slice(&data);
+            if tail.windows(END.len()).any(|w| w == END) {
+                return Ok((wire, plain, gzipped));
+            }
+            let keep = tail.len().min(END.len() - 1);
+            tail.drain(..tail.len() - keep);
+        }
+        bail!("GET {q}: ended before its initial-events-end bookmark")
+    }
+}
+
 fn is_gzipped<B>(resp: &Response<B>) -> bool {
     resp.headers()
         .get(hyper::header::CONTENT_ENCODING)

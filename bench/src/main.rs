@@ -230,6 +230,12 @@ struct Cli {
     /// The proxy gzips Lists over 128 KiB; etcd's rows are unchanged.
     #[arg(long)]
     gzip: bool,
+    /// list: also open --iterations WatchList streams
+    /// (`sendInitialEvents=true`, each on a new connection, read to the
+    /// initial-events-end bookmark) on the proxy, with gzip if --gzip, and
+    /// report bytes on the wire and the proxy's CPU per stream.
+    #[arg(long)]
+    watch_list: bool,
     /// list, get, startup: how the bench stores its objects in etcd, named
     /// like kube-apiserver's flag: `application/json`, or
     /// `application/vnd.kubernetes.protobuf` (Pods that fit the Pod schema,
@@ -310,6 +316,9 @@ fn main() -> Result<()> {
     }
     if cli.protobuf && cli.scenario != Scenario::List {
         bail!("--protobuf applies to list");
+    }
+    if cli.watch_list && cli.scenario != Scenario::List {
+        bail!("--watch-list applies to list");
     }
     if cli.gzip && cli.scenario != Scenario::List {
         bail!("--gzip applies to list");
@@ -524,6 +533,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         daemon_server: cli.daemon_server.clone(),
         protobuf: cli.protobuf,
         gzip: cli.gzip,
+        watch_list: cli.watch_list,
         storage_protobuf: cli.storage_media_type == PROTOBUF,
     };
     let watchcache_bin = match &cli.watchcache_bin {
@@ -1228,6 +1238,38 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                 ],
                 &rows,
             );
+            let wl = |v: &Value| v.get("watch_list").is_some_and(|w| !w.is_null());
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .filter(|(_, v)| wl(v))
+                .map(|(k, v)| {
+                    let w = &v["watch_list"];
+                    vec![
+                        k.clone(),
+                        s2(w, &["streams"]),
+                        s2(w, &["gzipped_streams"]),
+                        kb_to_mb(w, &["stream_bytes_per_stream"]),
+                        kb_to_mb(w, &["wire_bytes_per_stream"]),
+                        s2(w, &["proxy_cpu_ms_per_stream"]),
+                        s2(w, &["to_initial_events_end_ms", "p50_ms"]),
+                    ]
+                })
+                .collect();
+            if !rows.is_empty() {
+                print_table(
+                    &format!("WatchList streams{security}"),
+                    &[
+                        "target",
+                        "streams",
+                        "gzipped",
+                        "stream KiB",
+                        "wire KiB",
+                        "proxy CPU ms/stream",
+                        "to bookmark p50 ms",
+                    ],
+                    &rows,
+                );
+            }
         }
         Scenario::Get => {
             let rows: Vec<Vec<String>> = map

@@ -90,6 +90,8 @@ pub struct Params {
     /// list: `Accept-Encoding: gzip` on the proxy's Lists, each unpacked
     /// (`--gzip`).
     pub gzip: bool,
+    /// list: WatchList streams too (`--watch-list`).
+    pub watch_list: bool,
     /// list, get, startup: objects stored as kube-apiserver protobuf
     /// (`--storage-media-type application/vnd.kubernetes.protobuf`).
     pub storage_protobuf: bool,
@@ -786,7 +788,13 @@ pub async fn list(
     }
     pb.finish_and_clear();
     let usage = usage.finish();
+    let watch_list = if p.watch_list && variant == "proxy" {
+        watch_lists(ctx).await?
+    } else {
+        Value::Null
+    };
     let result = json!({
+        "watch_list": watch_list,
         "target": variant,
         "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable range" },
         "objects": p.objects,
@@ -807,6 +815,51 @@ pub async fn list(
         "latency_distribution": distribution(&full),
     });
     Ok((result, Some(full)))
+}
+
+/// `--watch-list`: `--iterations` WatchList streams of the List's objects,
+/// one after another, each on its own connection (asking for gzip with
+/// `--gzip`), read to the initial-events-end bookmark: bytes on the wire
+/// and of the stream, time to the bookmark and the proxy's CPU, per stream.
+async fn watch_lists(ctx: &Ctx) -> Result<Value> {
+    let p = &ctx.p;
+    let target = ctx.proxy()?;
+    let target = if p.protobuf {
+        target.with_accept(PROTOBUF)
+    } else {
+        target
+    };
+    let path = ctx.list_path();
+    let streams = p.iterations.max(1);
+    let mut took = new_histogram();
+    let (mut wire, mut plain, mut gzipped) = (0u64, 0u64, 0usize);
+    let usage = Usage::start(ctx, Target::Proxy);
+    for _ in 0..streams {
+        let mut conn = target.connect().await?;
+        if p.gzip {
+            conn = conn.asking_gzip();
+        }
+        let t = Instant::now();
+        let (w, b, z) = conn.watch_list_count(&path).await?;
+        took.saturating_record(t.elapsed().as_micros() as u64);
+        wire += w;
+        plain += b;
+        gzipped += usize::from(z);
+    }
+    let usage = usage.finish();
+    let n = streams as f64;
+    let cpu_ms = usage["proxy"]["cpu_s"]
+        .as_f64()
+        .map(|s| round3(s * 1000.0 / n));
+    Ok(json!({
+        "streams": streams,
+        "gzipped_streams": gzipped,
+        "wire_bytes_per_stream": wire / streams as u64,
+        "stream_bytes_per_stream": plain / streams as u64,
+        "proxy_cpu_ms_per_stream": cpu_ms,
+        "to_initial_events_end_ms": summarize(&took),
+        "processes": usage,
+    }))
 }
 
 /// The `loopback` row of L1: the proxy's full List body (fetched once, as

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use hyper::body::Incoming;
+use hyper::header::{CONTENT_ENCODING, HeaderValue, VARY};
 use hyper::{Request, Response};
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -13,6 +14,7 @@ use crate::api::request::connection::ConnectionHandle;
 use crate::api::request::negotiation::{self, PROTOBUF_WATCH};
 use crate::api::request::params::{Query, list_option_bool};
 use crate::api::response::Body;
+use crate::api::response::compression;
 use crate::api::response::table::{Columns, TableWatch};
 use crate::api::response::watch_stream::WatchStreamParams;
 use crate::api::response::writers::response;
@@ -73,6 +75,12 @@ pub(crate) async fn watch(
         send_initial_events: query.get("sendInitialEvents").map(list_option_bool),
         timeout,
     };
+    // A WatchList (its initial events a List's worth of data) is gzipped
+    // for a client that accepts it, as kube-apiserver 1.37 does; a plain
+    // watch never is.
+    let gzip = watch.send_initial_events == Some(true)
+        && state.config.server.response_compression
+        && compression::accepts_gzip(req.headers());
     let permit = acquire_watch_slot(state)?;
     let what = target.what();
     // A watch that cannot be served from history still gets a Watcher,
@@ -112,9 +120,19 @@ pub(crate) async fn watch(
             permit,
             http1_connection,
             protobuf_api_version: protobuf_watch.then(|| res.config.api_version()),
+            gzip,
         },
     ));
     let mut resp = response(200, content_type, body);
+    if gzip {
+        crate::metrics::metrics()
+            .api_gzip_responses
+            .with_label_values(&["watch"])
+            .inc();
+        let headers = resp.headers_mut();
+        headers.insert(CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+        headers.append(VARY, HeaderValue::from_static("Accept-Encoding"));
+    }
     resp.headers_mut().insert(
         hyper::header::CACHE_CONTROL,
         hyper::header::HeaderValue::from_static("no-cache, private"),

@@ -34,7 +34,11 @@ use std::sync::{Arc, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use std::io::Write;
+
 use bytes::Bytes;
+use flate2::Compression;
+use flate2::write::GzEncoder;
 use hyper::body::Frame;
 use parking_lot::Mutex;
 use tokio::sync::OwnedSemaphorePermit;
@@ -77,6 +81,9 @@ pub(crate) struct WatchStreamParams {
     /// A protobuf stream (`application/vnd.kubernetes.protobuf;stream=watch`)
     /// of this resource's apiVersion: its ERROR event is a protobuf frame too.
     pub protobuf_api_version: Option<String>,
+    /// Sent gzipped (a WatchList to a client that accepts gzip), each
+    /// chunk flushed as it is written: see [`WatchGzip`].
+    pub gzip: bool,
 }
 
 /// Every open watch stream, for the sweeper. Weak: a stream is gone with
@@ -106,12 +113,16 @@ impl WatchStreams {
             http1_connection: params.http1_connection,
         });
         self.streams.lock().push(Arc::downgrade(&shared));
-        let extras = (params.table.is_some() || params.protobuf_api_version.is_some()).then(|| {
-            Box::new(Extras {
-                table: params.table,
-                protobuf_api_version: params.protobuf_api_version,
-            })
-        });
+        let extras = (params.table.is_some()
+            || params.protobuf_api_version.is_some()
+            || params.gzip)
+            .then(|| {
+                Box::new(Extras {
+                    table: params.table,
+                    protobuf_api_version: params.protobuf_api_version,
+                    gzip: params.gzip.then(WatchGzip::new),
+                })
+            });
         WatchBody {
             shared,
             cacher: params.cacher,
@@ -254,7 +265,7 @@ impl Shared {
 pub struct WatchBody {
     shared: Arc<Shared>,
     cacher: Arc<Cacher>,
-    /// Table or protobuf streams only.
+    /// Table, protobuf or gzipped streams only.
     extras: Option<Box<Extras>>,
     done: bool,
 }
@@ -264,9 +275,63 @@ struct Extras {
     table: Option<TableWatch>,
     /// A protobuf stream's apiVersion: its ERROR event is a protobuf frame.
     protobuf_api_version: Option<String>,
+    /// A gzipped stream's encoder, taken when its trailer is written.
+    gzip: Option<WatchGzip>,
+}
+
+/// The gzip of a watch stream (kube-apiserver 1.37's gzip of WatchList
+/// streams): one gzip stream for the whole response, each chunk the
+/// watcher gives compressed and sync-flushed at once (RFC 1951's empty
+/// stored block), so the client decodes every event, and the
+/// initial-events-end bookmark, as soon as it arrives, never waiting for
+/// more. At level 1 ([`LEVEL`](super::gzip::LEVEL)), on the connection's
+/// task: a chunk is at most the watcher's 256 KiB (its initial events),
+/// usually one event.
+struct WatchGzip {
+    enc: GzEncoder<Vec<u8>>,
+}
+
+impl WatchGzip {
+    fn new() -> WatchGzip {
+        WatchGzip {
+            enc: GzEncoder::new(Vec::new(), Compression::new(super::gzip::LEVEL)),
+        }
+    }
+
+    /// `chunk` compressed and flushed: bytes the client can decode whole.
+    fn chunk(&mut self, chunk: &[u8]) -> std::io::Result<Bytes> {
+        self.enc.write_all(chunk)?;
+        self.enc.flush()?;
+        Ok(Bytes::from(std::mem::take(self.enc.get_mut())))
+    }
+
+    /// `last` (if any) and the end of the gzip stream: its trailer.
+    fn finish(mut self, last: Option<&[u8]>) -> std::io::Result<Bytes> {
+        if let Some(last) = last {
+            self.enc.write_all(last)?;
+        }
+        self.enc.finish().map(Bytes::from)
+    }
 }
 
 impl WatchBody {
+    /// The stream's last frame: `last` (an ERROR event), gzipped with the
+    /// gzip stream's end when the stream is gzipped.
+    fn end(&mut self, last: Option<Bytes>) -> Option<Result<Frame<Bytes>, Infallible>> {
+        self.done = true;
+        let last = match self.extras.as_mut().and_then(|x| x.gzip.take()) {
+            None => last,
+            Some(gzip) => match gzip.finish(last.as_deref()) {
+                Ok(end) => Some(end),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot end a gzipped watch");
+                    None
+                }
+            },
+        };
+        last.map(|b| Ok(Frame::data(b)))
+    }
+
     /// The ERROR event of `e`, in the stream's encoding.
     fn error_event(&self, e: CacherError) -> Bytes {
         let what = What::of(self.cacher.resource(), None);
@@ -303,8 +368,8 @@ impl hyper::body::Body for WatchBody {
         let mut slot = this.shared.slot.lock();
         let Some(watcher) = slot.watcher.as_mut() else {
             // Ended by the sweeper.
-            this.done = true;
-            return Poll::Ready(None);
+            drop(slot);
+            return Poll::Ready(this.end(None));
         };
         let item = match watcher.poll_next(cx) {
             Poll::Pending => {
@@ -326,7 +391,20 @@ impl hyper::body::Body for WatchBody {
                     Some(t) => t.convert(&chunk),
                     None => chunk,
                 };
-                return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                let Some(gzip) = this.extras.as_mut().and_then(|x| x.gzip.as_mut()) else {
+                    return Poll::Ready(Some(Ok(Frame::data(chunk))));
+                };
+                return match gzip.chunk(&chunk) {
+                    Ok(z) => Poll::Ready(Some(Ok(Frame::data(z)))),
+                    Err(e) => {
+                        // Ended without its trailer: the client sees an
+                        // error, never a short stream taken for the whole.
+                        tracing::warn!(error = %e, "cannot gzip a watch event");
+                        this.shared.slot.lock().free();
+                        this.done = true;
+                        Poll::Ready(None)
+                    }
+                };
             }
             None | Some(WatchChunk::Error(CacherError::ShuttingDown)) => None,
             Some(WatchChunk::Error(e)) => Some(e),
@@ -334,12 +412,9 @@ impl hyper::body::Body for WatchBody {
         // The watcher and its slot are freed now, whatever the client does.
         slot.free();
         drop(slot);
-        this.done = true;
         debug!("watch stream ended");
-        Poll::Ready(
-            last.map(|e| this.error_event(e))
-                .map(|b| Ok(Frame::data(b))),
-        )
+        let last = last.map(|e| this.error_event(e));
+        Poll::Ready(this.end(last))
     }
 
     fn is_end_stream(&self) -> bool {
