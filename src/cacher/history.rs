@@ -56,6 +56,31 @@ pub struct HistoryEvent {
     /// protobuf watchers: encoded once, like the lines; boxed so that events
     /// no protobuf watcher reads stay small.
     frames: OnceLock<Box<[FrameCell; 3]>>,
+    /// The added/modified/deleted lines in up to two converted forms
+    /// ([`ConvertedLines`]: a metadata watch's `PartialObjectMetadata`,
+    /// meta.k8s.io v1 or v1beta1): made once, like the lines, and shared by
+    /// every watcher of that form.
+    converted: OnceLock<Box<[OnceLock<Bytes>; 6]>>,
+}
+
+/// A converted form of watch lines (kube-apiserver's
+/// `PartialObjectMetadata` watch events), made by the layer above from the
+/// full lines. Every watcher of one resource that gives the same `slot`
+/// must give the same conversion: history events keep one line per slot.
+#[derive(Clone)]
+pub struct ConvertedLines {
+    /// 0 or 1: which of an event's two converted forms this is.
+    pub slot: usize,
+    /// JSON watch lines to the same lines in this form.
+    pub convert: Arc<dyn Fn(&[u8]) -> Bytes + Send + Sync>,
+}
+
+impl std::fmt::Debug for ConvertedLines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvertedLines")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HistoryEvent {
@@ -81,6 +106,7 @@ impl HistoryEvent {
             modified: OnceLock::new(),
             deleted: OnceLock::new(),
             frames: OnceLock::new(),
+            converted: OnceLock::new(),
         }
     }
 
@@ -127,6 +153,20 @@ impl HistoryEvent {
             EventType::Deleted => self.deleted_line(),
             EventType::Bookmark | EventType::Error => None,
         }
+    }
+
+    /// [`HistoryEvent::line`] in the converted `form`, converted on first
+    /// use and kept.
+    pub fn converted_line(&self, ty: EventType, form: &ConvertedLines) -> Option<&Bytes> {
+        let i = match ty {
+            EventType::Added => 0,
+            EventType::Modified => 1,
+            EventType::Deleted => 2,
+            EventType::Bookmark | EventType::Error => return None,
+        };
+        let line = self.line(ty)?;
+        let cell = &self.converted.get_or_init(Default::default)[form.slot.min(1) * 3 + i];
+        Some(cell.get_or_init(|| (form.convert)(line)))
     }
 
     /// [`HistoryEvent::line`] as a protobuf watch frame
@@ -605,6 +645,41 @@ mod tests {
         assert!(s.starts_with("{\"type\":\"DELETED\""), "{s}");
         assert!(s.contains("\"resourceVersion\":\"9\""), "{s}");
         assert!(ev.added_line().is_none());
+    }
+
+    #[test]
+    fn converted_lines_are_made_once_per_form_and_shared() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let mut h = History::new(4, 0);
+        let ev = h.push(
+            EventKind::Deleted,
+            Arc::from("/p/ns/a"),
+            None,
+            Some(obj("/p/ns/a", 3)),
+            9,
+            Instant::now(),
+        );
+        let calls = Arc::new(AtomicUsize::new(0));
+        let form = |slot: usize, tag: &'static str| {
+            let calls = Arc::clone(&calls);
+            ConvertedLines {
+                slot,
+                convert: Arc::new(move |line: &[u8]| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    Bytes::from([tag.as_bytes(), line].concat())
+                }),
+            }
+        };
+        let (v1, beta) = (form(0, "v1:"), form(1, "beta:"));
+        let a = ev.converted_line(EventType::Deleted, &v1).unwrap();
+        let b = ev.converted_line(EventType::Deleted, &v1).unwrap();
+        assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
+        assert!(a.starts_with(b"v1:{\"type\":\"DELETED\""));
+        let c = ev.converted_line(EventType::Deleted, &beta).unwrap();
+        assert!(c.starts_with(b"beta:"));
+        assert_eq!(calls.load(Ordering::SeqCst), 2, "one conversion per form");
+        assert!(ev.converted_line(EventType::Added, &v1).is_none());
+        assert!(ev.converted_line(EventType::Bookmark, &v1).is_none());
     }
 
     fn adaptive(min: usize, max: usize, max_bytes: u64) -> HistoryPolicy {
