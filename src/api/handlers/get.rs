@@ -88,7 +88,7 @@ fn get_request<'a>(
 ) -> Result<(GetRequest<'a>, Form), ApiStatus> {
     let form = match negotiation::table(req, query)? {
         Some(include) => Form::Table(include),
-        None => match negotiation::metadata(req, false, &target.resource.config.kind)? {
+        None => match negotiation::metadata(req, false, &target.resource.config)? {
             Some(m) => Form::Metadata(m),
             None => Form::Object,
         },

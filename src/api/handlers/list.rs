@@ -69,7 +69,7 @@ pub(crate) async fn list(
         let t = table::table(rows, &columns, Value::Object(meta), true);
         return Ok(json_value(200, &t));
     }
-    if let Some(form) = negotiation::metadata(req, true, &res.config.kind)? {
+    if let Some(form) = negotiation::metadata(req, true, &res.config)? {
         let printer = printers::for_resource(&res.config.group, &res.config.plural);
         let items = result
             .items

@@ -55,7 +55,7 @@ pub(crate) async fn watch(
     let table = negotiation::table(req, query)?;
     let metadata_form = match table {
         Some(_) => None,
-        None => negotiation::metadata(req, false, &res.config.kind)?,
+        None => negotiation::metadata(req, false, &res.config)?,
     };
     let (label_selector, field_selector) = query.selectors(res.cacher.codec().index_paths())?;
     // Like kube-apiserver: a watch without timeoutSeconds still ends, after a

@@ -84,13 +84,28 @@ pub fn metadata_form(accept: Option<&str>) -> Option<MetadataForm> {
     None
 }
 
+/// The Go type kube-apiserver's messages name for an object of `config`
+/// (`*core.Pod`): the internal type of a built-in kind (its package is the
+/// group's first label, `core` for the legacy group and for
+/// events.k8s.io's Event), else `*unstructured.Unstructured`.
+fn go_type(config: &ResourceConfig, list: bool) -> String {
+    let suffix = if list { "List" } else { "" };
+    if !is_builtin_type(&config.api_version(), &config.kind) {
+        return format!("*unstructured.Unstructured{suffix}");
+    }
+    let package = match config.group.as_str() {
+        "" | "events.k8s.io" => "core",
+        g => g.split('.').next().unwrap_or(g),
+    };
+    format!("*{package}.{}{suffix}", config.kind)
+}
+
 /// The metadata form a request asks for; a form for the other kind of
-/// endpoint (a List's on a Get) is kube-apiserver's 406. `kind` is the
-/// resource's, for the message.
+/// endpoint (a List's on a Get) is kube-apiserver's 406.
 pub fn metadata(
     req: &Request<Incoming>,
     list: bool,
-    kind: &str,
+    config: &ResourceConfig,
 ) -> Result<Option<MetadataForm>, ApiStatus> {
     let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
     let Some(form) = metadata_form(accept) else {
@@ -99,13 +114,14 @@ pub fn metadata(
     if form.list == list {
         return Ok(Some(form));
     }
+    let go_type = go_type(config, list);
     let message = if list {
         format!(
-            "you requested PartialObjectMetadata, but the requested object is a list (*{kind}List)"
+            "you requested PartialObjectMetadata, but the requested object is a list ({go_type})"
         )
     } else {
         format!(
-            "you requested PartialObjectMetadataList, but the requested object is not a list (*{kind})"
+            "you requested PartialObjectMetadataList, but the requested object is not a list ({go_type})"
         )
     };
     Err(ApiStatus::new(406, "NotAcceptable", message))
