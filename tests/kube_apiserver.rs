@@ -320,8 +320,20 @@ impl Oracle {
 
     /// The same GET to both as protobuf: the same bytes.
     async fn compare_protobuf(&mut self, resource: &str, wc_path: &str, kube_path: &str) {
-        let (wc_code, wc_body) = self.wc_get(wc_path, PROTOBUF).await;
-        let (k_code, k_body) = self.kube_get(kube_path, PROTOBUF).await;
+        self.compare_protobuf_as(resource, wc_path, kube_path, PROTOBUF)
+            .await
+    }
+
+    /// [`Oracle::compare_protobuf`] with this `Accept`.
+    async fn compare_protobuf_as(
+        &mut self,
+        resource: &str,
+        wc_path: &str,
+        kube_path: &str,
+        accept: &str,
+    ) {
+        let (wc_code, wc_body) = self.wc_get(wc_path, accept).await;
+        let (k_code, k_body) = self.kube_get(kube_path, accept).await;
         let mut diffs = Vec::new();
         if wc_code != k_code {
             diffs.push((
@@ -343,7 +355,7 @@ impl Oracle {
                 ),
             ));
         }
-        self.record(resource, &format!("GET {wc_path} (protobuf)"), diffs);
+        self.record(resource, &format!("GET {wc_path} ({accept})"), diffs);
     }
 
     /// The same List as a Table: the same columns and cells, the Age
@@ -1390,10 +1402,14 @@ async fn watches_from_the_same_revision(o: &mut Oracle) {
     o.record("configmaps", &format!("watch {path}"), diffs);
 }
 
-/// A metadata client's `Accept` (client-go's `metadata` package asks for
-/// protobuf first; watchcache answers such ranges in JSON).
+/// A metadata client's JSON `Accept`.
 fn metadata_accept(kind: &str, version: &str) -> String {
     format!("application/json;as={kind};g=meta.k8s.io;v={version}")
+}
+
+/// A metadata client's protobuf `Accept` (client-go's `metadata` package).
+fn metadata_protobuf(kind: &str, version: &str) -> String {
+    format!("{PROTOBUF};as={kind};g=meta.k8s.io;v={version}")
 }
 
 /// `PartialObjectMetadata` Gets, Lists (selected, paged) and watches
@@ -1433,10 +1449,15 @@ async fn partial_object_metadata(o: &mut Oracle) {
                     o.compare_json_as(res, &p, &p, &list).await;
                 }
             }
+            let p = format!("{}?{exact}", r.all());
+            let list_pb = metadata_protobuf("PartialObjectMetadataList", version);
+            o.compare_protobuf_as(res, &p, &p, &list_pb).await;
             let one = metadata_accept("PartialObjectMetadata", version);
+            let one_pb = metadata_protobuf("PartialObjectMetadata", version);
             for (ns, name) in names(&all).into_iter().take(2) {
                 let path = r.object(ns.as_deref(), &name);
                 o.compare_json_as(res, &path, &path, &one).await;
+                o.compare_protobuf_as(res, &path, &path, &one_pb).await;
                 // The List form for a Get, and the object form for a List:
                 // kube-apiserver's 406.
                 o.compare_json_as(res, &path, &path, &list).await;

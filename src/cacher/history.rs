@@ -56,12 +56,19 @@ pub struct HistoryEvent {
     /// protobuf watchers: encoded once, like the lines; boxed so that events
     /// no protobuf watcher reads stay small.
     frames: OnceLock<Box<[FrameCell; 3]>>,
-    /// The added/modified/deleted lines in up to two converted forms
-    /// ([`ConvertedLines`]: a metadata watch's `PartialObjectMetadata`,
-    /// meta.k8s.io v1 or v1beta1): made once, like the lines, and shared by
-    /// every watcher of that form.
-    converted: OnceLock<Box<[OnceLock<Bytes>; 6]>>,
+    /// The added/modified/deleted lines in up to [`CONVERTED_FORMS`]
+    /// converted forms ([`ConvertedLines`]: a metadata watch's
+    /// `PartialObjectMetadata`, meta.k8s.io v1 or v1beta1, JSON or
+    /// protobuf): made once, like the lines, and shared by every watcher of
+    /// that form.
+    converted: OnceLock<Box<[ConvertedCell; 3 * CONVERTED_FORMS]>>,
 }
+
+/// How many converted forms of its lines a history event keeps.
+pub const CONVERTED_FORMS: usize = 4;
+
+/// One converted line, made on first use (or why it cannot be).
+type ConvertedCell = OnceLock<Result<Bytes, String>>;
 
 /// A converted form of watch lines (kube-apiserver's
 /// `PartialObjectMetadata` watch events), made by the layer above from the
@@ -69,10 +76,12 @@ pub struct HistoryEvent {
 /// must give the same conversion: history events keep one line per slot.
 #[derive(Clone)]
 pub struct ConvertedLines {
-    /// 0 or 1: which of an event's two converted forms this is.
+    /// Which of an event's converted forms this is, below [`CONVERTED_FORMS`].
     pub slot: usize,
-    /// JSON watch lines to the same lines in this form.
-    pub convert: Arc<dyn Fn(&[u8]) -> Bytes + Send + Sync>,
+    /// JSON watch lines to the same events in this form, or why they
+    /// cannot be.
+    #[allow(clippy::type_complexity)]
+    pub convert: Arc<dyn Fn(&[u8]) -> Result<Bytes, String> + Send + Sync>,
 }
 
 impl std::fmt::Debug for ConvertedLines {
@@ -157,7 +166,11 @@ impl HistoryEvent {
 
     /// [`HistoryEvent::line`] in the converted `form`, converted on first
     /// use and kept.
-    pub fn converted_line(&self, ty: EventType, form: &ConvertedLines) -> Option<&Bytes> {
+    pub fn converted_line(
+        &self,
+        ty: EventType,
+        form: &ConvertedLines,
+    ) -> Option<Result<&Bytes, String>> {
         let i = match ty {
             EventType::Added => 0,
             EventType::Modified => 1,
@@ -165,8 +178,13 @@ impl HistoryEvent {
             EventType::Bookmark | EventType::Error => return None,
         };
         let line = self.line(ty)?;
-        let cell = &self.converted.get_or_init(Default::default)[form.slot.min(1) * 3 + i];
-        Some(cell.get_or_init(|| (form.convert)(line)))
+        let slot = form.slot.min(CONVERTED_FORMS - 1);
+        let cell = &self.converted.get_or_init(Default::default)[slot * 3 + i];
+        Some(
+            cell.get_or_init(|| (form.convert)(line))
+                .as_ref()
+                .map_err(Clone::clone),
+        )
     }
 
     /// [`HistoryEvent::line`] as a protobuf watch frame
@@ -666,18 +684,29 @@ mod tests {
                 slot,
                 convert: Arc::new(move |line: &[u8]| {
                     calls.fetch_add(1, Ordering::SeqCst);
-                    Bytes::from([tag.as_bytes(), line].concat())
+                    if tag.is_empty() {
+                        return Err("cannot".to_string());
+                    }
+                    Ok(Bytes::from([tag.as_bytes(), line].concat()))
                 }),
             }
         };
         let (v1, beta) = (form(0, "v1:"), form(1, "beta:"));
-        let a = ev.converted_line(EventType::Deleted, &v1).unwrap();
-        let b = ev.converted_line(EventType::Deleted, &v1).unwrap();
+        let a = ev.converted_line(EventType::Deleted, &v1).unwrap().unwrap();
+        let b = ev.converted_line(EventType::Deleted, &v1).unwrap().unwrap();
         assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
         assert!(a.starts_with(b"v1:{\"type\":\"DELETED\""));
-        let c = ev.converted_line(EventType::Deleted, &beta).unwrap();
+        let c = ev
+            .converted_line(EventType::Deleted, &beta)
+            .unwrap()
+            .unwrap();
         assert!(c.starts_with(b"beta:"));
-        assert_eq!(calls.load(Ordering::SeqCst), 2, "one conversion per form");
+        let failing = form(3, "");
+        for _ in 0..2 {
+            let e = ev.converted_line(EventType::Deleted, &failing).unwrap();
+            assert_eq!(e, Err("cannot".to_string()));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "one conversion per form");
         assert!(ev.converted_line(EventType::Added, &v1).is_none());
         assert!(ev.converted_line(EventType::Bookmark, &v1).is_none());
     }

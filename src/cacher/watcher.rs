@@ -214,7 +214,8 @@ impl Watcher {
     /// Appends JSON lines (initial events, bookmarks) in this watcher's encoding.
     fn push_lines(&self, buf: &mut Chunk, lines: &[u8]) -> Result<(), CacherError> {
         if let Some(form) = &self.converted {
-            buf.extend_from_slice(&(form.convert)(lines));
+            let converted = (form.convert)(lines).map_err(CacherError::Encoding)?;
+            buf.extend_from_slice(&converted);
         } else if self.protobuf {
             let frames =
                 protobuf_watch_frames(lines).map_err(|e| CacherError::Encoding(e.to_string()))?;
@@ -487,7 +488,17 @@ impl Watcher {
             }
         }
         if let Some(form) = &self.converted {
-            return (!lines.is_empty()).then(|| (form.convert)(&lines));
+            if lines.is_empty() {
+                return None;
+            }
+            return match (form.convert)(&lines) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    self.initial = None;
+                    self.pending_error = Some(Box::new(CacherError::Encoding(e)));
+                    None
+                }
+            };
         }
         if !self.protobuf {
             return (!lines.is_empty()).then(|| lines.freeze());
@@ -565,7 +576,18 @@ impl Watcher {
                 self.last_rv = self.last_rv.max(ev.rv);
                 continue;
             };
-            let bytes = if self.protobuf {
+            let bytes = if let Some(form) = &self.converted {
+                match ev.converted_line(ty, form) {
+                    Some(Ok(line)) => Some(line),
+                    Some(Err(e)) => {
+                        if sent > 0 {
+                            stats.dispatched(sent);
+                        }
+                        return Err(CacherError::Encoding(e));
+                    }
+                    None => None,
+                }
+            } else if self.protobuf {
                 match ev.frame(ty, &self.params.api_version, &self.params.kind) {
                     Some(Ok(frame)) => Some(frame),
                     Some(Err(e)) => {
@@ -576,8 +598,6 @@ impl Watcher {
                     }
                     None => None,
                 }
-            } else if let Some(form) = &self.converted {
-                ev.converted_line(ty, form)
             } else {
                 ev.line(ty)
             };

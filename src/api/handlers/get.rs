@@ -122,8 +122,14 @@ fn get_response(
         Form::Object => json_response(200, obj.wire.clone()),
         Form::Metadata(m) => {
             let printer = printers::for_resource(&res.config.group, &res.config.plural);
-            let body = metadata::partial_json(&obj.wire, printer, m.api_version);
-            json_response(200, body)
+            let partial = metadata::partial_of_wire(&obj.wire, printer, m.api_version);
+            if m.protobuf {
+                match metadata::protobuf_body(&partial) {
+                    Ok(body) => return response(200, PROTOBUF, full(body)),
+                    Err(e) => protobuf::fell_back(&res.config, res.cacher.stats(), &obj.key, &e),
+                }
+            }
+            json_value(200, &partial)
         }
         Form::Table(include) => {
             let columns = table::Columns::of(

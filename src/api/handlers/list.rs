@@ -15,7 +15,7 @@ use crate::api::request::params::Query;
 use crate::api::response::list::JsonListFrames;
 use crate::api::response::list_body_cache::{ListMedia, Lookup, list_frames};
 use crate::api::response::protobuf::{self, ProtobufList};
-use crate::api::response::writers::{json_value, response};
+use crate::api::response::writers::{full, json_value, response};
 use crate::api::response::{Body, metadata, printers, table};
 use crate::api::status::ApiStatus;
 use crate::api::status::errors::cacher_status;
@@ -76,6 +76,12 @@ pub(crate) async fn list(
             .iter()
             .map(|o| serde_json::from_slice(&o.wire).unwrap_or_else(|_| json!({})));
         let l = metadata::partial_list(items, printer, form.api_version, meta);
+        if form.protobuf {
+            match metadata::protobuf_body(&l) {
+                Ok(body) => return Ok(response(200, PROTOBUF, full(body))),
+                Err(e) => protobuf::fell_back(&res.config, res.cacher.stats(), "", &e),
+            }
+        }
         return Ok(json_value(200, &l));
     }
     let items = if negotiation::protobuf(req, &res.config) {

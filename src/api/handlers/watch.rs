@@ -90,17 +90,19 @@ pub(crate) async fn watch(
         // History events are then converted once per version, shared by
         // every metadata watcher of this resource.
         let printer = printers::for_resource(&res.config.group, &res.config.plural);
-        let api_version = form.api_version;
+        let (api_version, protobuf) = (form.api_version, form.protobuf);
         watcher.use_converted(ConvertedLines {
-            slot: usize::from(api_version != "meta.k8s.io/v1"),
+            slot: usize::from(api_version != "meta.k8s.io/v1") + 2 * usize::from(protobuf),
             convert: Arc::new(move |lines: &[u8]| {
-                metadata::watch_lines(lines, printer, api_version)
+                metadata::watch_events(lines, printer, api_version, protobuf)
             }),
         });
     }
-    let protobuf_watch =
-        table.is_none() && metadata_form.is_none() && negotiation::protobuf(req, &res.config);
-    if protobuf_watch {
+    let protobuf_watch = match metadata_form {
+        Some(form) => form.protobuf,
+        None => table.is_none() && negotiation::protobuf(req, &res.config),
+    };
+    if protobuf_watch && metadata_form.is_none() {
         // History events are then encoded once, shared by every such watcher.
         watcher.use_protobuf();
     }

@@ -44,13 +44,14 @@ pub struct MetadataForm {
     pub list: bool,
     /// `meta.k8s.io/v1` or `meta.k8s.io/v1beta1`.
     pub api_version: &'static str,
+    /// Asked for as `application/vnd.kubernetes.protobuf`.
+    pub protobuf: bool,
 }
 
 /// The metadata form of the first media range of `accept` this server can
-/// serve: a JSON `PartialObjectMetadata(List)` range of meta.k8s.io v1 or
-/// v1beta1; a plain JSON or protobuf range first means the objects
-/// themselves. Protobuf metadata ranges are passed over (served as JSON
-/// when the header also allows that).
+/// serve: a JSON or protobuf `PartialObjectMetadata(List)` range of
+/// meta.k8s.io v1 or v1beta1; a plain JSON or protobuf range first means
+/// the objects themselves.
 pub fn metadata_form(accept: Option<&str>) -> Option<MetadataForm> {
     for media in accept?.split(',') {
         let mut parts = media.split(';').map(str::trim);
@@ -68,13 +69,17 @@ pub fn metadata_form(accept: Option<&str>) -> Option<MetadataForm> {
         let json = ["application/json", "application/*", "*/*"]
             .iter()
             .any(|t| ty.eq_ignore_ascii_case(t));
+        let protobuf = ty.eq_ignore_ascii_case(PROTOBUF);
         match as_kind {
-            None if json || ty.eq_ignore_ascii_case(PROTOBUF) => return None,
-            Some(k @ ("PartialObjectMetadata" | "PartialObjectMetadataList")) if json && group => {
+            None if json || protobuf => return None,
+            Some(k @ ("PartialObjectMetadata" | "PartialObjectMetadataList"))
+                if (json || protobuf) && group =>
+            {
                 if let Some(api_version) = version {
                     return Some(MetadataForm {
                         list: k == "PartialObjectMetadataList",
                         api_version,
+                        protobuf,
                     });
                 }
             }
@@ -288,6 +293,7 @@ mod tests {
         let v1 = Some(MetadataForm {
             list: false,
             api_version: "meta.k8s.io/v1",
+            protobuf: false,
         });
         assert_eq!(
             metadata_form(Some(
@@ -303,6 +309,7 @@ mod tests {
             Some(MetadataForm {
                 list: true,
                 api_version: "meta.k8s.io/v1beta1",
+                protobuf: true,
             })
         );
         // A plain range first wins.
