@@ -819,7 +819,11 @@ async fn oracle(version: &str) {
     writes_through_watchcache(&mut o, &etcd.endpoint()).await;
     watches_from_the_same_revision(&mut o).await;
     manifests_pass_server_dry_run(&o.kube);
-    protobuf_watch_frames_byte_for_byte(&mut o).await;
+    protobuf_watch_frames_byte_for_byte(&mut o, PROTOBUF).await;
+    for version in ["v1", "v1beta1"] {
+        let accept = metadata_protobuf("PartialObjectMetadata", version);
+        protobuf_watch_frames_byte_for_byte(&mut o, &accept).await;
+    }
     partial_object_metadata(&mut o).await;
 
     let unseen: Vec<String> = o
@@ -1585,8 +1589,9 @@ async fn read_frames(resp: reqwest::Response, count: usize) -> Vec<Vec<u8>> {
 /// Protobuf watches from the same resourceVersion on both while
 /// kube-apiserver writes: the same frames, byte for byte. Each is a bare
 /// `meta.v1.WatchEvent` (kube-apiserver's raw stream serializer, what
-/// client-go decodes), its object in the full `k8s\0` encoding.
-async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle) {
+/// client-go decodes), its object in the full `k8s\0` encoding. `accept`
+/// asks for the objects or their `PartialObjectMetadata`.
+async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle, accept: &str) {
     use watchcache::object::protobuf as pb;
     let cms = format!("/api/v1/namespaces/{NS}/configmaps");
     let (_, body) = o.wc_get(&cms, JSON).await;
@@ -1604,7 +1609,7 @@ async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle) {
         };
         client
             .get(url)
-            .header("accept", PROTOBUF)
+            .header("accept", accept)
             .timeout(Duration::from_secs(60))
             .send()
     };
@@ -1668,7 +1673,7 @@ async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle) {
             None => diffs.push((format!("protobuf/watch/{i}"), "missing".into())),
         }
     }
-    o.record("configmaps", &format!("watch {path} (protobuf)"), diffs);
+    o.record("configmaps", &format!("watch {path} ({accept})"), diffs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

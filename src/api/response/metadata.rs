@@ -259,7 +259,10 @@ mod tests {
         assert_eq!(beta_raw[tail], 0x12);
         assert_eq!(&beta_raw[tail + 1..], &raw[1..meta_len]);
         let body = protobuf_body(&beta).expect("encodes");
-        assert!(body.windows(beta_raw.len()).any(|w| w == beta_raw.as_slice()));
+        assert!(
+            body.windows(beta_raw.len())
+                .any(|w| w == beta_raw.as_slice())
+        );
         assert_eq!(
             v1beta1_list(&[0x08, 0x01]),
             vec![0x08, 0x01],
