@@ -70,6 +70,10 @@ pub const CONVERTED_FORMS: usize = 4;
 /// One converted line, made on first use (or why it cannot be).
 type ConvertedCell = OnceLock<Result<Bytes, String>>;
 
+/// JSON watch lines to the same events in a converted form, or why they
+/// cannot be.
+pub type LineConverter = dyn Fn(&[u8]) -> Result<Bytes, String> + Send + Sync;
+
 /// A converted form of watch lines (kube-apiserver's
 /// `PartialObjectMetadata` watch events), made by the layer above from the
 /// full lines. Every watcher of one resource that gives the same `slot`
@@ -80,8 +84,7 @@ pub struct ConvertedLines {
     pub slot: usize,
     /// JSON watch lines to the same events in this form, or why they
     /// cannot be.
-    #[allow(clippy::type_complexity)]
-    pub convert: Arc<dyn Fn(&[u8]) -> Result<Bytes, String> + Send + Sync>,
+    pub convert: Arc<LineConverter>,
 }
 
 impl std::fmt::Debug for ConvertedLines {
