@@ -282,8 +282,20 @@ impl Oracle {
 
     /// The same GET to both as JSON: code and body compared as values.
     async fn compare_json(&mut self, resource: &str, wc_path: &str, kube_path: &str) -> Value {
-        let (wc_code, wc_body) = self.wc_get(wc_path, JSON).await;
-        let (k_code, k_body) = self.kube_get(kube_path, JSON).await;
+        self.compare_json_as(resource, wc_path, kube_path, JSON)
+            .await
+    }
+
+    /// [`Oracle::compare_json`] with this `Accept`.
+    async fn compare_json_as(
+        &mut self,
+        resource: &str,
+        wc_path: &str,
+        kube_path: &str,
+        accept: &str,
+    ) -> Value {
+        let (wc_code, wc_body) = self.wc_get(wc_path, accept).await;
+        let (k_code, k_body) = self.kube_get(kube_path, accept).await;
         let parse = |b: &[u8]| {
             serde_json::from_slice::<Value>(b)
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(b).into_owned()))
@@ -297,14 +309,31 @@ impl Oracle {
             ));
         }
         diff("", &w, &k, &mut diffs);
-        self.record(resource, &format!("GET {wc_path}"), diffs);
+        let what = if accept == JSON {
+            format!("GET {wc_path}")
+        } else {
+            format!("GET {wc_path} ({accept})")
+        };
+        self.record(resource, &what, diffs);
         w
     }
 
     /// The same GET to both as protobuf: the same bytes.
     async fn compare_protobuf(&mut self, resource: &str, wc_path: &str, kube_path: &str) {
-        let (wc_code, wc_body) = self.wc_get(wc_path, PROTOBUF).await;
-        let (k_code, k_body) = self.kube_get(kube_path, PROTOBUF).await;
+        self.compare_protobuf_as(resource, wc_path, kube_path, PROTOBUF)
+            .await
+    }
+
+    /// [`Oracle::compare_protobuf`] with this `Accept`.
+    async fn compare_protobuf_as(
+        &mut self,
+        resource: &str,
+        wc_path: &str,
+        kube_path: &str,
+        accept: &str,
+    ) {
+        let (wc_code, wc_body) = self.wc_get(wc_path, accept).await;
+        let (k_code, k_body) = self.kube_get(kube_path, accept).await;
         let mut diffs = Vec::new();
         if wc_code != k_code {
             diffs.push((
@@ -326,7 +355,7 @@ impl Oracle {
                 ),
             ));
         }
-        self.record(resource, &format!("GET {wc_path} (protobuf)"), diffs);
+        self.record(resource, &format!("GET {wc_path} ({accept})"), diffs);
     }
 
     /// The same List as a Table: the same columns and cells, the Age
@@ -790,7 +819,12 @@ async fn oracle(version: &str) {
     writes_through_watchcache(&mut o, &etcd.endpoint()).await;
     watches_from_the_same_revision(&mut o).await;
     manifests_pass_server_dry_run(&o.kube);
-    protobuf_watch_frames_byte_for_byte(&mut o).await;
+    protobuf_watch_frames_byte_for_byte(&mut o, PROTOBUF).await;
+    for version in ["v1", "v1beta1"] {
+        let accept = metadata_protobuf("PartialObjectMetadata", version);
+        protobuf_watch_frames_byte_for_byte(&mut o, &accept).await;
+    }
+    partial_object_metadata(&mut o).await;
 
     let unseen: Vec<String> = o
         .known
@@ -1263,6 +1297,10 @@ async fn read_events(resp: reqwest::Response, count: usize) -> Vec<Value> {
 
 impl Oracle {
     async fn open_watch(&self, kube: bool, path: &str) -> reqwest::Response {
+        self.open_watch_as(kube, path, JSON).await
+    }
+
+    async fn open_watch_as(&self, kube: bool, path: &str, accept: &str) -> reqwest::Response {
         let (client, url) = if kube {
             (&self.kube.http, self.kube.url(path))
         } else {
@@ -1270,6 +1308,7 @@ impl Oracle {
         };
         let r = client
             .get(url)
+            .header("accept", accept)
             .timeout(Duration::from_secs(60))
             .send()
             .await
@@ -1367,6 +1406,159 @@ async fn watches_from_the_same_revision(o: &mut Oracle) {
     o.record("configmaps", &format!("watch {path}"), diffs);
 }
 
+/// A metadata client's JSON `Accept`.
+fn metadata_accept(kind: &str, version: &str) -> String {
+    format!("application/json;as={kind};g=meta.k8s.io;v={version}")
+}
+
+/// A metadata client's protobuf `Accept` (client-go's `metadata` package).
+fn metadata_protobuf(kind: &str, version: &str) -> String {
+    format!("{PROTOBUF};as={kind};g=meta.k8s.io;v={version}")
+}
+
+/// `PartialObjectMetadata` Gets, Lists (selected, paged) and watches
+/// (from a revision; a streaming list with its bookmark), meta.k8s.io v1
+/// and v1beta1, for every shipped resource: the same as kube-apiserver's.
+async fn partial_object_metadata(o: &mut Oracle) {
+    for r in shipped_resources() {
+        let res = r.plural.as_str();
+        let (_, body) = o.wc_get(&r.all(), JSON).await;
+        let all: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        let Some(rv) = all["metadata"]["resourceVersion"].as_str() else {
+            o.failures.push(format!("{res}: no List resourceVersion"));
+            continue;
+        };
+        let exact = format!("resourceVersion={rv}&resourceVersionMatch=Exact");
+        for version in ["v1", "v1beta1"] {
+            let list = metadata_accept("PartialObjectMetadataList", version);
+            for q in ["", "&labelSelector=app%3Dweb", "&limit=2"] {
+                let p = format!("{}?{exact}{q}", r.all());
+                if q.contains("limit") {
+                    // The continue tokens are each server's own.
+                    let (_, wb) = o.wc_get(&p, &list).await;
+                    let (_, kb) = o.kube_get(&p, &list).await;
+                    let mut w: Value = serde_json::from_slice(&wb).unwrap_or(Value::Null);
+                    let mut k: Value = serde_json::from_slice(&kb).unwrap_or(Value::Null);
+                    for v in [&mut w, &mut k] {
+                        if let Some(m) = v["metadata"].as_object_mut()
+                            && m.contains_key("continue")
+                        {
+                            m.insert("continue".into(), json!("<token>"));
+                        }
+                    }
+                    let mut diffs = Vec::new();
+                    diff("", &w, &k, &mut diffs);
+                    o.record(res, &format!("GET {p} ({list})"), diffs);
+                } else {
+                    o.compare_json_as(res, &p, &p, &list).await;
+                }
+            }
+            let p = format!("{}?{exact}", r.all());
+            let list_pb = metadata_protobuf("PartialObjectMetadataList", version);
+            o.compare_protobuf_as(res, &p, &p, &list_pb).await;
+            let one = metadata_accept("PartialObjectMetadata", version);
+            let one_pb = metadata_protobuf("PartialObjectMetadata", version);
+            for (ns, name) in names(&all).into_iter().take(2) {
+                let path = r.object(ns.as_deref(), &name);
+                o.compare_json_as(res, &path, &path, &one).await;
+                o.compare_protobuf_as(res, &path, &path, &one_pb).await;
+                // The List form for a Get, and the object form for a List:
+                // kube-apiserver's 406.
+                o.compare_json_as(res, &path, &path, &list).await;
+            }
+            let p = format!("{}?{exact}", r.all());
+            o.compare_json_as(res, &p, &p, &one).await;
+        }
+    }
+    metadata_watches(o).await;
+}
+
+/// Metadata watches of ConfigMaps on both: from one revision while
+/// kube-apiserver writes, and a streaming list with bookmarks.
+async fn metadata_watches(o: &mut Oracle) {
+    let cms = format!("/api/v1/namespaces/{NS}/configmaps");
+    for version in ["v1", "v1beta1"] {
+        let accept = metadata_accept("PartialObjectMetadata", version);
+        let (_, body) = o.wc_get(&cms, JSON).await;
+        let list: Value = serde_json::from_slice(&body).expect("list");
+        let rv = list["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("rv")
+            .to_string();
+        let path = format!("{cms}?watch=1&resourceVersion={rv}&allowWatchBookmarks=true");
+        let wc = o.open_watch_as(false, &path, &accept).await;
+        let kube = o.open_watch_as(true, &path, &accept).await;
+        let name = format!("meta-watched-{version}");
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "labels": {"app": "watch"}}, "data": {"v": "1"}});
+        o.kube.create(&cms, &cm).await;
+        let (code, body) = o
+            .kube
+            .send(
+                Method::PATCH,
+                &format!("{cms}/{name}"),
+                "application/merge-patch+json",
+                Some(json!({"metadata": {"annotations": {"a": "b"}}}).to_string()),
+            )
+            .await;
+        assert_eq!(code, 200, "{body}");
+        let (code, body) = o
+            .kube
+            .send(Method::DELETE, &format!("{cms}/{name}"), JSON, None)
+            .await;
+        assert_eq!(code, 200, "{body}");
+        let (w, k) = tokio::join!(read_events(wc, 3), read_events(kube, 3));
+        assert_eq!(k.len(), 3, "kube-apiserver's watch events: {k:?}");
+        // Bookmarks come when each server sends them: compared apart.
+        let changes = |evs: Vec<Value>| -> Vec<Value> {
+            evs.into_iter()
+                .filter(|e| e["type"] != "BOOKMARK")
+                .collect()
+        };
+        let mut diffs = Vec::new();
+        diff(
+            "",
+            &Value::Array(changes(w)),
+            &Value::Array(changes(k)),
+            &mut diffs,
+        );
+        o.record("configmaps", &format!("watch {path} ({accept})"), diffs);
+
+        // A streaming list: the initial objects' metadata, then the
+        // bookmark that ends them, in the same form.
+        let (_, body) = o.wc_get(&cms, JSON).await;
+        let list: Value = serde_json::from_slice(&body).expect("list");
+        let items = list["items"].as_array().map_or(0, Vec::len);
+        let path = format!(
+            "{cms}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
+        );
+        let wc = o.open_watch_as(false, &path, &accept).await;
+        let kube = o.open_watch_as(true, &path, &accept).await;
+        let (w, k) = tokio::join!(read_events(wc, items + 1), read_events(kube, items + 1));
+        let shape = |evs: Vec<Value>| -> Vec<Value> {
+            evs.into_iter()
+                .map(|mut e| {
+                    if e["type"] == "BOOKMARK"
+                        && let Some(m) = e["object"]["metadata"].as_object_mut()
+                    {
+                        // Each server's own revision: the form is compared.
+                        m.insert("resourceVersion".into(), json!("<rv>"));
+                    }
+                    e
+                })
+                .collect()
+        };
+        let mut diffs = Vec::new();
+        diff(
+            "/initial",
+            &Value::Array(shape(w)),
+            &Value::Array(shape(k)),
+            &mut diffs,
+        );
+        o.record("configmaps", &format!("watch {path} ({accept})"), diffs);
+    }
+}
+
 /// Reads `count` frames of a protobuf watch stream (4-byte big-endian
 /// length, then the frame), or what came within 30 s.
 async fn read_frames(resp: reqwest::Response, count: usize) -> Vec<Vec<u8>> {
@@ -1397,8 +1589,9 @@ async fn read_frames(resp: reqwest::Response, count: usize) -> Vec<Vec<u8>> {
 /// Protobuf watches from the same resourceVersion on both while
 /// kube-apiserver writes: the same frames, byte for byte. Each is a bare
 /// `meta.v1.WatchEvent` (kube-apiserver's raw stream serializer, what
-/// client-go decodes), its object in the full `k8s\0` encoding.
-async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle) {
+/// client-go decodes), its object in the full `k8s\0` encoding. `accept`
+/// asks for the objects or their `PartialObjectMetadata`.
+async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle, accept: &str) {
     use watchcache::object::protobuf as pb;
     let cms = format!("/api/v1/namespaces/{NS}/configmaps");
     let (_, body) = o.wc_get(&cms, JSON).await;
@@ -1416,7 +1609,7 @@ async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle) {
         };
         client
             .get(url)
-            .header("accept", PROTOBUF)
+            .header("accept", accept)
             .timeout(Duration::from_secs(60))
             .send()
     };
@@ -1480,7 +1673,7 @@ async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle) {
             None => diffs.push((format!("protobuf/watch/{i}"), "missing".into())),
         }
     }
-    o.record("configmaps", &format!("watch {path} (protobuf)"), diffs);
+    o.record("configmaps", &format!("watch {path} ({accept})"), diffs);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

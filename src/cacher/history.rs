@@ -56,6 +56,43 @@ pub struct HistoryEvent {
     /// protobuf watchers: encoded once, like the lines; boxed so that events
     /// no protobuf watcher reads stay small.
     frames: OnceLock<Box<[FrameCell; 3]>>,
+    /// The added/modified/deleted lines in up to [`CONVERTED_FORMS`]
+    /// converted forms ([`ConvertedLines`]: a metadata watch's
+    /// `PartialObjectMetadata`, meta.k8s.io v1 or v1beta1, JSON or
+    /// protobuf): made once, like the lines, and shared by every watcher of
+    /// that form.
+    converted: OnceLock<Box<[ConvertedCell; 3 * CONVERTED_FORMS]>>,
+}
+
+/// How many converted forms of its lines a history event keeps.
+pub const CONVERTED_FORMS: usize = 4;
+
+/// One converted line, made on first use (or why it cannot be).
+type ConvertedCell = OnceLock<Result<Bytes, String>>;
+
+/// JSON watch lines to the same events in a converted form, or why they
+/// cannot be.
+pub type LineConverter = dyn Fn(&[u8]) -> Result<Bytes, String> + Send + Sync;
+
+/// A converted form of watch lines (kube-apiserver's
+/// `PartialObjectMetadata` watch events), made by the layer above from the
+/// full lines. Every watcher of one resource that gives the same `slot`
+/// must give the same conversion: history events keep one line per slot.
+#[derive(Clone)]
+pub struct ConvertedLines {
+    /// Which of an event's converted forms this is, below [`CONVERTED_FORMS`].
+    pub slot: usize,
+    /// JSON watch lines to the same events in this form, or why they
+    /// cannot be.
+    pub convert: Arc<LineConverter>,
+}
+
+impl std::fmt::Debug for ConvertedLines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConvertedLines")
+            .field("slot", &self.slot)
+            .finish_non_exhaustive()
+    }
 }
 
 impl HistoryEvent {
@@ -81,6 +118,7 @@ impl HistoryEvent {
             modified: OnceLock::new(),
             deleted: OnceLock::new(),
             frames: OnceLock::new(),
+            converted: OnceLock::new(),
         }
     }
 
@@ -127,6 +165,29 @@ impl HistoryEvent {
             EventType::Deleted => self.deleted_line(),
             EventType::Bookmark | EventType::Error => None,
         }
+    }
+
+    /// [`HistoryEvent::line`] in the converted `form`, converted on first
+    /// use and kept.
+    pub fn converted_line(
+        &self,
+        ty: EventType,
+        form: &ConvertedLines,
+    ) -> Option<Result<&Bytes, String>> {
+        let i = match ty {
+            EventType::Added => 0,
+            EventType::Modified => 1,
+            EventType::Deleted => 2,
+            EventType::Bookmark | EventType::Error => return None,
+        };
+        let line = self.line(ty)?;
+        let slot = form.slot.min(CONVERTED_FORMS - 1);
+        let cell = &self.converted.get_or_init(Default::default)[slot * 3 + i];
+        Some(
+            cell.get_or_init(|| (form.convert)(line))
+                .as_ref()
+                .map_err(Clone::clone),
+        )
     }
 
     /// [`HistoryEvent::line`] as a protobuf watch frame
@@ -605,6 +666,52 @@ mod tests {
         assert!(s.starts_with("{\"type\":\"DELETED\""), "{s}");
         assert!(s.contains("\"resourceVersion\":\"9\""), "{s}");
         assert!(ev.added_line().is_none());
+    }
+
+    #[test]
+    fn converted_lines_are_made_once_per_form_and_shared() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let mut h = History::new(4, 0);
+        let ev = h.push(
+            EventKind::Deleted,
+            Arc::from("/p/ns/a"),
+            None,
+            Some(obj("/p/ns/a", 3)),
+            9,
+            Instant::now(),
+        );
+        let calls = Arc::new(AtomicUsize::new(0));
+        let form = |slot: usize, tag: &'static str| {
+            let calls = Arc::clone(&calls);
+            ConvertedLines {
+                slot,
+                convert: Arc::new(move |line: &[u8]| {
+                    calls.fetch_add(1, Ordering::SeqCst);
+                    if tag.is_empty() {
+                        return Err("cannot".to_string());
+                    }
+                    Ok(Bytes::from([tag.as_bytes(), line].concat()))
+                }),
+            }
+        };
+        let (v1, beta) = (form(0, "v1:"), form(1, "beta:"));
+        let a = ev.converted_line(EventType::Deleted, &v1).unwrap().unwrap();
+        let b = ev.converted_line(EventType::Deleted, &v1).unwrap().unwrap();
+        assert_eq!(a.as_ptr(), b.as_ptr(), "shared bytes");
+        assert!(a.starts_with(b"v1:{\"type\":\"DELETED\""));
+        let c = ev
+            .converted_line(EventType::Deleted, &beta)
+            .unwrap()
+            .unwrap();
+        assert!(c.starts_with(b"beta:"));
+        let failing = form(3, "");
+        for _ in 0..2 {
+            let e = ev.converted_line(EventType::Deleted, &failing).unwrap();
+            assert_eq!(e, Err("cannot".to_string()));
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), 3, "one conversion per form");
+        assert!(ev.converted_line(EventType::Added, &v1).is_none());
+        assert!(ev.converted_line(EventType::Bookmark, &v1).is_none());
     }
 
     fn adaptive(min: usize, max: usize, max_bytes: u64) -> HistoryPolicy {

@@ -36,7 +36,7 @@ use crate::config::{ResourceConfig, ServerConfig};
 use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 use crate::storage::{Storage, StorageError};
 
-pub use history::{EventKind, History, HistoryEvent};
+pub use history::{ConvertedLines, EventKind, History, HistoryEvent};
 pub use list_items::{ListCursor, ListItems};
 use read_plan::{ReadPlan, WatchPlan, plan_get, plan_list, plan_watch};
 pub use reflector::Reflector;

@@ -16,7 +16,7 @@ use futures::task::AtomicWaker;
 use tokio::time::{Instant, Sleep};
 
 use super::CacherError;
-use super::history::{EventKind, Gone, HistoryEvent};
+use super::history::{ConvertedLines, EventKind, Gone, HistoryEvent};
 use super::indexed_watchers::Route;
 use super::selection_predicate::SelectionPredicate;
 use super::snapshot::Snapshot;
@@ -117,6 +117,8 @@ pub struct Watcher {
     /// Send kube-apiserver's protobuf watch frames instead of JSON lines
     /// ([`Watcher::use_protobuf`]).
     protobuf: bool,
+    /// Send the lines in this converted form ([`Watcher::use_converted`]).
+    converted: Option<ConvertedLines>,
     /// Events up to this RV are not sent: a watch from an RV ahead of the
     /// cache (the client listed on a replica further along) starts after
     /// it, as kube-apiserver's cache watcher does, instead of replaying
@@ -166,6 +168,7 @@ impl Watcher {
             external_timer: false,
             time_due: false,
             protobuf: false,
+            converted: None,
             skip_through: 0,
         };
         match start {
@@ -200,9 +203,20 @@ impl Watcher {
         self.protobuf = true;
     }
 
+    /// Sends JSON lines converted to `form` (a metadata watch's
+    /// `PartialObjectMetadata` events). History events are converted once
+    /// per form and shared by every such watcher; initial events and
+    /// bookmarks are converted per watcher.
+    pub fn use_converted(&mut self, form: ConvertedLines) {
+        self.converted = Some(form);
+    }
+
     /// Appends JSON lines (initial events, bookmarks) in this watcher's encoding.
     fn push_lines(&self, buf: &mut Chunk, lines: &[u8]) -> Result<(), CacherError> {
-        if self.protobuf {
+        if let Some(form) = &self.converted {
+            let converted = (form.convert)(lines).map_err(CacherError::Encoding)?;
+            buf.extend_from_slice(&converted);
+        } else if self.protobuf {
             let frames =
                 protobuf_watch_frames(lines).map_err(|e| CacherError::Encoding(e.to_string()))?;
             buf.extend_from_slice(&frames);
@@ -473,6 +487,19 @@ impl Watcher {
                 self.next_bookmark = Instant::now() + self.params.bookmark_interval;
             }
         }
+        if let Some(form) = &self.converted {
+            if lines.is_empty() {
+                return None;
+            }
+            return match (form.convert)(&lines) {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    self.initial = None;
+                    self.pending_error = Some(Box::new(CacherError::Encoding(e)));
+                    None
+                }
+            };
+        }
         if !self.protobuf {
             return (!lines.is_empty()).then(|| lines.freeze());
         }
@@ -549,7 +576,18 @@ impl Watcher {
                 self.last_rv = self.last_rv.max(ev.rv);
                 continue;
             };
-            let bytes = if self.protobuf {
+            let bytes = if let Some(form) = &self.converted {
+                match ev.converted_line(ty, form) {
+                    Some(Ok(line)) => Some(line),
+                    Some(Err(e)) => {
+                        if sent > 0 {
+                            stats.dispatched(sent);
+                        }
+                        return Err(CacherError::Encoding(e));
+                    }
+                    None => None,
+                }
+            } else if self.protobuf {
                 match ev.frame(ty, &self.params.api_version, &self.params.kind) {
                     Some(Ok(frame)) => Some(frame),
                     Some(Err(e)) => {

@@ -15,8 +15,8 @@ use crate::api::request::params::Query;
 use crate::api::response::list::JsonListFrames;
 use crate::api::response::list_body_cache::{ListMedia, Lookup, list_frames};
 use crate::api::response::protobuf::{self, ProtobufList};
-use crate::api::response::writers::{json_value, response};
-use crate::api::response::{Body, table};
+use crate::api::response::writers::{full, json_value, response};
+use crate::api::response::{Body, metadata, printers, table};
 use crate::api::status::ApiStatus;
 use crate::api::status::errors::cacher_status;
 use crate::cacher::ListRequest;
@@ -68,6 +68,21 @@ pub(crate) async fn list(
             .collect();
         let t = table::table(rows, &columns, Value::Object(meta), true);
         return Ok(json_value(200, &t));
+    }
+    if let Some(form) = negotiation::metadata(req, true, &res.config)? {
+        let printer = printers::for_resource(&res.config.group, &res.config.plural);
+        let items = result
+            .items
+            .iter()
+            .map(|o| serde_json::from_slice(&o.wire).unwrap_or_else(|_| json!({})));
+        let l = metadata::partial_list(items, printer, form.api_version, meta);
+        if form.protobuf {
+            match metadata::protobuf_body(&l) {
+                Ok(body) => return Ok(response(200, PROTOBUF, full(body))),
+                Err(e) => protobuf::fell_back(&res.config, res.cacher.stats(), "", &e),
+            }
+        }
+        return Ok(json_value(200, &l));
     }
     let items = if negotiation::protobuf(req, &res.config) {
         match protobuf::list(&res.config, &res.list_bodies, meta.clone(), result.items).await? {

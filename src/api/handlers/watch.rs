@@ -13,15 +13,15 @@ use super::target::Target;
 use crate::api::request::connection::ConnectionHandle;
 use crate::api::request::negotiation::{self, PROTOBUF_WATCH};
 use crate::api::request::params::{Query, list_option_bool};
-use crate::api::response::Body;
 use crate::api::response::compression;
 use crate::api::response::table::{Columns, TableWatch};
 use crate::api::response::watch_stream::WatchStreamParams;
 use crate::api::response::writers::response;
+use crate::api::response::{Body, metadata, printers};
 use crate::api::state::State;
 use crate::api::status::ApiStatus;
 use crate::api::status::errors::cacher_status;
-use crate::cacher::WatchRequest;
+use crate::cacher::{ConvertedLines, WatchRequest};
 
 /// A watch slot: a permit of `State::watch_slots`, held by the stream and
 /// released when it ends (or the client goes away).
@@ -55,6 +55,10 @@ pub(crate) async fn watch(
 ) -> Result<Response<Body>, ApiStatus> {
     let res = target.resource;
     let table = negotiation::table(req, query)?;
+    let metadata_form = match table {
+        Some(_) => None,
+        None => negotiation::metadata(req, false, &res.config)?,
+    };
     let (label_selector, field_selector) = query.selectors(res.cacher.codec().index_paths())?;
     // Like kube-apiserver: a watch without timeoutSeconds still ends, after a
     // random time in [min, 2*min), so long-lived watches spread over replicas
@@ -90,8 +94,23 @@ pub(crate) async fn watch(
         .watch(watch)
         .await
         .map_err(|e| cacher_status(e, &what))?;
-    let protobuf_watch = table.is_none() && negotiation::protobuf(req, &res.config);
-    if protobuf_watch {
+    if let Some(form) = metadata_form {
+        // History events are then converted once per version, shared by
+        // every metadata watcher of this resource.
+        let printer = printers::for_resource(&res.config.group, &res.config.plural);
+        let (api_version, protobuf) = (form.api_version, form.protobuf);
+        watcher.use_converted(ConvertedLines {
+            slot: usize::from(api_version != "meta.k8s.io/v1") + 2 * usize::from(protobuf),
+            convert: Arc::new(move |lines: &[u8]| {
+                metadata::watch_events(lines, printer, api_version, protobuf)
+            }),
+        });
+    }
+    let protobuf_watch = match metadata_form {
+        Some(form) => form.protobuf,
+        None => table.is_none() && negotiation::protobuf(req, &res.config),
+    };
+    if protobuf_watch && metadata_form.is_none() {
         // History events are then encoded once, shared by every such watcher.
         watcher.use_protobuf();
     }

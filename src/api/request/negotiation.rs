@@ -35,6 +35,103 @@ pub fn wants_table(accept: Option<&str>) -> bool {
     })
 }
 
+/// The `PartialObjectMetadata` form an `Accept` header asks for
+/// (`application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1`, or
+/// `as=PartialObjectMetadataList`, or `v=v1beta1`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetadataForm {
+    /// `as=PartialObjectMetadataList` (else `as=PartialObjectMetadata`).
+    pub list: bool,
+    /// `meta.k8s.io/v1` or `meta.k8s.io/v1beta1`.
+    pub api_version: &'static str,
+    /// Asked for as `application/vnd.kubernetes.protobuf`.
+    pub protobuf: bool,
+}
+
+/// The metadata form of the first media range of `accept` this server can
+/// serve: a JSON or protobuf `PartialObjectMetadata(List)` range of
+/// meta.k8s.io v1 or v1beta1; a plain JSON or protobuf range first means
+/// the objects themselves.
+pub fn metadata_form(accept: Option<&str>) -> Option<MetadataForm> {
+    for media in accept?.split(',') {
+        let mut parts = media.split(';').map(str::trim);
+        let ty = parts.next().unwrap_or("");
+        let (mut as_kind, mut group, mut version) = (None, false, None);
+        for p in parts {
+            match p.split_once('=') {
+                Some(("as", k)) => as_kind = Some(k),
+                Some(("g", "meta.k8s.io")) => group = true,
+                Some(("v", "v1")) => version = Some("meta.k8s.io/v1"),
+                Some(("v", "v1beta1")) => version = Some("meta.k8s.io/v1beta1"),
+                _ => {}
+            }
+        }
+        let json = ["application/json", "application/*", "*/*"]
+            .iter()
+            .any(|t| ty.eq_ignore_ascii_case(t));
+        let protobuf = ty.eq_ignore_ascii_case(PROTOBUF);
+        match as_kind {
+            None if json || protobuf => return None,
+            Some(k @ ("PartialObjectMetadata" | "PartialObjectMetadataList"))
+                if (json || protobuf) && group =>
+            {
+                if let Some(api_version) = version {
+                    return Some(MetadataForm {
+                        list: k == "PartialObjectMetadataList",
+                        api_version,
+                        protobuf,
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The Go type kube-apiserver's messages name for an object of `config`
+/// (`*core.Pod`): the internal type of a built-in kind (its package is the
+/// group's first label, `core` for the legacy group and for
+/// events.k8s.io's Event), else `*unstructured.Unstructured`.
+fn go_type(config: &ResourceConfig, list: bool) -> String {
+    let suffix = if list { "List" } else { "" };
+    if !is_builtin_type(&config.api_version(), &config.kind) {
+        return format!("*unstructured.Unstructured{suffix}");
+    }
+    let package = match config.group.as_str() {
+        "" | "events.k8s.io" => "core",
+        g => g.split('.').next().unwrap_or(g),
+    };
+    format!("*{package}.{}{suffix}", config.kind)
+}
+
+/// The metadata form a request asks for; a form for the other kind of
+/// endpoint (a List's on a Get) is kube-apiserver's 406.
+pub fn metadata(
+    req: &Request<Incoming>,
+    list: bool,
+    config: &ResourceConfig,
+) -> Result<Option<MetadataForm>, ApiStatus> {
+    let accept = req.headers().get(ACCEPT).and_then(|v| v.to_str().ok());
+    let Some(form) = metadata_form(accept) else {
+        return Ok(None);
+    };
+    if form.list == list {
+        return Ok(Some(form));
+    }
+    let go_type = go_type(config, list);
+    let message = if list {
+        format!(
+            "you requested PartialObjectMetadata, but the requested object is a list ({go_type})"
+        )
+    } else {
+        format!(
+            "you requested PartialObjectMetadataList, but the requested object is not a list ({go_type})"
+        )
+    };
+    Err(ApiStatus::new(406, "NotAcceptable", message))
+}
+
 /// Which discovery document an `Accept` header asks `/api` or `/apis` for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DiscoveryFormat {
@@ -189,5 +286,50 @@ mod tests {
         )));
         assert!(!wants_protobuf(Some("*/*")));
         assert!(!wants_protobuf(None));
+    }
+
+    #[test]
+    fn metadata_accept() {
+        let v1 = Some(MetadataForm {
+            list: false,
+            api_version: "meta.k8s.io/v1",
+            protobuf: false,
+        });
+        assert_eq!(
+            metadata_form(Some(
+                "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+            )),
+            v1
+        );
+        // client-go's metadata client: protobuf first, then JSON.
+        assert_eq!(
+            metadata_form(Some(
+                "application/vnd.kubernetes.protobuf;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1,application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1beta1"
+            )),
+            Some(MetadataForm {
+                list: true,
+                api_version: "meta.k8s.io/v1beta1",
+                protobuf: true,
+            })
+        );
+        // A plain range first wins.
+        assert_eq!(
+            metadata_form(Some(
+                "application/json,application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+            )),
+            None
+        );
+        // Another group or version is not this form.
+        assert_eq!(
+            metadata_form(Some("application/json;as=PartialObjectMetadata;g=x;v=v1")),
+            None
+        );
+        assert_eq!(
+            metadata_form(Some(
+                "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v2"
+            )),
+            None
+        );
+        assert_eq!(metadata_form(None), None);
     }
 }

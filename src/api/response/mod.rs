@@ -2,7 +2,7 @@
 //! [`Body`], the frames of a List ([`list`]) and those kept for the next
 //! List of the same objects ([`list_body_cache`], within [`budget`]),
 //! gzip ([`compression`], [`gzip`]), protobuf, Tables (with kube-apiserver's
-//! [`printers`]), and watch streams.
+//! [`printers`]), `PartialObjectMetadata` ([`metadata`]), and watch streams.
 //! Below the handlers: nothing here imports them or the state.
 
 pub mod body;
@@ -11,6 +11,7 @@ pub mod compression;
 pub mod gzip;
 pub mod list;
 pub mod list_body_cache;
+pub mod metadata;
 pub mod printers;
 pub mod protobuf;
 pub mod table;

@@ -11,6 +11,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 
+use super::metadata;
 use super::printers::{self, Printer};
 use crate::api::request::negotiation::IncludeObject;
 use crate::object::{Object, metadata_str};
@@ -115,13 +116,13 @@ pub fn row(obj: Value, columns: &Columns, include: IncludeObject, now: DateTime<
             row.insert("object".into(), obj);
         }
         IncludeObject::Metadata => {
-            let mut meta = obj.get("metadata").cloned().unwrap_or_else(|| json!({}));
-            if let Columns::Printed(p) = columns {
-                p.row_metadata(&mut meta);
-            }
+            let printer = match columns {
+                Columns::Printed(p) => Some(*p),
+                Columns::Generic(_) => None,
+            };
             row.insert(
                 "object".into(),
-                json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": meta}),
+                metadata::partial(&obj, printer, "meta.k8s.io/v1"),
             );
         }
     }
