@@ -342,14 +342,26 @@ impl Informer {
         protobuf: bool,
         hide_gzip: bool,
     ) -> Informer {
+        let flags: &[&str] = if protobuf { &["--protobuf"] } else { &[] };
+        Informer::start_with(client, d, resource, namespace, flags, hide_gzip).await
+    }
+
+    /// [`Informer::start`] with the program's own `flags`.
+    async fn start_with(
+        client: Client,
+        d: &common::Daemon,
+        resource: &str,
+        namespace: &str,
+        flags: &[&str],
+        hide_gzip: bool,
+    ) -> Informer {
+        let protobuf = flags.contains(&"--protobuf");
         let bin = binary(client).await;
         let tap = Tap::start(d.addr, hide_gzip).await;
         let mut cmd = Command::new(bin);
         cmd.args(["--server", &tap.url(), "--resource", resource])
-            .args(["--namespace", namespace]);
-        if protobuf {
-            cmd.arg("--protobuf");
-        }
+            .args(["--namespace", namespace])
+            .args(flags);
         // The newest runs with its default gates; v0.34 with the gate set.
         if client != Client::Latest {
             cmd.env(
@@ -380,7 +392,9 @@ impl Informer {
         });
         let encoding = if protobuf { "protobuf" } else { "JSON" };
         Informer {
-            what: format!("{client:?} informer on {resource} in {namespace} ({encoding})"),
+            what: format!(
+                "{client:?} informer on {resource} in {namespace} ({encoding} {flags:?})"
+            ),
             stdin: child.stdin.take(),
             stdout: BufReader::new(child.stdout.take().unwrap()).lines(),
             child,
@@ -716,6 +730,48 @@ async fn informer_follows_churn(client: Client) {
             let what = inf.what.clone();
             let last = inf.finish().await;
             assert_eq!(last, expected, "{what}: store printed at stdin EOF");
+        }
+    }
+}
+
+/// client-go's metadata informer (`metadata` client and
+/// `metadatainformer`: PartialObjectMetadata objects, as controller-runtime's
+/// `OnlyMetadata` watches use), v0.34 with LIST+WATCH and the newest with
+/// WatchList, on configmaps and pods: it syncs, follows churn and ends
+/// equal to watchcache's List and etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metadata_informers_follow_churn() {
+    let endpoint = common::etcd();
+    let prefix = common::unique_prefix("client-go-metadata");
+    let d = common::Daemon::start(&config(endpoint, &prefix, 1000, 60_000), &[]).await;
+    d.wait_ready().await;
+    let http = reqwest::Client::new();
+    for client in [Client::ListWatch, Client::Latest] {
+        for resource in ["configmaps", "pods"] {
+            let ns = format!("meta-{}", client.program());
+            for i in 0..5 {
+                create(&http, &d, resource, &ns, &format!("pre-{i}")).await;
+            }
+            let mut inf =
+                Informer::start_with(client, &d, resource, &ns, &["--metadata"], false).await;
+            inf.wait_synced(client).await;
+            let first = inf.dump().await;
+            assert_eq!(first, list(&http, &d, resource, &ns).await, "{}", inf.what);
+            churn(&http, &d, resource, &ns, "obj").await;
+            let expected = settled(&http, &d, endpoint, &prefix, resource, &ns).await;
+            assert_eq!(expected.len(), 25, "the final state: {expected:?}");
+            inf.converge(&expected).await;
+            let r = inf.requests();
+            let initial = if client.watch_list() { (0, 1) } else { (1, 0) };
+            assert_eq!(
+                (r.lists, r.initial_watches),
+                initial,
+                "{}: {:?}",
+                inf.what,
+                inf.tap.requests()
+            );
+            let what = inf.what.clone();
+            assert_eq!(inf.finish().await, expected, "{what}");
         }
     }
 }

@@ -11,7 +11,9 @@
 // the program prints "WatchListClient=<bool>" and "client-go=<version>" on
 // stderr as client-go sees them. --protobuf makes client-go ask for and send
 // application/vnd.kubernetes.protobuf (its ContentType), as kube-controller-
-// manager does.
+// manager does. --metadata makes it a metadata informer (client-go's
+// metadata client and metadatainformer: PartialObjectMetadata objects, as
+// controller-runtime's OnlyMetadata watches use).
 //
 // The same main.go is built against two client-go releases: go.mod (v0.34)
 // and latest.mod (the newest the Go module proxy serves); see
@@ -36,8 +38,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientfeatures "k8s.io/client-go/features"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -53,6 +58,7 @@ func main() {
 	resource := flag.String("resource", "configmaps", "configmaps|pods")
 	namespace := flag.String("namespace", "default", "namespace (\"\" for all)")
 	protobuf := flag.Bool("protobuf", false, "use application/vnd.kubernetes.protobuf instead of JSON")
+	metadataOnly := flag.Bool("metadata", false, "a metadata informer (PartialObjectMetadata)")
 	duration := flag.Duration("duration", 0, "exit after this long (0: until stdin EOF or SIGTERM)")
 	flag.Parse()
 	if *server == "" {
@@ -86,13 +92,24 @@ func main() {
 		cfg.ContentType = "application/vnd.kubernetes.protobuf"
 		cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "client:", err)
-		os.Exit(1)
+	var informer cache.SharedIndexInformer
+	if *metadataOnly {
+		mc, err := metadata.NewForConfig(cfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "metadata client:", err)
+			os.Exit(1)
+		}
+		gvr := schema.GroupVersionResource{Version: "v1", Resource: *resource}
+		informer = metadatainformer.NewFilteredMetadataInformer(mc, gvr, *namespace, 0, cache.Indexers{}, nil).Informer()
+	} else {
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "client:", err)
+			os.Exit(1)
+		}
+		lw := cache.NewListWatchFromClient(client.CoreV1().RESTClient(), *resource, *namespace, fields.Everything())
+		informer = cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{})
 	}
-	lw := cache.NewListWatchFromClient(client.CoreV1().RESTClient(), *resource, *namespace, fields.Everything())
-	informer := cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{})
 
 	stop := make(chan struct{})
 	go informer.Run(stop)
