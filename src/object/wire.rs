@@ -150,6 +150,31 @@ pub fn bookmark_line(
 }
 
 /// An ERROR line carrying `status`: `{"type":"ERROR","object":<Status>}\n`.
+/// Watch event lines (`{"type":..,"object":..}\n`) with each event
+/// replaced by `convert(type, event)`'s line, or kept as it is where that
+/// gives `None` (or the line is not an event): the one loop of every
+/// per-watcher conversion (Tables, metadata).
+pub fn map_event_lines(
+    data: &[u8],
+    mut convert: impl FnMut(&str, &serde_json::Value) -> Option<String>,
+) -> Bytes {
+    let mut out = BytesMut::with_capacity(data.len());
+    for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let converted = serde_json::from_slice::<serde_json::Value>(line)
+            .ok()
+            .and_then(|ev| {
+                let ty = ev.get("type")?.as_str()?.to_string();
+                convert(&ty, &ev)
+            });
+        match converted {
+            Some(s) => out.put_slice(s.as_bytes()),
+            None => out.put_slice(line),
+        }
+        out.put_u8(b'\n');
+    }
+    out.freeze()
+}
+
 pub fn error_line(status: &Status) -> Bytes {
     event_line(EventType::Error, &status.to_json())
 }

@@ -6,7 +6,7 @@
 //! annotation the printer of the kind says becomes a field). Table rows with
 //! `includeObject=Metadata` carry the same form ([`partial`]).
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
 use super::printers::Printer;
@@ -148,24 +148,14 @@ pub fn partial_list(
 /// `PartialObjectMetadata` form, bookmarks included; ERROR events (a
 /// Status) are left as they are.
 pub fn watch_lines(data: &[u8], printer: Option<&Printer>, api_version: &str) -> Bytes {
-    let mut out = BytesMut::with_capacity(data.len());
-    for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-        let converted = serde_json::from_slice::<Value>(line).ok().and_then(|ev| {
-            let ty = ev.get("type")?.as_str()?;
-            if ty == "ERROR" {
-                return None;
-            }
-            let obj = partial(ev.get("object")?, printer, api_version);
-            let ty = serde_json::to_string(ty).ok()?;
-            Some(format!("{{\"type\":{ty},\"object\":{obj}}}"))
-        });
-        match converted {
-            Some(s) => out.put_slice(s.as_bytes()),
-            None => out.put_slice(line),
+    crate::object::wire::map_event_lines(data, |ty, ev| {
+        if ty == "ERROR" {
+            return None;
         }
-        out.put_u8(b'\n');
-    }
-    out.freeze()
+        let obj = partial(ev.get("object")?, printer, api_version);
+        let ty = serde_json::to_string(ty).ok()?;
+        Some(format!("{{\"type\":{ty},\"object\":{obj}}}"))
+    })
 }
 
 #[cfg(test)]

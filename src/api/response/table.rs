@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 
@@ -187,34 +187,24 @@ impl TableWatch {
     }
 
     pub(crate) fn convert(&mut self, data: &[u8]) -> Bytes {
-        let mut out = BytesMut::with_capacity(data.len());
-        for line in data.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let converted = serde_json::from_slice::<Value>(line).ok().and_then(|ev| {
-                let ty = ev.get("type")?.as_str()?.to_string();
-                if !matches!(ty.as_str(), "ADDED" | "MODIFIED" | "DELETED") {
-                    return None;
-                }
-                let obj = ev.get("object")?.clone();
-                let rv = metadata_str(&obj, "resourceVersion")
-                    .unwrap_or("")
-                    .to_string();
-                let row = row(obj, &self.columns, self.include, Utc::now());
-                let t = table(
-                    vec![row],
-                    &self.columns,
-                    json!({"resourceVersion": rv}),
-                    self.first,
-                );
-                self.first = false;
-                Some(json!({"type": ty, "object": t}).to_string())
-            });
-            match converted {
-                Some(s) => out.put_slice(s.as_bytes()),
-                None => out.put_slice(line),
+        crate::object::wire::map_event_lines(data, |ty, ev| {
+            if !matches!(ty, "ADDED" | "MODIFIED" | "DELETED") {
+                return None;
             }
-            out.put_u8(b'\n');
-        }
-        out.freeze()
+            let obj = ev.get("object")?.clone();
+            let rv = metadata_str(&obj, "resourceVersion")
+                .unwrap_or("")
+                .to_string();
+            let row = row(obj, &self.columns, self.include, Utc::now());
+            let t = table(
+                vec![row],
+                &self.columns,
+                json!({"resourceVersion": rv}),
+                self.first,
+            );
+            self.first = false;
+            Some(json!({"type": ty, "object": t}).to_string())
+        })
     }
 }
 
