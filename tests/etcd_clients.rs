@@ -12,17 +12,13 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::sync::oneshot;
 
-use watchcache::grpc::{Front, GrpcServer};
-use watchcache::storage::Storage;
+use common::front::TestFront;
 
 const WAIT: Duration = Duration::from_secs(20);
 /// The resources' key prefix: the front caches `/ec/pods/` (and the other
@@ -33,44 +29,6 @@ const OTHER: &str = "/ec/other/";
 
 /// One differential run at a time: two etcds and a front each.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-/// The gRPC front on a free loopback port.
-struct TestFront {
-    addr: SocketAddr,
-    _front: Arc<Front>,
-    shutdown: Option<oneshot::Sender<()>>,
-}
-
-impl TestFront {
-    async fn start(endpoint: &str) -> TestFront {
-        let cfg = common::server::test_config(endpoint, PREFIX);
-        let storage = Storage::connect(&cfg.etcd).await.expect("connect");
-        let server = GrpcServer::new(&cfg, storage);
-        let front = Arc::clone(server.front());
-        assert!(front.wait_ready(WAIT).await, "raw caches ready");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(server.serve(listener, async move {
-            let _ = rx.await;
-        }));
-        TestFront {
-            addr,
-            _front: front,
-            shutdown: Some(tx),
-        }
-    }
-}
-
-impl Drop for TestFront {
-    fn drop(&mut self) {
-        if let Some(tx) = self.shutdown.take() {
-            let _ = tx.send(());
-        }
-    }
-}
 
 /// What one side's outputs are masked with: (text, placeholder).
 #[derive(Default)]
@@ -140,7 +98,7 @@ impl Side {
             }
         }
         let (front, endpoint) = if through_front {
-            let front = TestFront::start(&etcd.endpoint()).await;
+            let front = TestFront::start(&etcd.endpoint(), PREFIX, |_| {}).await;
             let ep = format!("http://{}", front.addr);
             mask.0.push((ep.clone(), "<client-url>".into()));
             (Some(front), ep)

@@ -3,6 +3,7 @@
 //! kill or compact, and client helpers. Later layers add the daemon here.
 #![allow(dead_code, unused_imports)]
 
+pub mod front;
 pub mod kube_apiserver;
 pub mod kubectl;
 pub mod pki;

@@ -138,7 +138,7 @@ pub(crate) async fn watch(
             table,
             permit,
             http1_connection,
-            protobuf_api_version: protobuf_watch.then(|| res.config.api_version()),
+            protobuf: protobuf_watch,
             gzip,
         },
     ));

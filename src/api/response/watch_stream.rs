@@ -78,9 +78,9 @@ pub(crate) struct WatchStreamParams {
     pub permit: OwnedSemaphorePermit,
     /// The HTTP/1.1 connection, closed if the stream's end cannot be written.
     pub http1_connection: Option<ConnectionHandle>,
-    /// A protobuf stream (`application/vnd.kubernetes.protobuf;stream=watch`)
-    /// of this resource's apiVersion: its ERROR event is a protobuf frame too.
-    pub protobuf_api_version: Option<String>,
+    /// A protobuf stream (`application/vnd.kubernetes.protobuf;stream=watch`):
+    /// its ERROR event is a protobuf frame too.
+    pub protobuf: bool,
     /// Sent gzipped (a WatchList to a client that accepts gzip), each
     /// chunk flushed as it is written: see [`WatchGzip`].
     pub gzip: bool,
@@ -113,16 +113,13 @@ impl WatchStreams {
             http1_connection: params.http1_connection,
         });
         self.streams.lock().push(Arc::downgrade(&shared));
-        let extras = (params.table.is_some()
-            || params.protobuf_api_version.is_some()
-            || params.gzip)
-            .then(|| {
-                Box::new(Extras {
-                    table: params.table,
-                    protobuf_api_version: params.protobuf_api_version,
-                    gzip: params.gzip.then(WatchGzip::new),
-                })
-            });
+        let extras = (params.table.is_some() || params.protobuf || params.gzip).then(|| {
+            Box::new(Extras {
+                table: params.table,
+                protobuf: params.protobuf,
+                gzip: params.gzip.then(WatchGzip::new),
+            })
+        });
         WatchBody {
             shared,
             cacher: params.cacher,
@@ -273,8 +270,8 @@ pub struct WatchBody {
 struct Extras {
     /// Table conversion for kubectl `get -w`.
     table: Option<TableWatch>,
-    /// A protobuf stream's apiVersion: its ERROR event is a protobuf frame.
-    protobuf_api_version: Option<String>,
+    /// A protobuf stream: its ERROR event is a protobuf frame.
+    protobuf: bool,
     /// A gzipped stream's encoder, taken when its trailer is written.
     gzip: Option<WatchGzip>,
 }
@@ -336,19 +333,15 @@ impl WatchBody {
     fn error_event(&self, e: CacherError) -> Bytes {
         let what = What::of(self.cacher.resource(), None);
         let line = cacher_status(e, &what).error_line();
-        let api_version = self
-            .extras
-            .as_ref()
-            .and_then(|x| x.protobuf_api_version.as_ref());
-        match api_version {
-            Some(_) => match protobuf_watch_frames(&line) {
-                Ok(frames) => frames,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot encode a watch error as protobuf");
-                    Bytes::new()
-                }
-            },
-            None => line,
+        if !self.extras.as_ref().is_some_and(|x| x.protobuf) {
+            return line;
+        }
+        match protobuf_watch_frames(&line) {
+            Ok(frames) => frames,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot encode a watch error as protobuf");
+                Bytes::new()
+            }
         }
     }
 }
