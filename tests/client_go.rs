@@ -553,26 +553,6 @@ async fn etcd_state(endpoint: &str, prefix: &str, resource: &str, ns: &str) -> S
         .collect()
 }
 
-/// Compacts etcd at its current revision.
-async fn compact(endpoint: &str) {
-    let mut c = etcd_client::Client::connect([endpoint], None)
-        .await
-        .expect("etcd client");
-    let rev = c
-        .get("/", None)
-        .await
-        .expect("etcd get")
-        .header()
-        .expect("header")
-        .revision();
-    c.compact(
-        rev,
-        Some(etcd_client::CompactionOptions::new().with_physical()),
-    )
-    .await
-    .expect("compact");
-}
-
 fn object(resource: &str, ns: &str, name: &str) -> Value {
     match resource {
         "pods" => json!({
@@ -845,7 +825,7 @@ async fn informers_relist_once_after_a_forced_410() {
         assert_eq!(state.len(), 23, "{resource}: {state:?}");
         expected.insert(resource, state);
     }
-    compact(&endpoint).await;
+    common::compact_etcd(&endpoint).await;
     // watchcache answers a watch from before the cut with 410 Gone.
     let old_rv = {
         let (_, _, inf) = &infs[0];
@@ -934,7 +914,7 @@ async fn bookmarks_let_a_quiet_informer_resume_past_a_compaction() {
         .await;
         assert!(ok, "{}: bookmarks after the writes", inf.what);
     }
-    compact(&endpoint).await;
+    common::compact_etcd(&endpoint).await;
     let before: Vec<usize> = infs
         .iter()
         .map(|(_, _, inf)| inf.tap.requests().len())

@@ -1712,19 +1712,7 @@ async fn too_old_resource_version(version: &str) {
     o.kube
         .create(&format!("/api/v1/namespaces/{NS}/configmaps"), &cm)
         .await;
-    let rev = c
-        .get("/", None)
-        .await
-        .expect("etcd get")
-        .header()
-        .expect("header")
-        .revision();
-    c.compact(
-        rev,
-        Some(etcd_client::CompactionOptions::new().with_physical()),
-    )
-    .await
-    .expect("compact");
+    common::compact_etcd(&etcd.endpoint()).await;
     // The shape of a Status: its code, reason, status and message with
     // every number as N.
     let shape = |code: u16, status: &Value| {

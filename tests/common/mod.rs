@@ -152,6 +152,26 @@ pub async fn etcd_put(
 }
 
 /// Waits until the cacher's RV reaches `rv`; fails the test after `timeout`.
+/// Compacts the etcd at `endpoint` (physically) at its current revision.
+pub async fn compact_etcd(endpoint: &str) {
+    let mut c = etcd_client::Client::connect([endpoint], None)
+        .await
+        .expect("etcd client");
+    let rev = c
+        .get("/", None)
+        .await
+        .expect("etcd get")
+        .header()
+        .expect("header")
+        .revision();
+    c.compact(
+        rev,
+        Some(etcd_client::CompactionOptions::new().with_physical()),
+    )
+    .await
+    .expect("compact");
+}
+
 pub async fn wait_cacher_rv(cacher: &Cacher, rv: i64, timeout: Duration) {
     let ok = eventually(timeout, || async move { cacher.resource_version() >= rv }).await;
     assert!(
