@@ -33,6 +33,35 @@ pub enum ConfigError {
     },
 }
 
+impl ServerConfig {
+    /// Applies kube-apiserver's `--feature-gates=Name=bool,...` for the
+    /// gates watchcache has: `APIResponseCompression`,
+    /// `ShardedListAndWatch`. Errors read as kube-apiserver's.
+    pub fn set_feature_gates(&mut self, spec: &str) -> Result<(), String> {
+        for pair in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let Some((name, value)) = pair.split_once('=') else {
+                return Err(format!("missing bool value for {pair}"));
+            };
+            let (name, value) = (name.trim(), value.trim());
+            let on = match value {
+                "1" | "t" | "T" | "true" | "TRUE" | "True" => true,
+                "0" | "f" | "F" | "false" | "FALSE" | "False" => false,
+                _ => {
+                    return Err(format!(
+                        "invalid value of {name}={value}, err: strconv.ParseBool: parsing {value:?}: invalid syntax"
+                    ));
+                }
+            };
+            match name {
+                "APIResponseCompression" => self.response_compression = on,
+                "ShardedListAndWatch" => self.sharded_list_and_watch = on,
+                _ => return Err(format!("unrecognized feature gate: {name}")),
+            }
+        }
+        Ok(())
+    }
+}
+
 impl ConfigError {
     fn invalid(file: &str, field: impl Into<String>, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
@@ -192,6 +221,11 @@ pub struct ServerConfig {
     /// `api::compression`).
     #[serde(default = "default_true")]
     pub response_compression: bool,
+    /// Serve `shardSelector` on List and Watch, as kube-apiserver 1.36+'s
+    /// alpha `ShardedListAndWatch` feature gate (off by default there too:
+    /// the parameter is then ignored; `object::sharding`).
+    #[serde(default)]
+    pub sharded_list_and_watch: bool,
     /// Coalesce a connection's small writes (HTTP/2 frames, HTTP/1.1
     /// chunks) into one system call per batch instead of one per frame:
     /// the largest saving in watch fan-out. Off only to measure it.
@@ -589,6 +623,7 @@ impl Default for ServerConfig {
             watch_max_buffered_bytes: default_watch_max_buffered_bytes(),
             list_body_cache_bytes: default_list_body_cache_bytes(),
             response_compression: true,
+            sharded_list_and_watch: false,
             coalesce_writes: true,
             consistent_read_timeout_ms: default_consistent_read_timeout_ms(),
             bookmark_interval_ms: default_bookmark_interval_ms(),

@@ -92,6 +92,11 @@ struct Cli {
     /// documents); repeatable. Replaces `[server.authorization] policy_files`.
     #[arg(long, value_name = "FILE")]
     rbac_policy_file: Vec<PathBuf>,
+    /// kube-apiserver's feature gates watchcache has, `Name=bool,...`:
+    /// `APIResponseCompression` (default true), `ShardedListAndWatch`
+    /// (default false).
+    #[arg(long, value_name = "GATES")]
+    feature_gates: Option<String>,
 }
 
 /// A duration like `5m`, `90s`, `1h30m`, or `0`.
@@ -154,6 +159,16 @@ fn load_config(cli: &Cli) -> Result<Config, ConfigError> {
         overridden = true;
     }
     overridden |= apply_security_flags(cli, &mut cfg, &file)?;
+    if let Some(gates) = &cli.feature_gates {
+        cfg.server
+            .set_feature_gates(gates)
+            .map_err(|e| ConfigError::Invalid {
+                file: "command line".into(),
+                field: "--feature-gates".into(),
+                message: e,
+            })?;
+        overridden = true;
+    }
     if let Some(d) = cli.consistency_check_interval {
         cfg.server.consistency_check_interval_seconds = d.as_secs();
         overridden = true;

@@ -7,6 +7,11 @@
 //! the facts its old or new object carries, and only those routes are woken.
 //! Watchers without a route share one channel woken on every batch. The
 //! events themselves stay in the history ring: a route logs sequence numbers.
+//!
+//! A shard selector is a route too: its ranges sit in a list sorted by
+//! start, where an event's hash finds the routes it belongs to, so an event
+//! costs one hash and a walk over the distinct selectors (not the watchers)
+//! whose ranges start at or below it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -18,6 +23,8 @@ use parking_lot::Mutex;
 
 use super::history::HistoryEvent;
 use super::snapshot::{IndexKey, route_keys};
+use crate::object::Object;
+use crate::object::sharding::{ShardField, hash_field};
 
 /// A watch route: the sequence numbers of retained events whose old or new
 /// object carries the route's key, and a wake-up channel.
@@ -120,14 +127,43 @@ impl Wakers {
 #[derive(Debug)]
 pub(crate) struct IndexedWatchers {
     routes: DashMap<IndexKey, Arc<Route>>,
+    /// The ranges of the shard routes, sorted by (field, start).
+    shards: Mutex<Vec<ShardEntry>>,
     /// Woken on every applied batch (watchers without a route).
     all: Wakers,
+}
+
+/// One range of a shard route.
+#[derive(Debug)]
+struct ShardEntry {
+    field: ShardField,
+    start: u128,
+    end: u128,
+    route: Arc<Route>,
+}
+
+/// The hash of an object's shard fields, each computed once per event.
+#[derive(Default)]
+struct EventHashes {
+    uid: Option<u128>,
+    namespace: Option<u128>,
+}
+
+impl EventHashes {
+    fn of(&mut self, field: ShardField, o: &Object) -> u128 {
+        let (slot, value) = match field {
+            ShardField::Uid => (&mut self.uid, o.uid.as_deref()),
+            ShardField::Namespace => (&mut self.namespace, o.namespace.as_deref()),
+        };
+        *slot.get_or_insert_with(|| u128::from(hash_field(value.unwrap_or(""))))
+    }
 }
 
 impl IndexedWatchers {
     pub(crate) fn new() -> IndexedWatchers {
         IndexedWatchers {
             routes: DashMap::new(),
+            shards: Mutex::new(Vec::new()),
             all: Wakers::default(),
         }
     }
@@ -141,10 +177,12 @@ impl IndexedWatchers {
     ) -> (Option<Arc<Route>>, Arc<AtomicWaker>) {
         match key {
             Some(k) => {
+                let mut created = false;
                 let route = Arc::clone(
                     self.routes
                         .entry(k.clone())
                         .or_insert_with(|| {
+                            created = true;
                             Arc::new(Route {
                                 key: k,
                                 log: Mutex::new(RouteLog::default()),
@@ -155,6 +193,18 @@ impl IndexedWatchers {
                         })
                         .value(),
                 );
+                if created && let IndexKey::Shard(sel) = &route.key {
+                    let mut shards = self.shards.lock();
+                    for r in sel.ranges() {
+                        shards.push(ShardEntry {
+                            field: sel.field(),
+                            start: r.start,
+                            end: r.end,
+                            route: Arc::clone(&route),
+                        });
+                    }
+                    shards.sort_by_key(|e| (e.field, e.start));
+                }
                 let waker = route.wakers.subscribe();
                 (Some(route), waker)
             }
@@ -169,6 +219,11 @@ impl IndexedWatchers {
             Some(route) => {
                 if route.wakers.unsubscribe(waker) == 0 {
                     self.routes.remove(&route.key);
+                    if matches!(route.key, IndexKey::Shard(_)) {
+                        self.shards
+                            .lock()
+                            .retain(|e| !std::ptr::eq(Arc::as_ptr(&e.route), route));
+                    }
                 }
             }
             None => {
@@ -190,6 +245,7 @@ impl IndexedWatchers {
         if self.routes.is_empty() {
             return woken;
         }
+        let shards = self.shards.lock();
         for ev in events {
             let mut keys: Vec<IndexKey> = Vec::new();
             if let Some(o) = &ev.object {
@@ -210,8 +266,42 @@ impl IndexedWatchers {
                     }
                 }
             }
+            // An object keeps its uid and namespace: either side hashes alike.
+            if let Some(o) = ev.object.as_deref().or(ev.prev.as_deref()) {
+                Self::dispatch_shards(&shards, o, ev.seq, first_retained, &mut woken);
+            }
         }
         woken
+    }
+
+    /// Logs `seq` in every shard route whose ranges hold `o`'s hash.
+    fn dispatch_shards(
+        shards: &[ShardEntry],
+        o: &Object,
+        seq: u64,
+        first_retained: u64,
+        woken: &mut Vec<Arc<Route>>,
+    ) {
+        let mut hashes = EventHashes::default();
+        let mut logged: Vec<&Arc<Route>> = Vec::new();
+        let mut i = 0;
+        while i < shards.len() {
+            let field = shards[i].field;
+            let h = hashes.of(field, o);
+            // This field's entries starting at or below the hash.
+            let end = i + shards[i..].partition_point(|e| e.field == field && e.start <= h);
+            for e in &shards[i..end] {
+                if h < e.end && !logged.iter().any(|r| Arc::ptr_eq(r, &e.route)) {
+                    e.route.log(seq, first_retained);
+                    logged.push(&e.route);
+                    if !woken.iter().any(|r| Arc::ptr_eq(r, &e.route)) {
+                        woken.push(Arc::clone(&e.route));
+                    }
+                }
+            }
+            // On to the next field's entries.
+            i = end + shards[end..].partition_point(|e| e.field == field);
+        }
     }
 
     /// Wakes `woken` and every unrouted watcher (after the apply has
@@ -229,6 +319,12 @@ impl IndexedWatchers {
         for route in self.routes.iter() {
             route.wakers.wake_all();
         }
+    }
+
+    /// Ranges in the shard index.
+    #[cfg(test)]
+    pub(crate) fn shard_entries(&self) -> usize {
+        self.shards.lock().len()
     }
 
     /// Routes alive (watchers registered on an exact fact).

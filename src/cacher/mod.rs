@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::error;
 
 use crate::config::{ResourceConfig, ServerConfig};
+use crate::object::sharding::ShardSelector;
 use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 use crate::storage::{Storage, StorageError};
 
@@ -124,6 +125,8 @@ pub struct ListRequest {
     pub continue_token: Option<String>,
     pub label_selector: LabelSelector,
     pub field_selector: FieldSelector,
+    /// `shardSelector` (the `ShardedListAndWatch` gate on).
+    pub shard_selector: Option<Arc<ShardSelector>>,
 }
 
 /// Where a List was answered from.
@@ -151,6 +154,8 @@ pub struct WatchRequest {
     pub resource_version_match: Option<ResourceVersionMatch>,
     pub label_selector: LabelSelector,
     pub field_selector: FieldSelector,
+    /// `shardSelector` (the `ShardedListAndWatch` gate on).
+    pub shard_selector: Option<Arc<ShardSelector>>,
     pub allow_bookmarks: bool,
     pub send_initial_events: Option<bool>,
     /// `timeoutSeconds`: the stream ends (after a last bookmark) when it passes.
@@ -458,7 +463,8 @@ impl Cacher {
             req.namespace.as_deref(),
             req.label_selector.clone(),
             req.field_selector.clone(),
-        );
+        )
+        .with_shard(req.shard_selector.clone());
         let limit = req.limit.filter(|l| *l > 0).map(|l| l as usize);
         let start_key = match &plan {
             ReadPlan::Continue { start_key, .. } => Some(start_key.as_str()),
@@ -565,7 +571,8 @@ impl Cacher {
             req.namespace.as_deref(),
             req.label_selector,
             req.field_selector,
-        );
+        )
+        .with_shard(req.shard_selector);
         let start = match plan {
             WatchPlan::Initial { read, end_bookmark } => {
                 if end_bookmark {

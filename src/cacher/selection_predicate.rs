@@ -11,6 +11,7 @@
 use std::sync::Arc;
 
 use super::snapshot::{IndexKey, Snapshot, field_pair_key};
+use crate::object::sharding::ShardSelector;
 use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 
 /// A List's or Watch's selection over one resource.
@@ -27,6 +28,8 @@ pub struct SelectionPredicate {
     /// The single most selective exact fact every match carries: the watch
     /// route a watcher registers on so other events never wake it.
     route: Option<IndexKey>,
+    /// `shardSelector`: only objects whose field hash lies in its ranges.
+    shard: Option<Arc<ShardSelector>>,
 }
 
 /// Where a selection's matches lie ([`SelectionPredicate::candidates`]).
@@ -112,7 +115,26 @@ impl SelectionPredicate {
             prefix,
             index_keys,
             route,
+            shard: None,
         }
+    }
+
+    /// Narrows the selection to a shard. A watch with no more selective
+    /// exact fact (an index field, the name, a label) than its namespace
+    /// routes on the shard instead: other shards' events never wake it.
+    pub fn with_shard(mut self, shard: Option<Arc<ShardSelector>>) -> SelectionPredicate {
+        if let Some(sel) = &shard
+            && matches!(self.route, None | Some(IndexKey::Namespace(_)))
+        {
+            self.route = Some(IndexKey::Shard(Arc::clone(sel)));
+        }
+        self.shard = shard;
+        self
+    }
+
+    /// The shard selector, if any (echoed in a List's `shardInfo`).
+    pub fn shard(&self) -> Option<&Arc<ShardSelector>> {
+        self.shard.as_ref()
     }
 
     /// Everything of the resource.
@@ -152,7 +174,9 @@ impl SelectionPredicate {
     /// Whether `o` passes the label and field selectors (its namespace
     /// aside: a walk within the prefix is within the namespace).
     fn passes_selectors(&self, o: &Object) -> bool {
-        self.label.matches(&o.labels) && self.field.matches(o)
+        self.label.matches(&o.labels)
+            && self.field.matches(o)
+            && self.shard.as_ref().is_none_or(|s| s.matches(o))
     }
 
     /// Every object its route's events carry is selected: a namespace with
@@ -184,7 +208,7 @@ impl SelectionPredicate {
     /// `remainingItemCount` unset then (the count is "unknown"), which also
     /// spares walking the rest of the range on every page.
     pub fn has_selectors(&self) -> bool {
-        !self.label.is_empty() || !self.field.is_empty()
+        !self.label.is_empty() || !self.field.is_empty() || self.shard.is_some()
     }
 
     /// Objects of the whole selection at `snap`, for a predicate without
@@ -382,6 +406,7 @@ mod tests {
         Name,
         Label,
         Field,
+        Shard,
     }
 
     fn hint(p: &SelectionPredicate) -> Hint {
@@ -391,6 +416,7 @@ mod tests {
             Some(IndexKey::Name(_)) => Hint::Name,
             Some(IndexKey::Label(..)) => Hint::Label,
             Some(IndexKey::Field(..)) => Hint::Field,
+            Some(IndexKey::Shard(_)) => Hint::Shard,
         }
     }
 
@@ -485,6 +511,46 @@ mod tests {
 
     fn names(items: &[Arc<Object>]) -> Vec<String> {
         items.iter().map(|o| o.name.to_string()).collect()
+    }
+
+    /// A shard selector narrows any selection; it is the route unless an
+    /// index field, the name or a label is more selective.
+    #[test]
+    fn shard_selector_narrows_and_routes() {
+        use crate::object::sharding::{ShardSelector, hash_field};
+        let c = codec(true);
+        let mut snap = Snapshot::empty(100, 0);
+        for o in objects(&c, 1) {
+            let key = Arc::clone(&o.key);
+            snap.apply(&key, Some(o), c.index_paths());
+        }
+        // Exactly namespace a's hash.
+        let h = hash_field("a");
+        let only_a = Arc::new(
+            ShardSelector::parse(&format!(
+                "shardRange(object.metadata.namespace, '0x{h:016x}', '0x{:016x}')",
+                u128::from(h) + 1
+            ))
+            .expect("shard selector"),
+        );
+        let cases: &[(Option<&str>, &str, Hint, &[&str])] = &[
+            (None, "", Hint::Shard, &["p1", "p2"]),
+            (Some("a"), "", Hint::Shard, &["p1", "p2"]),
+            (Some("b"), "", Hint::Shard, &[]),
+            (None, "app=web", Hint::Label, &["p1"]),
+        ];
+        for (ns, label, route, want) in cases {
+            let p = SelectionPredicate::new(
+                &c,
+                *ns,
+                LabelSelector::parse(label).expect("label selector"),
+                FieldSelector::default(),
+            )
+            .with_shard(Some(Arc::clone(&only_a)));
+            assert_eq!(hint(&p), *route, "{ns:?} {label}");
+            assert!(p.has_selectors());
+            assert_eq!(names(&p.list(&snap, None, None, true).items), *want);
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use imbl::{HashMap as PHashMap, OrdMap, OrdSet};
 
+use crate::object::sharding::ShardSelector;
 use crate::object::{FIELD_NAME, FIELD_NAMESPACE, Object};
 
 /// An exact `key=value` fact about an object, used by indexes and watch routes.
@@ -23,6 +24,9 @@ pub enum IndexKey {
     Label(String, String),
     /// A configured index path and its value (absent reads as `""`).
     Field(String, String),
+    /// A shard selector: the objects whose hash lies in its ranges. Route
+    /// only, found by hash ([`IndexedWatchers`](super::indexed_watchers)).
+    Shard(Arc<ShardSelector>),
 }
 
 /// Index keys kept in a snapshot: labels and configured index fields.

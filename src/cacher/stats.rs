@@ -89,6 +89,8 @@ pub struct CacherStats {
     pub protobuf_fallbacks: AtomicU64,
     /// Gauge: open watchers.
     pub watchers: AtomicI64,
+    /// Gauge: open watchers with a shard selector.
+    pub shard_watchers: AtomicI64,
     /// Watchers ended, by [`WatchEnd`] (in `WatchEnd::ALL` order).
     terminated: [AtomicU64; 5],
     pub events_dispatched: AtomicU64,
@@ -128,6 +130,7 @@ impl CacherStats {
             list_etcd: AtomicU64::new(0),
             protobuf_fallbacks: AtomicU64::new(0),
             watchers: AtomicI64::new(0),
+            shard_watchers: AtomicI64::new(0),
             terminated: Default::default(),
             events_dispatched: AtomicU64::new(0),
             resource_version: AtomicI64::new(0),
@@ -198,6 +201,10 @@ impl CacherStats {
     }
     pub(crate) fn watcher_removed(&self) {
         self.watchers.fetch_sub(1, Ordering::Relaxed);
+    }
+    /// A sharded watcher opened (`1`) or closed (`-1`).
+    pub(crate) fn shard_watcher_added(&self, n: i64) {
+        self.shard_watchers.fetch_add(n, Ordering::Relaxed);
     }
     /// A watcher ended for `reason`.
     pub(crate) fn watcher_ended(&self, reason: WatchEnd) {
@@ -387,7 +394,8 @@ const G_CAPACITY: usize = 3;
 const G_LAST_MATCH: usize = 4;
 const G_HISTORY_EVENTS: usize = 5;
 const G_HISTORY_BYTES: usize = 6;
-const GAUGES: [(&str, &str); 7] = [
+const G_SHARD_WATCHERS: usize = 7;
+const GAUGES: [(&str, &str); 8] = [
     ("watchcache_watchers", "Open watchers."),
     (
         "watchcache_resource_version",
@@ -409,6 +417,10 @@ const GAUGES: [(&str, &str); 7] = [
     (
         "watchcache_history_bytes",
         "Wire bytes (JSON) of the events retained in the history.",
+    ),
+    (
+        "watchcache_watch_shards",
+        "Open watchers with a shard selector (kube-apiserver's apiserver_watch_shards_total).",
     ),
 ];
 
@@ -536,6 +548,9 @@ impl StatsCollector {
             st.gauges[G_WATCHERS]
                 .with_label_values(&[r])
                 .add(l(&s.watchers));
+            st.gauges[G_SHARD_WATCHERS]
+                .with_label_values(&[r])
+                .add(l(&s.shard_watchers));
             st.gauges[G_OBJECTS]
                 .with_label_values(&[r])
                 .add(l(&s.objects));

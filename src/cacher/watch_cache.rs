@@ -745,6 +745,135 @@ mod tests {
         );
     }
 
+    /// Sharded watchers (KEP-5866) route on their selector: each gets the
+    /// events whose uid hashes into its ranges, in order, and no other
+    /// event wakes or expires it.
+    #[tokio::test(start_paused = true)]
+    async fn sharded_watchers_get_their_shard_only() {
+        use crate::object::sharding::{ShardSelector, hash_field};
+        let cache = new_cache(8);
+        let c = codec();
+        let sel = |start: &str, end: &str| {
+            Arc::new(
+                ShardSelector::parse(&format!(
+                    "shardRange(object.metadata.uid, '{start}', '{end}')"
+                ))
+                .expect("shard selector"),
+            )
+        };
+        let halves = [
+            sel("0x0000000000000000", "0x8000000000000000"),
+            sel("0x8000000000000000", "0x10000000000000000"),
+        ];
+        let mut ws: Vec<Watcher> = halves
+            .iter()
+            .map(|h| {
+                let f = SelectionPredicate::everything(&c).with_shard(Some(Arc::clone(h)));
+                assert!(matches!(f.route(), Some(IndexKey::Shard(_))));
+                Watcher::register(
+                    Arc::clone(&cache),
+                    f,
+                    WatchStart::After(10),
+                    params(false, None),
+                )
+            })
+            .collect();
+        // Two watchers of one selector share its route.
+        let twin = Watcher::register(
+            Arc::clone(&cache),
+            SelectionPredicate::everything(&c).with_shard(Some(Arc::clone(&halves[0]))),
+            WatchStart::After(10),
+            params(false, None),
+        );
+        assert_eq!(cache.watchers.route_count(), 2);
+        assert_eq!(cache.stats().shard_watchers.load(Ordering::Relaxed), 3);
+        let put_uid = |name: &str, uid: &str, rv: i64| {
+            let key = c.key(Some("ns"), name);
+            let v = format!(r#"{{"metadata":{{"name":"{name}","namespace":"ns","uid":"{uid}"}}}}"#);
+            let o = Arc::new(c.decode(&key, v.as_bytes(), rv, rv).expect("decode"));
+            Change {
+                key: Arc::clone(&o.key),
+                new: Some(o),
+                rv,
+            }
+        };
+        // UUID-like, as the API server makes them.
+        let uids: Vec<String> = (0..40u64)
+            .map(|i| {
+                let r = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                format!(
+                    "{:08x}-0000-4000-8000-{:012x}",
+                    r >> 32,
+                    r & 0xffff_ffff_ffff
+                )
+            })
+            .collect();
+        let lower: Vec<bool> = uids.iter().map(|u| hash_field(u) < 1 << 63).collect();
+        assert!(
+            lower.iter().filter(|l| **l).count() > 8,
+            "more than the ring"
+        );
+        assert!(lower.iter().filter(|l| !**l).count() >= 3);
+        // One shard's events only, more than the ring holds: the other
+        // shard's watcher is neither woken nor expired.
+        let mut rv = 10;
+        for (i, u) in uids.iter().enumerate().filter(|(i, _)| lower[*i]) {
+            rv += 1;
+            cache.apply(vec![put_uid(&format!("p{i}"), u, rv)], rv, false);
+            let got = lines(ws[0].next().await);
+            assert_eq!(got, vec![("ADDED".into(), format!("p{i}"), rv.to_string())]);
+        }
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), ws[1].next())
+                .await
+                .is_err(),
+            "the other shard is not woken"
+        );
+        // Both shards in one batch: each watcher its part.
+        let mut batch: Vec<(usize, &String)> = Vec::new();
+        for half in [true, false] {
+            batch.extend(
+                uids.iter()
+                    .enumerate()
+                    .filter(|(i, _)| lower[*i] == half)
+                    .take(3),
+            );
+        }
+        batch.sort();
+        let start = rv + 1;
+        let changes: Vec<Change> = batch
+            .iter()
+            .map(|(i, u)| {
+                rv += 1;
+                put_uid(&format!("q{i}"), u, rv)
+            })
+            .collect();
+        cache.apply(changes, rv, false);
+        for (half, w) in ws.iter_mut().enumerate() {
+            let want: Vec<String> = batch
+                .iter()
+                .zip(start..)
+                .filter(|((i, _), _)| lower[*i] == (half == 0))
+                .map(|((i, _), r)| format!("q{i}@{r}"))
+                .collect();
+            let mut got = Vec::new();
+            while got.len() < want.len() {
+                got.extend(
+                    lines(w.next().await)
+                        .into_iter()
+                        .map(|(_, n, r)| format!("{n}@{r}")),
+                );
+            }
+            assert_eq!(got, want, "shard {half}");
+        }
+        drop(twin);
+        assert_eq!(cache.watchers.route_count(), 2);
+        ws.clear();
+        assert_eq!(cache.watchers.route_count(), 0, "routes freed");
+        assert_eq!(cache.stats().shard_watchers.load(Ordering::Relaxed), 0);
+        assert!(cache.watchers.shard_entries() == 0, "shard index emptied");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn unread_events_leaving_the_ring_expire_the_watcher() {
         let cache = new_cache(4);

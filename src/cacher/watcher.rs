@@ -149,6 +149,9 @@ impl Watcher {
             snapshot,
             cursor,
         } = cache.register(predicate.route().cloned(), start);
+        if predicate.shard().is_some() {
+            cache.stats().shard_watcher_added(1);
+        }
         let now = Instant::now();
         let mut w = Watcher {
             cache,
@@ -693,6 +696,9 @@ impl Drop for Watcher {
         self.cache
             .stats()
             .watcher_ended(self.end.get().unwrap_or(WatchEnd::Closed));
+        if self.predicate.shard().is_some() {
+            self.cache.stats().shard_watcher_added(-1);
+        }
         self.cache.unregister(self.route.as_deref(), &self.wake);
     }
 }

@@ -29,6 +29,7 @@ use serde_json::{Map, Value};
 pub mod conversion;
 pub mod protobuf;
 pub mod selector;
+pub mod sharding;
 pub mod validation;
 pub mod wire;
 

@@ -201,8 +201,10 @@ pub struct Status {
     pub status: String,
     #[serde(default)]
     pub message: String,
-    /// Machine-readable reason: `NotFound`, `Expired`, `Conflict`, ...
-    #[serde(default)]
+    /// Machine-readable reason: `NotFound`, `Expired`, `Conflict`, ...;
+    /// empty (and left out, as Go's `omitempty`) for an error kube-apiserver
+    /// has no reason for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
     /// The HTTP status code.
     #[serde(default)]

@@ -17,11 +17,13 @@ use crate::api::response::list_body_cache::{ListMedia, Lookup, list_frames};
 use crate::api::response::protobuf::{self, ProtobufList};
 use crate::api::response::writers::{full, json_value, response};
 use crate::api::response::{Body, metadata, printers, table};
+use crate::api::state::State;
 use crate::api::status::ApiStatus;
 use crate::api::status::errors::cacher_status;
 use crate::cacher::ListRequest;
 
 pub(crate) async fn list(
+    state: &State,
     target: &Target<'_>,
     query: &Query,
     req: &Request<Incoming>,
@@ -29,10 +31,12 @@ pub(crate) async fn list(
     let res = target.resource;
     let table = negotiation::table(req, query)?;
     let (label_selector, field_selector) = query.selectors(res.cacher.codec().index_paths())?;
+    let shard_selector = query.shard_selector(state.config.server.sharded_list_and_watch)?;
     let list = ListRequest {
         namespace: target.namespace.map(str::to_string),
         label_selector,
         field_selector,
+        shard_selector: shard_selector.clone(),
         resource_version: query.resource_version()?,
         resource_version_match: query.resource_version_match()?,
         limit: query.limit()?,
@@ -53,6 +57,9 @@ pub(crate) async fn list(
     }
     if let Some(n) = result.remaining_item_count {
         meta.insert("remainingItemCount".into(), json!(n));
+    }
+    if let Some(sel) = &shard_selector {
+        meta.insert("shardInfo".into(), json!({ "selector": sel.to_string() }));
     }
     if let Some(include) = table {
         let columns = table::Columns::of(

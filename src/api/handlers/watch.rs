@@ -60,6 +60,7 @@ pub(crate) async fn watch(
         None => negotiation::metadata(req, false, &res.config)?,
     };
     let (label_selector, field_selector) = query.selectors(res.cacher.codec().index_paths())?;
+    let shard_selector = query.shard_selector(state.config.server.sharded_list_and_watch)?;
     // Like kube-apiserver: a watch without timeoutSeconds still ends, after a
     // random time in [min, 2*min), so long-lived watches spread over replicas
     // and restarts instead of pinning one connection forever.
@@ -73,6 +74,7 @@ pub(crate) async fn watch(
         namespace: target.namespace.map(str::to_string),
         label_selector,
         field_selector,
+        shard_selector,
         resource_version: query.resource_version()?,
         resource_version_match: query.resource_version_match()?,
         allow_bookmarks: query.bool("allowWatchBookmarks"),

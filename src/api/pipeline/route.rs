@@ -79,7 +79,7 @@ async fn resource_request(
     // then stays small instead of carrying every verb's state machine inline
     // (a memmove of several KB per request otherwise).
     match (info.verb(), &method) {
-        ("list", &Method::GET) => Box::pin(list::list(&target, &query, &req)).await,
+        ("list", &Method::GET) => Box::pin(list::list(&state, &target, &query, &req)).await,
         // `?watch=` or the legacy `/watch/` path form, on a collection.
         ("watch", &Method::GET) if target.name.is_none() => {
             Box::pin(watch::watch(&state, &target, &query, &req, conn)).await

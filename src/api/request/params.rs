@@ -9,6 +9,7 @@ use smallvec::SmallVec;
 
 use crate::api::status::ApiStatus;
 use crate::cacher::ResourceVersionMatch;
+use crate::object::sharding::ShardSelector;
 use crate::object::{FieldSelector, LabelSelector};
 
 /// The decoded `key=value` pairs of a query string, in order
@@ -132,6 +133,19 @@ impl Query {
     }
 
     /// `continue`: absent or empty -> None.
+    /// `shardSelector`, when the `ShardedListAndWatch` gate is `on` (off,
+    /// kube-apiserver ignores it). A bad one is kube-apiserver's 500: its
+    /// storage layer refuses it with a plain error, which it reports with
+    /// no reason.
+    pub fn shard_selector(&self, on: bool) -> Result<Option<Arc<ShardSelector>>, ApiStatus> {
+        match self.get("shardSelector") {
+            Some(s) if on && !s.is_empty() => ShardSelector::parse(s)
+                .map(|sel| Some(Arc::new(sel)))
+                .map_err(|e| ApiStatus::new(500, "", format!("invalid shard selector: {e}"))),
+            _ => Ok(None),
+        }
+    }
+
     pub fn continue_token(&self) -> Option<String> {
         match self.get("continue") {
             None | Some("") => None,
