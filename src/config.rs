@@ -1202,6 +1202,27 @@ pub fn validate_field_path(path: &str) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn feature_gates_as_kube_apiserver_takes_them() {
+        let mut c = Config::example().server;
+        assert!(c.response_compression && !c.sharded_list_and_watch);
+        c.set_feature_gates("ShardedListAndWatch=true, APIResponseCompression=false")
+            .expect("gates");
+        assert!(!c.response_compression && c.sharded_list_and_watch);
+        assert_eq!(
+            c.set_feature_gates("Nope=true"),
+            Err("unrecognized feature gate: Nope".into())
+        );
+        assert_eq!(
+            c.set_feature_gates("ShardedListAndWatch=yes"),
+            Err("invalid value of ShardedListAndWatch=yes, err: strconv.ParseBool: parsing \"yes\": invalid syntax".into())
+        );
+        assert_eq!(
+            c.set_feature_gates("ShardedListAndWatch"),
+            Err("missing bool value for ShardedListAndWatch".into())
+        );
+    }
+
     /// etcd credentials come as a pair, and the password never reaches
     /// `Debug` output (configs are logged).
     #[test]

@@ -2245,3 +2245,111 @@ async fn watch_list_streams_are_gzipped_for_clients_that_ask() {
     assert_eq!(r.status(), 200);
     assert!(r.headers().get("content-encoding").is_none());
 }
+
+/// `shardSelector` follows the `ShardedListAndWatch` gate as kube-apiserver
+/// does: off (the default), the parameter is ignored, even a bad one; on,
+/// a List selects the shard and echoes it, a sharded watch gets only its
+/// shard's events, and a bad selector is kube-apiserver's 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shard_selector_follows_the_feature_gate() {
+    let lower = "shardRange(object.metadata.uid, '0x0000000000000000', '0x8000000000000000')";
+    let q = |s: &str| {
+        s.bytes()
+            .map(|b| {
+                if b.is_ascii_alphanumeric() {
+                    (b as char).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect::<String>()
+    };
+    let in_lower = |uid: &str| watchcache::object::sharding::hash_field(uid) < 1 << 63;
+    for gate in [false, true] {
+        let ts = TestServer::start(&format!("shards-{gate}"), |c| {
+            c.server.sharded_list_and_watch = gate;
+        })
+        .await;
+        let mut uids = Vec::new();
+        for i in 0..12 {
+            let (c, created) = ts.post_json(PODS, &pod("ns1", &format!("p{i}"))).await;
+            assert_eq!(c, 201, "{created}");
+            uids.push(
+                created["metadata"]["uid"]
+                    .as_str()
+                    .expect("uid")
+                    .to_string(),
+            );
+        }
+        let (code, list) = ts
+            .get_json(&format!("{PODS}?shardSelector={}", q(lower)))
+            .await;
+        assert_eq!(code, 200, "{list}");
+        let got: std::collections::BTreeSet<&str> = list["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .filter_map(|p| p["metadata"]["uid"].as_str())
+            .collect();
+        let want: std::collections::BTreeSet<&str> = uids
+            .iter()
+            .map(String::as_str)
+            .filter(|u| !gate || in_lower(u))
+            .collect();
+        assert_eq!(got, want, "gate {gate}");
+        assert_eq!(
+            list["metadata"]["shardInfo"],
+            if gate {
+                json!({ "selector": lower })
+            } else {
+                Value::Null
+            },
+        );
+        let (code, status) = ts.get_json(&format!("{PODS}?shardSelector=x")).await;
+        if gate {
+            assert_eq!(code, 500, "{status}");
+            assert_eq!(
+                status["message"],
+                "invalid shard selector: unexpected expression kind 3; expected shardRange() call or || operator"
+            );
+            assert!(status.get("reason").is_none(), "{status}");
+        } else {
+            assert_eq!(code, 200, "ignored: {status}");
+        }
+        if gate {
+            // A sharded watch: the next pod in the lower half arrives; the
+            // ones before it, in the upper half, never do.
+            let rv = list["metadata"]["resourceVersion"].as_str().expect("rv");
+            let mut w = WatchStream::open(
+                &ts,
+                &format!(
+                    "{PODS}?watch=1&resourceVersion={rv}&shardSelector={}",
+                    q(lower)
+                ),
+            )
+            .await;
+            let mut skipped = 0;
+            let mut i = 100;
+            let uid = loop {
+                let (c, created) = ts.post_json(PODS, &pod("ns1", &format!("p{i}"))).await;
+                assert_eq!(c, 201, "{created}");
+                let uid = created["metadata"]["uid"]
+                    .as_str()
+                    .expect("uid")
+                    .to_string();
+                if in_lower(&uid) {
+                    break uid;
+                }
+                skipped += 1;
+                i += 1;
+            };
+            let ev = w.next_event(Duration::from_secs(30)).await.expect("event");
+            assert_eq!(ev["type"], "ADDED");
+            assert_eq!(
+                ev["object"]["metadata"]["uid"],
+                uid.as_str(),
+                "{skipped} skipped"
+            );
+        }
+    }
+}

@@ -220,12 +220,21 @@ impl Oracle {
         encryption: &std::path::Path,
         version: &str,
     ) -> Oracle {
+        Oracle::with_watchcache_args(kube, etcd, encryption, version, &[]).await
+    }
+
+    /// [`Oracle::with_watchcache`] with more command-line arguments.
+    async fn with_watchcache_args(
+        kube: KubeApiserver,
+        etcd: &str,
+        encryption: &std::path::Path,
+        version: &str,
+        args: &[&str],
+    ) -> Oracle {
         let enc = encryption.display().to_string();
-        let watchcache = Daemon::start(
-            &watchcache_config(etcd),
-            &["--encryption-provider-config", &enc],
-        )
-        .await;
+        let mut all = vec!["--encryption-provider-config", &enc];
+        all.extend_from_slice(args);
+        let watchcache = Daemon::start(&watchcache_config(etcd), &all).await;
         watchcache.wait_ready().await;
         Oracle {
             kube,
@@ -426,7 +435,9 @@ impl Oracle {
         else {
             return;
         };
-        let mut wc_next = format!("{path}?limit=2&resourceVersion={rv}&resourceVersionMatch=Exact");
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let mut wc_next =
+            format!("{path}{sep}limit=2&resourceVersion={rv}&resourceVersionMatch=Exact");
         let mut k_next = wc_next.clone();
         for page in 0..100 {
             let (_, wb) = self.wc_get(&wc_next, JSON).await;
@@ -448,8 +459,8 @@ impl Oracle {
             self.record(resource, &format!("GET {path} page {page}"), diffs);
             match (wc_cont, k_cont) {
                 (Some(a), Some(b)) => {
-                    wc_next = format!("{path}?limit=2&continue={a}");
-                    k_next = format!("{path}?limit=2&continue={b}");
+                    wc_next = format!("{path}{sep}limit=2&continue={a}");
+                    k_next = format!("{path}{sep}limit=2&continue={b}");
                 }
                 _ => return,
             }
@@ -2583,4 +2594,278 @@ async fn three_kube_apiservers_share_one_front() {
     println!("|---|---|---|---|---|");
     println!("{}", front.row());
     println!("{}", grpc_proxy.row());
+}
+
+/// A query value, percent-encoded.
+fn query_value(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+/// Sharded list and watch (KEP-5866) against kube-apiserver 1.37 with
+/// `ShardedListAndWatch` on: Lists (JSON, protobuf, Table, pages) with
+/// shard selectors on uid and namespace, alone and with a label selector,
+/// echo `shardInfo` and select the same objects; bad selectors get the
+/// same Status; sharded watches from the same revision and sharded
+/// WatchLists get the same events; the shards of a split are disjoint
+/// and cover the List.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sharded_list_and_watch_as_kube_apiserver_1_37_serves() {
+    let binary = peer("kube-apiserver-1.37");
+    let etcd = PrivateEtcd::start().await.expect("start etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let encryption = write_encryption_config(dir.path());
+    let gate = "--feature-gates=ShardedListAndWatch=true";
+    let kube =
+        KubeApiserver::start(&binary, &etcd.endpoint(), "/registry", &encryption, &[gate]).await;
+    let mut o = Oracle::with_watchcache_args(
+        kube,
+        &etcd.endpoint(),
+        &encryption,
+        "1.37",
+        &["--feature-gates", "ShardedListAndWatch=true"],
+    )
+    .await;
+    let spaces = ["shard-a", "shard-b", "shard-c", "shard-d"];
+    for ns in spaces {
+        let n = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        o.kube.create("/api/v1/namespaces", &n).await;
+        for i in 0..6 {
+            let app = if i % 2 == 0 { "web" } else { "db" };
+            let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": format!("cm-{i}"), "labels": {"app": app}}, "data": {"i": i.to_string()}});
+            o.kube
+                .create(&format!("/api/v1/namespaces/{ns}/configmaps"), &cm)
+                .await;
+        }
+    }
+    let range = |field: &str, start: &str, end: &str| {
+        format!("shardRange(object.metadata.{field}, '{start}', '{end}')")
+    };
+    let quarters = [
+        "0x0000000000000000",
+        "0x4000000000000000",
+        "0x8000000000000000",
+        "0xc000000000000000",
+        "0x10000000000000000",
+    ];
+    let mut selectors: Vec<String> = Vec::new();
+    for field in ["uid", "namespace"] {
+        for q in quarters.windows(2) {
+            selectors.push(range(field, q[0], q[1]));
+        }
+    }
+    selectors.push(format!(
+        "{} || {}",
+        range("uid", quarters[0], quarters[1]),
+        range("uid", quarters[2], quarters[3])
+    ));
+    let cms = "/api/v1/configmaps";
+    // The quarters of each field are disjoint and cover the List.
+    let (_, body) = o.wc_get(cms, JSON).await;
+    let all: BTreeSet<(Option<String>, String)> =
+        names(&serde_json::from_slice::<Value>(&body).expect("list"))
+            .into_iter()
+            .filter(|(ns, _)| ns.as_deref().is_some_and(|n| n.starts_with("shard-")))
+            .collect();
+    assert_eq!(all.len(), 24);
+    for field in 0..2 {
+        let mut covered = BTreeSet::new();
+        for sel in &selectors[field * 4..field * 4 + 4] {
+            let (code, body) = o
+                .wc_get(&format!("{cms}?shardSelector={}", query_value(sel)), JSON)
+                .await;
+            assert_eq!(code, 200, "{}", String::from_utf8_lossy(&body));
+            let list: Value = serde_json::from_slice(&body).expect("list");
+            assert_eq!(list["metadata"]["shardInfo"]["selector"], json!(sel));
+            for n in names(&list) {
+                if all.contains(&n) {
+                    assert!(covered.insert(n.clone()), "{n:?} in two shards");
+                }
+            }
+        }
+        assert_eq!(covered, all, "the shards cover the List");
+    }
+    for sel in &selectors {
+        let q = format!("shardSelector={}", query_value(sel));
+        o.compare_list("configmaps", cms, &q).await;
+        o.compare_list("configmaps", cms, &format!("{q}&labelSelector=app%3Dweb"))
+            .await;
+        o.compare_list("configmaps", "/api/v1/namespaces/shard-a/configmaps", &q)
+            .await;
+        o.compare_pages("configmaps", &format!("{cms}?{q}")).await;
+        let (_, body) = o.wc_get(&format!("{cms}?{q}"), JSON).await;
+        let list: Value = serde_json::from_slice(&body).expect("list");
+        let rv = list["metadata"]["resourceVersion"].as_str().unwrap_or("0");
+        let exact = format!("{cms}?{q}&resourceVersion={rv}&resourceVersionMatch=Exact");
+        o.compare_protobuf("configmaps", &exact, &exact).await;
+        for version in ["v1", "v1beta1"] {
+            let accept = metadata_accept("PartialObjectMetadataList", version);
+            o.compare_json_as("configmaps", &exact, &exact, &accept)
+                .await;
+        }
+    }
+    // Bad selectors: kube-apiserver's code and Status.
+    let long = format!("0x{}", "1".repeat(18));
+    for bad in [
+        " ".to_string(),
+        "shardRange(".to_string(),
+        range("name", quarters[0], quarters[1]),
+        range("uid", quarters[2], quarters[1]),
+        range("uid", "0x0", quarters[1]),
+        range("uid", "0xG000000000000000", quarters[1]),
+        range("uid", quarters[0], &long),
+        range("uid", quarters[0], "0x20000000000000000"),
+        "shardRange(object.metadata.uid, 0, '0x8000000000000000')".to_string(),
+        "shardRange(object.metadata.uid, '0x0000000000000000')".to_string(),
+        format!("{} && true", range("uid", quarters[0], quarters[1])),
+        format!(
+            "{} || {}",
+            range("uid", quarters[0], quarters[1]),
+            range("namespace", quarters[1], quarters[2])
+        ),
+        "'0x0'".to_string(),
+    ] {
+        let q = query_value(&bad);
+        for path in [
+            format!("{cms}?shardSelector={q}"),
+            format!("{cms}?watch=1&shardSelector={q}"),
+        ] {
+            o.compare_json("configmaps", &path, &path).await;
+        }
+    }
+    // Sharded watches from the same revision while kube-apiserver writes:
+    // each shard's events, the same on both.
+    let (_, body) = o.wc_get(cms, JSON).await;
+    let rv = serde_json::from_slice::<Value>(&body).expect("list")["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string();
+    let split = &selectors[..4];
+    let mut streams = Vec::new();
+    for sel in split {
+        let path = format!(
+            "{cms}?watch=1&resourceVersion={rv}&shardSelector={}",
+            query_value(sel)
+        );
+        streams.push((
+            path.clone(),
+            o.open_watch(false, &path).await,
+            o.open_watch(true, &path).await,
+        ));
+    }
+    // Both servers report the open sharded watches.
+    let metrics = o
+        .http
+        .get(o.watchcache.url("/metrics"))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics body");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("watchcache_watch_shards{resource=\"configmaps\"} 4")),
+        "watchcache_watch_shards: {}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("watch_shards"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // Four creates and four deletes; the uid of each event.
+    let mut uids = Vec::new();
+    for (i, ns) in spaces.iter().enumerate() {
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": format!("new-{i}")}, "data": {"v": "1"}});
+        let created = o
+            .kube
+            .create(&format!("/api/v1/namespaces/{ns}/configmaps"), &cm)
+            .await;
+        uids.push(
+            created["metadata"]["uid"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        );
+        let path = format!("/api/v1/namespaces/{ns}/configmaps/cm-{i}");
+        let (code, body) = o.kube.send(Method::DELETE, &path, JSON, None).await;
+        assert_eq!(code, 200, "{body}");
+        // A Status naming the deleted object (or the object).
+        let uid = body["details"]["uid"]
+            .as_str()
+            .or(body["metadata"]["uid"].as_str());
+        uids.push(uid.expect("deleted object's uid").to_string());
+    }
+    let quarter = 1u128 << 62;
+    let mut total = 0;
+    for (i, (path, wc, kube)) in streams.into_iter().enumerate() {
+        let lo = quarter * i as u128;
+        let in_shard = |uid: &str| {
+            let h = u128::from(watchcache::object::sharding::hash_field(uid));
+            lo <= h && h < lo + quarter
+        };
+        let expected = uids.iter().filter(|u| in_shard(u)).count();
+        let (w, k) = tokio::join!(read_events(wc, expected), read_events(kube, expected));
+        assert_eq!(k.len(), expected, "kube-apiserver's shard {i}: {k:?}");
+        assert!(
+            k.iter()
+                .all(|e| in_shard(e["object"]["metadata"]["uid"].as_str().unwrap_or(""))),
+            "kube-apiserver's shard {i}: {k:?}"
+        );
+        total += k.len();
+        let mut diffs = Vec::new();
+        diff("", &Value::Array(w), &Value::Array(k), &mut diffs);
+        o.record("configmaps", &format!("watch {path}"), diffs);
+    }
+    assert_eq!(total, 8, "four creates and four deletes, over the shards");
+    // Sharded WatchLists: the same initial objects and an end bookmark.
+    for sel in &selectors[4..] {
+        let (_, body) = o
+            .wc_get(&format!("{cms}?shardSelector={}", query_value(sel)), JSON)
+            .await;
+        let items = serde_json::from_slice::<Value>(&body).expect("list")["items"]
+            .as_array()
+            .map_or(0, Vec::len);
+        let path = format!(
+            "{cms}?watch=1&sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true&shardSelector={}",
+            query_value(sel)
+        );
+        let wc = o.open_watch(false, &path).await;
+        let kube = o.open_watch(true, &path).await;
+        let (w, k) = tokio::join!(read_events(wc, items + 1), read_events(kube, items + 1));
+        let strip = |events: Vec<Value>| -> Vec<Value> {
+            events
+                .into_iter()
+                .map(|mut e| {
+                    if e["type"] == "BOOKMARK" {
+                        // The bookmark's revision is each server's own.
+                        e["object"]["metadata"]["resourceVersion"] = json!("<rv>");
+                    }
+                    e
+                })
+                .collect()
+        };
+        let (w, k) = (strip(w), strip(k));
+        assert_eq!(k.len(), items + 1, "kube-apiserver's WatchList {path}");
+        let mut diffs = Vec::new();
+        diff("", &Value::Array(w), &Value::Array(k), &mut diffs);
+        o.record("configmaps", &format!("watch {path}"), diffs);
+    }
+    assert!(
+        o.failures.is_empty(),
+        "{} differences from kube-apiserver 1.37 (of {} comparisons):\n{}",
+        o.failures.len(),
+        o.compared,
+        o.failures.join("\n")
+    );
 }

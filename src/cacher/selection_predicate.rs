@@ -338,13 +338,24 @@ impl SelectionPredicate {
         // (Reading each object's namespace was a cache miss per item on a
         // large page.)
         let selectors = self.has_selectors();
-        let mut matching = objects.filter(|o| !selectors || self.passes_selectors(o));
+        let matches = |o: &&Arc<Object>| !selectors || self.passes_selectors(o);
+        let mut objects = objects.peekable();
         let limit = limit.unwrap_or(usize::MAX);
-        let items: Vec<Arc<Object>> = matching.by_ref().take(limit).cloned().collect();
+        let mut items: Vec<Arc<Object>> = Vec::new();
+        while items.len() < limit {
+            match objects.next() {
+                Some(o) if matches(&o) => items.push(Arc::clone(o)),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        // A full page is followed by more when any object follows, matching
+        // or not, as kube-apiserver decides (its cacher's `hasMoreListItems`):
+        // a selective List may end with an empty page.
         let rest = if count_rest {
-            matching.count()
+            objects.filter(matches).count()
         } else {
-            usize::from(matching.next().is_some())
+            usize::from(objects.peek().is_some())
         };
         if rest > 0 {
             ListPage {

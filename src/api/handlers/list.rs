@@ -58,9 +58,6 @@ pub(crate) async fn list(
     if let Some(n) = result.remaining_item_count {
         meta.insert("remainingItemCount".into(), json!(n));
     }
-    if let Some(sel) = &shard_selector {
-        meta.insert("shardInfo".into(), json!({ "selector": sel.to_string() }));
-    }
     if let Some(include) = table {
         let columns = table::Columns::of(
             &res.config.group,
@@ -90,6 +87,11 @@ pub(crate) async fn list(
             }
         }
         return Ok(json_value(200, &l));
+    }
+    // Only the full List echoes the shard selector: kube-apiserver's Table
+    // and PartialObjectMetadataList carry no shardInfo.
+    if let Some(sel) = &shard_selector {
+        meta.insert("shardInfo".into(), json!({ "selector": sel.to_string() }));
     }
     let items = if negotiation::protobuf(req, &res.config) {
         match protobuf::list(&res.config, &res.list_bodies, meta.clone(), result.items).await? {
