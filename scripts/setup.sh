@@ -30,6 +30,8 @@ apt_update() {
 need_pkgs=()
 command -v protoc >/dev/null 2>&1 || need_pkgs+=(protobuf-compiler)
 command -v dpkg-deb >/dev/null 2>&1 || need_pkgs+=(dpkg)
+# The load balancer of the replica test (tests/client_go.rs).
+[ -x /usr/sbin/haproxy ] || command -v haproxy >/dev/null 2>&1 || need_pkgs+=(haproxy)
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   echo "setup: installing ${need_pkgs[*]}"
   apt_update

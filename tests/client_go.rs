@@ -355,9 +355,21 @@ impl Informer {
         flags: &[&str],
         hide_gzip: bool,
     ) -> Informer {
+        Informer::start_at(client, d.addr, resource, namespace, flags, hide_gzip).await
+    }
+
+    /// [`Informer::start_with`] through a tap in front of `target`.
+    async fn start_at(
+        client: Client,
+        target: std::net::SocketAddr,
+        resource: &str,
+        namespace: &str,
+        flags: &[&str],
+        hide_gzip: bool,
+    ) -> Informer {
         let protobuf = flags.contains(&"--protobuf");
         let bin = binary(client).await;
-        let tap = Tap::start(d.addr, hide_gzip).await;
+        let tap = Tap::start(target, hide_gzip).await;
         let mut cmd = Command::new(bin);
         cmd.args(["--server", &tap.url(), "--resource", resource])
             .args(["--namespace", namespace])
@@ -947,5 +959,307 @@ async fn bookmarks_let_a_quiet_informer_resume_past_a_compaction() {
     }
     for (_, resource, inf) in infs {
         assert_eq!(inf.finish().await, expected[resource]);
+    }
+}
+
+/// HAProxy (Debian's, `scripts/setup.sh`) in TCP mode, round robin over
+/// `backends`, each checked with `GET /readyz` every 200 ms; a refused
+/// connection is retried on another replica.
+struct Haproxy {
+    child: Child,
+    addr: std::net::SocketAddr,
+    _dir: tempfile::TempDir,
+}
+
+impl Haproxy {
+    async fn start(backends: &[u16]) -> Haproxy {
+        let bin = ["haproxy", "/usr/sbin/haproxy"]
+            .into_iter()
+            .find(|b| {
+                std::process::Command::new(b)
+                    .arg("-v")
+                    .output()
+                    .is_ok_and(|o| o.status.success())
+            })
+            .expect("haproxy (Debian's package: scripts/setup.sh installs it)");
+        let port = watchcache::etcd_server::free_port().expect("free port");
+        let mut cfg = format!(
+            "global\n  maxconn 4096\ndefaults\n  mode tcp\n  timeout connect 1s\n  timeout client 1h\n  timeout server 1h\n  retries 3\n  option redispatch\nfrontend api\n  bind 127.0.0.1:{port}\n  default_backend replicas\nbackend replicas\n  balance roundrobin\n  option httpchk GET /readyz\n  http-check expect status 200\n  default-server inter 200ms fall 1 rise 2\n"
+        );
+        for (i, p) in backends.iter().enumerate() {
+            cfg.push_str(&format!("  server r{i} 127.0.0.1:{p} check\n"));
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("haproxy.cfg");
+        std::fs::write(&path, cfg).expect("write haproxy.cfg");
+        let child = Command::new(bin)
+            .arg("-db")
+            .arg("-f")
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn haproxy");
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().expect("addr");
+        let lb = Haproxy {
+            child,
+            addr,
+            _dir: dir,
+        };
+        let http = reqwest::Client::new();
+        let ready = common::eventually(Duration::from_secs(20), || {
+            let http = http.clone();
+            async move {
+                http.get(format!("http://{addr}/readyz"))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200)
+            }
+        })
+        .await;
+        assert!(ready, "haproxy serves /readyz through its replicas");
+        lb
+    }
+}
+
+impl Drop for Haproxy {
+    fn drop(&mut self) {
+        let _ = self.child.start_kill();
+    }
+}
+
+/// Which of `replicas` holds the (one) configmaps watch.
+async fn watch_holder(http: &reqwest::Client, replicas: &[common::Daemon]) -> usize {
+    for _ in 0..100 {
+        for (i, d) in replicas.iter().enumerate() {
+            if configmap_watchers(http, d).await >= 1.0 {
+                return i;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no replica holds the informer's watch");
+}
+
+/// SIGKILL, and wait for the exit.
+async fn kill_replica(d: &mut common::Daemon) {
+    let pid = d.pid().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    d.wait_exit(Duration::from_secs(10)).await;
+}
+
+/// `watchcache_watchers` of configmaps on `d`.
+async fn configmap_watchers(http: &reqwest::Client, d: &common::Daemon) -> f64 {
+    let Ok(r) = http.get(d.url("/metrics")).send().await else {
+        return 0.0;
+    };
+    let text = r.text().await.unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("watchcache_watchers{resource=\"configmaps\"} "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// An update through `d` that changes `name`'s data to `v`: its new RV.
+async fn set_data(
+    http: &reqwest::Client,
+    d: &common::Daemon,
+    ns: &str,
+    name: &str,
+    v: usize,
+) -> String {
+    let r = http
+        .patch(d.url(&format!("/api/v1/namespaces/{ns}/configmaps/{name}")))
+        .header("Content-Type", "application/merge-patch+json")
+        .body(json!({"data": {"v": v.to_string()}}).to_string())
+        .send()
+        .await
+        .expect("update");
+    assert_eq!(r.status(), 200, "update {name}");
+    let o: Value = r.json().await.expect("updated object");
+    o["metadata"]["resourceVersion"]
+        .as_str()
+        .expect("rv")
+        .to_string()
+}
+
+/// Per object, the resourceVersions the informer's handlers were given
+/// (ADD, then each UPDATE's new object), from its `EVENT` lines.
+fn handled(log: &str) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for line in log.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["EVENT", "ADD", name, rv] => {
+                out.entry(name.to_string())
+                    .or_default()
+                    .push(rv.to_string());
+            }
+            // old == new: a relist's re-delivery of an unchanged object
+            // (client-go's Replace), not a watch event.
+            ["EVENT", "UPDATE", name, old, rv] if old != rv => {
+                out.entry(name.to_string())
+                    .or_default()
+                    .push(rv.to_string());
+            }
+            ["EVENT", "DELETE", name, rv] => {
+                out.entry(name.to_string())
+                    .or_default()
+                    .push(format!("deleted@{rv}"));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Three replicas behind HAProxy (#37 point 4): a client-go informer
+/// (v0.34 LIST+WATCH, and the newest with WatchList) follows writes made
+/// through another replica while the replica holding its watch is killed
+/// (SIGKILL) and started again on its port. Its watch resumes on the next
+/// replica from its resourceVersion, which is in that replica's history:
+/// no relist, and its handlers see every write exactly once, in order. Cut
+/// off while the writes overrun every replica's history, it relists once
+/// and converges, no version handled twice or out of order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn informers_behind_a_load_balancer_survive_a_replica_restart() {
+    let endpoint = common::etcd();
+    for client in [Client::ListWatch, Client::Latest] {
+        let prefix = common::unique_prefix(&format!("client-go-lb-{client:?}"));
+        let text = config(endpoint, &prefix, 30, 1000);
+        let ports: Vec<u16> = (0..3)
+            .map(|_| watchcache::etcd_server::free_port().expect("free port"))
+            .collect();
+        let mut replicas = Vec::new();
+        for p in &ports {
+            let d = common::Daemon::start_on(&text, &[], &[], *p).await;
+            d.wait_ready().await;
+            replicas.push(d);
+        }
+        let lb = Haproxy::start(&ports).await;
+        let http = reqwest::Client::new();
+        let ns = "behind-lb";
+        let names: Vec<String> = (0..5).map(|i| format!("cm-{i}")).collect();
+        for n in &names {
+            create(&http, &replicas[0], "configmaps", ns, n).await;
+        }
+        let mut inf =
+            Informer::start_at(client, lb.addr, "configmaps", ns, &["--events"], true).await;
+        inf.wait_synced(client).await;
+        // Past client-go's "very short watch" (under 1 s, no event).
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The replica holding the informer's watch, and another to write through.
+        let victim = watch_holder(&http, &replicas).await;
+        let writer = (victim + 1) % 3;
+        let mut written: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        let mut before_kill = 0;
+        for round in 0..60 {
+            if round == 20 {
+                before_kill = inf.tap.requests().len();
+                kill_replica(&mut replicas[victim]).await;
+            }
+            if round == 40 {
+                let d = common::Daemon::start_on(&text, &[], &[], ports[victim]).await;
+                d.wait_ready().await;
+                replicas[victim] = d;
+            }
+            let name = &names[round % names.len()];
+            let rv = set_data(&http, &replicas[writer], ns, name, round + 1).await;
+            written.entry(name.clone()).or_default().push(rv);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let expected = settled(
+            &http,
+            &replicas[writer],
+            endpoint,
+            &prefix,
+            "configmaps",
+            ns,
+        )
+        .await;
+        inf.converge(&expected).await;
+        // Give a late relist (there must be none) time to show.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(
+            inf.requests().relists(),
+            1,
+            "{}: only the first List or initial-events watch: {:?}",
+            inf.what,
+            inf.tap.requests()
+        );
+        let since_kill = Requests::of(&inf.tap.requests()[before_kill..]);
+        assert!(
+            since_kill.watches >= 1 && since_kill.relists() == 0,
+            "{}: after the kill, its watch resumed (no List): {since_kill:?}",
+            inf.what
+        );
+        // Every write once, in order, after the object's ADD.
+        let seen = handled(&inf.log());
+        for (name, rvs) in &written {
+            let got = seen.get(name).cloned().unwrap_or_default();
+            assert_eq!(
+                got.get(1..).unwrap_or_default(),
+                rvs.as_slice(),
+                "{}: {name}'s handled versions after its ADD",
+                inf.what
+            );
+        }
+
+        // Cut off while its replica dies and 60 writes overrun every
+        // history (30 events): its resourceVersion is gone, so it relists
+        // once, converges, and its handlers never get a version twice or
+        // out of order.
+        let victim = watch_holder(&http, &replicas).await;
+        let writer = (victim + 1) % 3;
+        let before_cut = inf.tap.requests().len();
+        inf.tap.cut();
+        kill_replica(&mut replicas[victim]).await;
+        for round in 0..60 {
+            set_data(
+                &http,
+                &replicas[writer],
+                ns,
+                &names[round % names.len()],
+                100 + round,
+            )
+            .await;
+        }
+        replicas[victim] = common::Daemon::start_on(&text, &[], &[], ports[victim]).await;
+        replicas[victim].wait_ready().await;
+        inf.tap.restore();
+        let expected = settled(
+            &http,
+            &replicas[writer],
+            endpoint,
+            &prefix,
+            "configmaps",
+            ns,
+        )
+        .await;
+        inf.converge(&expected).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let since_cut = Requests::of(&inf.tap.requests()[before_cut..]);
+        assert_eq!(
+            since_cut.relists(),
+            1,
+            "{}: one relist after its resourceVersion left every history: {since_cut:?}",
+            inf.what
+        );
+        for (name, rvs) in handled(&inf.log()) {
+            let nums: Vec<i64> = rvs.iter().filter_map(|r| r.parse().ok()).collect();
+            assert!(
+                nums.windows(2).all(|w| w[0] < w[1]),
+                "{}: {name}'s handled versions rise: {rvs:?}",
+                inf.what
+            );
+            assert_eq!(rvs.last(), expected.get(&name), "{}: {name}", inf.what);
+        }
+        assert_eq!(inf.finish().await, expected);
     }
 }

@@ -251,10 +251,21 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with extra environment variables (e.g. `RUST_LOG`).
     pub async fn start_env(config_text: &str, args: &[&str], envs: &[(&str, &str)]) -> Daemon {
+        let port = watchcache::etcd_server::free_port().expect("free port");
+        Daemon::start_on(config_text, args, envs, port).await
+    }
+
+    /// [`Daemon::start_env`] listening on `port` (a replica started again
+    /// where its clients and load balancer expect it).
+    pub async fn start_on(
+        config_text: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        port: u16,
+    ) -> Daemon {
         let dir = tempfile::tempdir().expect("tempdir");
         let config_path = dir.path().join("watchcache.toml");
         std::fs::write(&config_path, config_text).expect("write config");
-        let port = watchcache::etcd_server::free_port().expect("free port");
         let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let log = std::fs::File::create(dir.path().join("watchcache.log")).expect("log file");
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_watchcache"))

@@ -13,7 +13,10 @@
 // application/vnd.kubernetes.protobuf (its ContentType), as kube-controller-
 // manager does. --metadata makes it a metadata informer (client-go's
 // metadata client and metadatainformer: PartialObjectMetadata objects, as
-// controller-runtime's OnlyMetadata watches use).
+// controller-runtime's OnlyMetadata watches use). --events prints each
+// event handler call on stderr: "EVENT ADD <name> <rv>", "EVENT UPDATE
+// <name> <old rv> <new rv>", "EVENT DELETE <name> <rv>" (a controller's
+// view: what a missed or repeated watch event would show in).
 //
 // The same main.go is built against two client-go releases: go.mod (v0.34)
 // and latest.mod (the newest the Go module proxy serves); see
@@ -60,6 +63,7 @@ func main() {
 	protobuf := flag.Bool("protobuf", false, "use application/vnd.kubernetes.protobuf instead of JSON")
 	metadataOnly := flag.Bool("metadata", false, "a metadata informer (PartialObjectMetadata)")
 	duration := flag.Duration("duration", 0, "exit after this long (0: until stdin EOF or SIGTERM)")
+	events := flag.Bool("events", false, "print each event handler call on stderr")
 	flag.Parse()
 	if *server == "" {
 		fmt.Fprintln(os.Stderr, "--server is required")
@@ -109,6 +113,45 @@ func main() {
 		}
 		lw := cache.NewListWatchFromClient(client.CoreV1().RESTClient(), *resource, *namespace, fields.Everything())
 		informer = cache.NewSharedIndexInformer(lw, obj, 0, cache.Indexers{})
+	}
+
+	if *events {
+		rv := func(o interface{}) (string, string) {
+			if d, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = d.Obj
+			}
+			m, err := meta.Accessor(o)
+			if err != nil {
+				return "?", "?"
+			}
+			return m.GetName(), m.GetResourceVersion()
+		}
+		var evMu sync.Mutex
+		_, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc: func(o interface{}) {
+				n, v := rv(o)
+				evMu.Lock()
+				defer evMu.Unlock()
+				fmt.Fprintf(os.Stderr, "EVENT ADD %s %s\n", n, v)
+			},
+			UpdateFunc: func(old, o interface{}) {
+				_, ov := rv(old)
+				n, v := rv(o)
+				evMu.Lock()
+				defer evMu.Unlock()
+				fmt.Fprintf(os.Stderr, "EVENT UPDATE %s %s %s\n", n, ov, v)
+			},
+			DeleteFunc: func(o interface{}) {
+				n, v := rv(o)
+				evMu.Lock()
+				defer evMu.Unlock()
+				fmt.Fprintf(os.Stderr, "EVENT DELETE %s %s\n", n, v)
+			},
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "event handler:", err)
+			os.Exit(1)
+		}
 	}
 
 	stop := make(chan struct{})
