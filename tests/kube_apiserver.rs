@@ -1307,16 +1307,21 @@ async fn read_events(resp: reqwest::Response, count: usize) -> Vec<Value> {
 }
 
 impl Oracle {
+    /// The client and URL of `path` on kube-apiserver (`kube`) or watchcache.
+    fn client_for(&self, kube: bool, path: &str) -> (&reqwest::Client, String) {
+        if kube {
+            (&self.kube.http, self.kube.url(path))
+        } else {
+            (&self.http, self.watchcache.url(path))
+        }
+    }
+
     async fn open_watch(&self, kube: bool, path: &str) -> reqwest::Response {
         self.open_watch_as(kube, path, JSON).await
     }
 
     async fn open_watch_as(&self, kube: bool, path: &str, accept: &str) -> reqwest::Response {
-        let (client, url) = if kube {
-            (&self.kube.http, self.kube.url(path))
-        } else {
-            (&self.http, self.watchcache.url(path))
-        };
+        let (client, url) = self.client_for(kube, path);
         let r = client
             .get(url)
             .header("accept", accept)
@@ -1613,11 +1618,7 @@ async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle, accept: &str) {
         .to_string();
     let path = format!("{cms}?watch=1&resourceVersion={rv}");
     let open = |kube: bool| {
-        let (client, url) = if kube {
-            (&o.kube.http, o.kube.url(&path))
-        } else {
-            (&o.http, o.watchcache.url(&path))
-        };
+        let (client, url) = o.client_for(kube, &path);
         client
             .get(url)
             .header("accept", accept)
@@ -1749,11 +1750,7 @@ async fn too_old_resource_version(version: &str) {
     let path = format!("{cms}?watch=1&resourceVersion=10");
     let mut answers = Vec::new();
     for kube in [false, true] {
-        let (client, url) = if kube {
-            (&o.kube.http, o.kube.url(&path))
-        } else {
-            (&o.http, o.watchcache.url(&path))
-        };
+        let (client, url) = o.client_for(kube, &path);
         let r = client
             .get(url)
             .timeout(Duration::from_secs(60))
@@ -3110,11 +3107,7 @@ async fn impersonation_as_kube_apiserver_1_37_does_it() {
     for (what, method, path, headers) in &cases {
         let mut pair = Vec::new();
         for kube in [false, true] {
-            let (client, url) = if kube {
-                (&o.kube.http, o.kube.url(path))
-            } else {
-                (&o.http, o.watchcache.url(path))
-            };
+            let (client, url) = o.client_for(kube, path);
             let mut r = client
                 .request(Method::from_bytes(method.as_bytes()).expect("method"), url)
                 .header("authorization", "Bearer carol-token")
@@ -3162,11 +3155,7 @@ async fn impersonation_as_kube_apiserver_1_37_does_it() {
             "spec": {"resourceAttributes": {"namespace": ns, "verb": verb, "resource": "configmaps"}}});
         let mut pair = Vec::new();
         for kube in [false, true] {
-            let (client, url) = if kube {
-                (&o.kube.http, o.kube.url(ssar))
-            } else {
-                (&o.http, o.watchcache.url(ssar))
-            };
+            let (client, url) = o.client_for(kube, ssar);
             let r = client
                 .post(url)
                 .header("authorization", "Bearer carol-token")
