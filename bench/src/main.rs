@@ -298,10 +298,13 @@ fn main() -> Result<()> {
     }
     let grpc_target =
         cli.compare_grpc || matches!(cli.target, TargetArg::Grpc | TargetArg::GrpcProxy);
-    if grpc_target && cli.scenario != Scenario::Fanout
+    if grpc_target
+        && cli.scenario != Scenario::Fanout
         && !(cli.scenario == Scenario::Idle && cli.target == TargetArg::Grpc && !cli.compare_grpc)
     {
-        bail!("--target grpc-proxy and --compare-grpc apply to fanout, --target grpc to fanout and idle");
+        bail!(
+            "--target grpc-proxy and --compare-grpc apply to fanout, --target grpc to fanout and idle"
+        );
     }
     if grpc_target && (cli.compare || cli.secure || cli.compare_secure || cli.proxy.is_some()) {
         bail!(
@@ -1375,25 +1378,27 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
             let rows: Vec<Vec<String>> = map
                 .iter()
                 .flat_map(|(k, v)| {
-                    v["cycles"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .map(move |c| {
-                            vec![
-                                k.clone(),
-                                s2(c, &["cycle"]),
-                                s2(c, &["watchers_established"]),
-                                kb_to_mb(c, &["rss_open_kb"]),
-                                kb_to_mb(c, &["rss_closed_kb"]),
-                            ]
-                        })
+                    v["cycles"].as_array().into_iter().flatten().map(move |c| {
+                        vec![
+                            k.clone(),
+                            s2(c, &["cycle"]),
+                            s2(c, &["watchers_established"]),
+                            kb_to_mb(c, &["rss_open_kb"]),
+                            kb_to_mb(c, &["rss_closed_kb"]),
+                        ]
+                    })
                 })
                 .collect();
             if !rows.is_empty() {
                 print_table(
                     "M1 idle watchers opened and closed: holder RSS per cycle",
-                    &["target", "cycle", "watchers", "RSS open MB", "RSS closed MB"],
+                    &[
+                        "target",
+                        "cycle",
+                        "watchers",
+                        "RSS open MB",
+                        "RSS closed MB",
+                    ],
                     &rows,
                 );
             }
