@@ -284,13 +284,13 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, read at its start (`_RJEM_MALLOC_CONF` in the
 /// environment still overrides them). By default jemalloc gives freed pages
-/// back to the system only while the arena that holds them allocates, over
-/// 10 s, and each thread allocates from its own arena: the pages 2,000 closed
-/// watches left in one worker's arena stayed when the next 2,000 were
-/// served from the other's, and RSS with them open rose from 79 to 90-104 MB
-/// over cycles of opening and closing them. A background thread purges every
-/// arena, within about a second of the frees: RSS with them open stays at 79
-/// MB, and with them closed falls back to 15 MB (docs/RELIABILITY.md#memory-over-watch-cycles).
+/// back to the system over 10 s, and only while the arena holding them
+/// allocates: the pages 2,000 closed HTTP/1.1 watches freed stayed resident,
+/// the next 2,000 reused them only in part, and RSS with them open went
+/// from 79 MB to 82-110 MB over cycles of opening and closing them, with
+/// them closed 56-87 MB. A background thread purges every arena, within
+/// about a second of the frees: RSS stays at 79 MB open and 15-16 MB closed
+/// (docs/RELIABILITY.md#memory-over-watch-cycles).
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &u8 = &b"background_thread:true,dirty_decay_ms:1000\0"[0];
 
