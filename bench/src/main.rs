@@ -77,7 +77,7 @@ enum EtcdWatchMode {
 enum TargetArg {
     Proxy,
     Etcd,
-    /// etcd watchers on watchcache's etcd v3 gRPC front (fanout only).
+    /// etcd watchers on watchcache's etcd v3 gRPC front (fanout, idle).
     Grpc,
     /// etcd watchers through `etcd grpc-proxy start` (fanout only).
     GrpcProxy,
