@@ -77,7 +77,7 @@ enum EtcdWatchMode {
 enum TargetArg {
     Proxy,
     Etcd,
-    /// etcd watchers on watchcache's etcd v3 gRPC front (fanout only).
+    /// etcd watchers on watchcache's etcd v3 gRPC front (fanout, idle).
     Grpc,
     /// etcd watchers through `etcd grpc-proxy start` (fanout only).
     GrpcProxy,
@@ -219,6 +219,12 @@ struct Cli {
     /// Seconds to let memory settle before reading RSS (startup, idle).
     #[arg(long, default_value_t = 2.0)]
     settle: f64,
+    /// idle: open and close the watchers, each time on new connections,
+    /// this many times, and print the holder's RSS after each opening and
+    /// each closing (memory a closed watch does not give back grows with
+    /// the cycles; memory kept for reuse levels off).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    cycles: u32,
     /// list: ask the proxy for protobuf (`Accept:
     /// application/vnd.kubernetes.protobuf`, as client-go does for built-in
     /// types) instead of JSON. The objects are then Pods that fit the Pod
@@ -292,8 +298,13 @@ fn main() -> Result<()> {
     }
     let grpc_target =
         cli.compare_grpc || matches!(cli.target, TargetArg::Grpc | TargetArg::GrpcProxy);
-    if grpc_target && cli.scenario != Scenario::Fanout {
-        bail!("--target grpc, --target grpc-proxy and --compare-grpc apply to fanout");
+    if grpc_target
+        && cli.scenario != Scenario::Fanout
+        && !(cli.scenario == Scenario::Idle && cli.target == TargetArg::Grpc && !cli.compare_grpc)
+    {
+        bail!(
+            "--target grpc-proxy and --compare-grpc apply to fanout, --target grpc to fanout and idle"
+        );
     }
     if grpc_target && (cli.compare || cli.secure || cli.compare_secure || cli.proxy.is_some()) {
         bail!(
@@ -310,6 +321,9 @@ fn main() -> Result<()> {
         )
     {
         bail!("--repeat applies to fanout, list, get, startup and idle");
+    }
+    if cli.cycles > 1 && cli.scenario != Scenario::Idle {
+        bail!("--cycles applies to idle");
     }
     if cli.repeat > 1 && cli.plot.is_some() {
         bail!("--plot draws one run: drop --repeat");
@@ -529,6 +543,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         namespace: cli.namespace.clone(),
         etcd_prefix: cli.etcd_prefix.clone(),
         settle_s: cli.settle,
+        cycles: cli.cycles,
         list_page_size: cli.list_page_size,
         daemon_server: cli.daemon_server.clone(),
         protobuf: cli.protobuf,
@@ -1360,6 +1375,33 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                 ],
                 &rows,
             );
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .flat_map(|(k, v)| {
+                    v["cycles"].as_array().into_iter().flatten().map(move |c| {
+                        vec![
+                            k.clone(),
+                            s2(c, &["cycle"]),
+                            s2(c, &["watchers_established"]),
+                            kb_to_mb(c, &["rss_open_kb"]),
+                            kb_to_mb(c, &["rss_closed_kb"]),
+                        ]
+                    })
+                })
+                .collect();
+            if !rows.is_empty() {
+                print_table(
+                    "M1 idle watchers opened and closed: holder RSS per cycle",
+                    &[
+                        "target",
+                        "cycle",
+                        "watchers",
+                        "RSS open MB",
+                        "RSS closed MB",
+                    ],
+                    &rows,
+                );
+            }
         }
     }
     if let Some(m) = ratios.as_object().filter(|m| !m.is_empty()) {
