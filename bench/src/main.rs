@@ -1504,15 +1504,18 @@ async fn run_chaos(
     }
     let recovery = out.json["recovery_by_kind"].as_object();
     if recovery.is_some_and(|m| !m.is_empty()) {
-        println!("  fresh data after a fault (s): min / median / max, recovered/faults");
+        println!(
+            "  fresh data after a fault (s): min / median / max; of which after etcd took a write, max; recovered/faults"
+        );
     }
     for (k, v) in recovery.into_iter().flatten() {
         let s = |f: &str| v[f].as_f64().map_or("-".into(), |x| format!("{x:.2}"));
         println!(
-            "    {k:<20} {} / {} / {}  {}/{}",
+            "    {k:<20} {} / {} / {}; {}; {}/{}",
             s("min_s"),
             s("median_s"),
             s("max_s"),
+            s("max_after_etcd_write_s"),
             v["recovered"],
             v["faults"]
         );

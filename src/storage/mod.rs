@@ -195,6 +195,12 @@ pub enum UpdateAction {
 #[derive(Clone)]
 pub struct Storage {
     client: Client,
+    /// The client of watch streams: as `client`, plus etcd's require-leader
+    /// metadata (kube-apiserver's `clientv3.WithRequireLeader` on its
+    /// watches), so a member that has lost its leader (cut off the others)
+    /// ends the stream with "no leader" instead of keeping it open with
+    /// nothing new, and the watch is opened again on another member.
+    watcher: Client,
     /// KV client with a decode limit that fits a list page of large objects
     /// (tonic's default of 4 MiB does not: 10,000 objects of 1 KiB is 10 MiB).
     kv: KvClient,
@@ -326,6 +332,7 @@ impl Storage {
                 .with_user(user.clone(), pw.0.clone())
                 .with_auto_token_refresh(true);
         }
+        let watch_opts = opts.clone().with_require_leader(true);
         let connecting = async {
             let connected: Result<(Client, tonic::transport::Channel), etcd_client::Error> =
                 match &tls {
@@ -359,7 +366,11 @@ impl Storage {
                         Ok((client, plain_channel(cfg)?))
                     }
                 };
-            connected
+            let (client, channel) = connected?;
+            let watcher =
+                Client::from_channel(etcd_client::Channel::Tonic(channel.clone()), Some(watch_opts))
+                    .await?;
+            Ok::<_, etcd_client::Error>((client, watcher, channel))
         };
         let client = match tokio::time::timeout(cfg.dial_timeout(), connecting).await {
             Err(_) => {
@@ -372,7 +383,7 @@ impl Storage {
             Ok(Err(e)) => return Err(StorageError::from_etcd("connect", 0, e)),
             Ok(Ok(c)) => c,
         };
-        let (client, channel) = client;
+        let (client, watcher, channel) = client;
         debug!(endpoints = ?cfg.endpoints, "etcd client ready");
         let leases = LeaseManager::new(
             client.clone(),
@@ -384,6 +395,7 @@ impl Storage {
                 .kv_client()
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES),
             client,
+            watcher,
             transformer: Arc::new(IdentityTransformer),
             request_timeout,
             max_update_retries: cfg.max_update_retries,
@@ -448,8 +460,9 @@ impl Storage {
 
     /// A watch client whose decode limit fits large watch responses (a
     /// burst of events, or a txn touching many keys, in one message).
+    /// Its streams require a leader (see `watcher`).
     pub fn watch_client(&self) -> WatchClient {
-        self.client
+        self.watcher
             .watch_client()
             .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
     }

@@ -16,7 +16,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::proxy::PeerMesh;
 use crate::env::etcd_connect;
-use watchcache::etcd_server::{free_port, kill_with_parent};
+use watchcache::etcd_server::kill_with_parent;
 
 /// Every member saves a raft snapshot (and replays its log from there on
 /// a restart) after this many applied entries (etcd 3.6's default is
@@ -50,17 +50,38 @@ pub struct MemberStatus {
 
 impl Cluster {
     /// Starts `n` members of `binary` and waits until each is healthy.
+    /// Ports are picked free and released before etcd binds them, so another
+    /// process can take one in between: then it tries again with new ones.
     pub async fn start(n: usize, binary: &Path) -> Result<Cluster> {
+        let mut last = None;
+        for _ in 0..3 {
+            match Cluster::start_once(n, binary).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| anyhow!("no cluster")))
+    }
+
+    async fn start_once(n: usize, binary: &Path) -> Result<Cluster> {
         let dir = tempfile::Builder::new()
             .prefix("watchcache-bench-cluster-")
             .tempdir()?;
+        // Every port held until the proxies have theirs (no two the same).
+        let mut held = Vec::new();
+        let mut port = || -> Result<u16> {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let p = l.local_addr()?.port();
+            held.push(l);
+            Ok(p)
+        };
         let mut peer_ports = Vec::new();
         let mut members = Vec::new();
         for i in 0..n {
-            peer_ports.push(free_port()?);
+            peer_ports.push(port()?);
             members.push(Member {
                 name: format!("m{i}"),
-                client_port: free_port()?,
+                client_port: port()?,
                 binary: binary.to_path_buf(),
                 child: None,
             });
@@ -70,6 +91,7 @@ impl Cluster {
             .map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], *p)))
             .collect();
         let mesh = PeerMesh::start(&targets).await?;
+        drop(held);
         let initial_cluster = members
             .iter()
             .zip(&mesh.addrs)

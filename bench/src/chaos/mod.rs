@@ -149,10 +149,25 @@ pub struct FaultRecord {
     pub fault: Fault,
     pub at_s: f64,
     pub took_s: f64,
-    /// Seconds until the daemon served fresh data again (the longest of a
-    /// rolling fault's steps); None if not within 90 s.
-    pub recovery_s: Option<f64>,
+    /// When the daemon served fresh data again (the slowest of a rolling
+    /// fault's steps); None if not within 90 s.
+    pub recovery: Option<Fresh>,
     pub detail: String,
+}
+
+/// The daemon's recovery from a fault, in seconds from the fault (or its
+/// undoing): until it served fresh data, and of that the time until etcd
+/// took the probe's write (etcd's own unavailability; the rest is the
+/// daemon's).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Fresh {
+    pub s: f64,
+    pub etcd_write_s: f64,
+}
+
+/// The slower of two recoveries (None, not recovered, is slowest).
+fn slower(a: Option<Fresh>, b: Option<Fresh>) -> Option<Fresh> {
+    a.zip(b).map(|(a, b)| if b.s > a.s { b } else { a })
 }
 
 /// Counters the clients share.
@@ -273,6 +288,11 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
     let mut kv = client.kv_client();
     let base = clear_prefix(&mut kv, &prefix).await?;
     let recorder = Recorder::start(&endpoints, &prefix, base).await?;
+    // A client per member, for the recovery probe's writes.
+    let mut members = Vec::new();
+    for ep in &endpoints {
+        members.push(crate::env::etcd_connect(ep).await?);
+    }
     let mut rng = StdRng::seed_from_u64(p.seed);
 
     // The objects every writer cycles over, straight into etcd.
@@ -536,7 +556,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 let l = c.wait_leader(Duration::from_secs(30)).await?;
                 let t = Instant::now();
                 c.kill(l);
-                let r = recovery(&shared, &client, t).await;
+                let r = recovery(&shared, &members, t).await;
                 let took = c.restart(l).await?;
                 (
                     format!(
@@ -553,7 +573,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 let min = Duration::from_millis(rng.random_range(2000..5000));
                 let t = Instant::now();
                 signal(pid, libc::SIGSTOP)?;
-                let (r, held) = hold(&shared, &client, t, min, || {
+                let (r, held) = hold(&shared, &members, t, min, || {
                     let _ = signal(pid, libc::SIGCONT);
                 })
                 .await;
@@ -568,7 +588,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 let min = Duration::from_millis(rng.random_range(3000..6000));
                 let t = Instant::now();
                 c.mesh.isolate(Some(m));
-                let (r, held) = hold(&shared, &client, t, min, || c.mesh.isolate(None)).await;
+                let (r, held) = hold(&shared, &members, t, min, || c.mesh.isolate(None)).await;
                 let caught_up = c.wait_caught_up(m, Duration::from_secs(60)).await?;
                 (
                     format!(
@@ -580,12 +600,15 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             }
             Fault::RollingRestart => {
                 let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
-                let (r, d) = roll(c, &shared, &client, None).await?;
+                let (r, d) = roll(c, &shared, &members, None).await?;
                 (d, Recovered::Measured(r))
             }
             Fault::RollingUpgrade => {
                 let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
-                let mut worst = Some(0.0f64);
+                let mut worst = Some(Fresh {
+                    s: 0.0,
+                    etcd_write_s: 0.0,
+                });
                 let mut details = Vec::new();
                 for (n, bin) in p.etcd_upgrades.iter().enumerate() {
                     if n > 0 {
@@ -594,8 +617,8 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                         snapshot_every_member(&client).await?;
                         details.push(format!("{} entries written", cluster::SNAPSHOT_COUNT + 100));
                     }
-                    let (r, d) = roll(c, &shared, &client, Some(bin)).await?;
-                    worst = worst.zip(r).map(|(a, b)| a.max(b));
+                    let (r, d) = roll(c, &shared, &members, Some(bin)).await?;
+                    worst = slower(worst, r);
                     details.push(d);
                     let v = c.wait_cluster_version(Duration::from_secs(60)).await?;
                     details.push(format!("cluster version {v}"));
@@ -605,21 +628,23 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 (details.join("; "), Recovered::Measured(worst))
             }
         };
-        let recovery_s = match recovered {
-            Recovered::Since(t) => recovery(&shared, &client, t).await,
+        let recovery = match recovered {
+            Recovered::Since(t) => recovery(&shared, &members, t).await,
             Recovered::Measured(r) => r,
         };
         // Recovered: the daemon serves again.
         api.wait_ready(Duration::from_secs(90))
             .await
             .with_context(|| format!("recovering from {fault:?}"))?;
-        let rec = recovery_s.map_or("not within 90 s".into(), |r| format!("{r:.2} s"));
+        let rec = recovery.map_or("not within 90 s".into(), |r| {
+            format!("{:.2} s (etcd took a write after {:.2} s)", r.s, r.etcd_write_s)
+        });
         eprintln!("chaos: {at_s:6.1}s {fault:?}: {detail}; fresh data after {rec}");
         faults.push(FaultRecord {
             fault,
             at_s,
             took_s: t0.elapsed().as_secs_f64(),
-            recovery_s,
+            recovery,
             detail,
         });
     }
@@ -716,13 +741,13 @@ fn report_json(
             .or_insert(0) += 1;
     }
     // Recovery per fault kind: the time until the daemon served fresh data.
-    let mut rec: BTreeMap<String, Vec<Option<f64>>> = BTreeMap::new();
+    let mut rec: BTreeMap<String, Vec<Option<Fresh>>> = BTreeMap::new();
     for f in faults {
         let k = serde_json::to_value(f.fault)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_default();
-        rec.entry(k).or_default().push(f.recovery_s);
+        rec.entry(k).or_default().push(f.recovery);
     }
     let recovery_by_kind: BTreeMap<String, Value> = rec
         .into_iter()
@@ -762,17 +787,24 @@ fn report_json(
 }
 
 /// The recoveries of one fault kind: how many faults, how many recovered
-/// within the timeout, and the min, median and max seconds of those.
-fn recovery_summary(v: &[Option<f64>]) -> Value {
-    let mut ok: Vec<f64> = v.iter().flatten().copied().collect();
+/// within the timeout, the min, median and max seconds of those, and the
+/// most the daemon took after etcd had taken the probe's write.
+fn recovery_summary(v: &[Option<Fresh>]) -> Value {
+    let mut ok: Vec<f64> = v.iter().flatten().map(|f| f.s).collect();
     ok.sort_by(f64::total_cmp);
     let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let after_write = v
+        .iter()
+        .flatten()
+        .map(|f| f.s - f.etcd_write_s)
+        .reduce(f64::max);
     json!({
         "faults": v.len(),
         "recovered": ok.len(),
         "min_s": ok.first().map(|x| round(*x)),
         "median_s": ok.get(ok.len() / 2).map(|x| round(*x)),
         "max_s": ok.last().map(|x| round(*x)),
+        "max_after_etcd_write_s": after_write.map(round),
     })
 }
 
@@ -806,7 +838,7 @@ enum Recovered {
     /// Measured by the run from this moment (the fault undone).
     Since(Instant),
     /// Measured by the fault itself (None: not within the timeout).
-    Measured(Option<f64>),
+    Measured(Option<Fresh>),
 }
 
 /// Seconds from `since` until the daemon serves fresh data: a write made
@@ -814,17 +846,26 @@ enum Recovered {
 /// (its resourceVersion is at least the write's revision) and every watcher
 /// of all objects has seen it (an event, bookmark or List at least as new).
 /// None if that takes longer than [`RECOVERY_TIMEOUT`].
-async fn recovery(s: &Shared, client: &Client, since: Instant) -> Option<f64> {
+async fn recovery(s: &Shared, members: &[Client], since: Instant) -> Option<Fresh> {
     let deadline = since + RECOVERY_TIMEOUT;
-    let mut kv = client.kv_client();
     let key = format!("{}{PROBE}", s.prefix);
     let rev = loop {
         let id = format!("probe-{}", s.probes.fetch_add(1, Ordering::Relaxed));
-        let v = new_object(&s.namespace, PROBE, "a", &id);
-        let put = kv.put(key.clone(), v.to_string(), None);
-        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(3), put).await
-            && let Some(rev) = r.header().map(|h| h.revision())
-        {
+        let v = new_object(&s.namespace, PROBE, "a", &id).to_string();
+        // The same put to every member at once, each on its own connection:
+        // the first to answer gives the revision, so the bench's own client
+        // waits neither for a dead member nor for a connection to fail over.
+        let puts = members.iter().map(|c| {
+            let mut kv = c.kv_client();
+            let (key, v) = (key.clone(), v.clone());
+            Box::pin(async move {
+                match tokio::time::timeout(Duration::from_secs(2), kv.put(key, v, None)).await {
+                    Ok(Ok(r)) => r.header().map(|h| h.revision()).ok_or(()),
+                    _ => Err(()),
+                }
+            })
+        });
+        if let Ok((rev, _)) = futures::future::select_ok(puts).await {
             s.acks.lock().push(Ack {
                 name: PROBE.into(),
                 rev,
@@ -837,6 +878,7 @@ async fn recovery(s: &Shared, client: &Client, since: Instant) -> Option<f64> {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let written = since.elapsed();
     loop {
         let list = s.api.list(&Selection::All, 0, None);
         if let Ok(Ok((rv, items))) = tokio::time::timeout(Duration::from_secs(5), list).await {
@@ -860,7 +902,10 @@ async fn recovery(s: &Shared, client: &Client, since: Instant) -> Option<f64> {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    Some(since.elapsed().as_secs_f64())
+    Some(Fresh {
+        s: since.elapsed().as_secs_f64(),
+        etcd_write_s: written.as_secs_f64(),
+    })
 }
 
 /// Holds a member fault begun at `since` until the daemon serves fresh data
@@ -869,12 +914,12 @@ async fn recovery(s: &Shared, client: &Client, since: Instant) -> Option<f64> {
 /// includes the time after the undo) and how long the fault was held.
 async fn hold(
     s: &Shared,
-    client: &Client,
+    members: &[Client],
     since: Instant,
     min: Duration,
     undo: impl FnOnce(),
-) -> (Option<f64>, Duration) {
-    let probe = recovery(s, client, since);
+) -> (Option<Fresh>, Duration) {
+    let probe = recovery(s, members, since);
     tokio::pin!(probe);
     let mut undo = Some(undo);
     let mut held = None;
@@ -926,7 +971,7 @@ async fn snapshot_every_member(client: &Client) -> Result<()> {
     let n = cluster::SNAPSHOT_COUNT + 100;
     let results: Vec<Result<()>> = futures::stream::iter(0..n)
         .map(|i| {
-            let mut kv = kv.clone();
+            let kv = kv.clone();
             async move {
                 retry(Duration::from_secs(30), || {
                     let mut kv = kv.clone();
@@ -953,34 +998,45 @@ async fn snapshot_every_member(client: &Client) -> Result<()> {
 async fn roll(
     c: &mut Cluster,
     s: &Shared,
-    client: &Client,
+    members: &[Client],
     binary: Option<&std::path::Path>,
-) -> Result<(Option<f64>, String)> {
+) -> Result<(Option<Fresh>, String)> {
     let l = c.wait_leader(Duration::from_secs(30)).await?;
     let order: Vec<usize> = (0..c.len()).filter(|i| *i != l).chain([l]).collect();
-    let mut worst = Some(0.0f64);
+    let mut worst = Some(Fresh {
+        s: 0.0,
+        etcd_write_s: 0.0,
+    });
     let mut steps = Vec::new();
     for i in order {
         let t = Instant::now();
         c.terminate(i).await;
-        if let Some(b) = binary {
-            c.set_binary(i, b);
-        }
-        c.spawn(i)?;
-        c.wait_healthy(i, Duration::from_secs(60)).await?;
-        let r = recovery(s, client, t).await;
-        worst = worst.zip(r).map(|(a, b)| a.max(b));
+        let stopped = t.elapsed();
+        let name = c.name(i).to_string();
+        // The daemon's recovery is measured from the SIGTERM, while the
+        // member starts again.
+        let restart = async {
+            if let Some(b) = binary {
+                c.set_binary(i, b);
+            }
+            c.spawn(i)?;
+            c.wait_healthy(i, Duration::from_secs(60)).await
+        };
+        let (r, healthy) = tokio::join!(recovery(s, members, t), restart);
+        let healthy = healthy?;
+        worst = slower(worst, r);
         steps.push(format!(
-            "{} {}",
-            c.name(i),
-            r.map_or("-".into(), |r| format!("{r:.2}s"))
+            "{name}: stopped in {:.1}s, healthy {:.1}s after its start, fresh data after {}",
+            stopped.as_secs_f64(),
+            healthy.as_secs_f64(),
+            r.map_or("-".into(), |r| format!("{:.2}s", r.s))
         ));
     }
     let what = match binary {
         Some(b) => format!("rolled onto {}", b.display()),
         None => "rolling restart".into(),
     };
-    Ok((worst, format!("{what} (leader last; fresh data after {})", steps.join(", "))))
+    Ok((worst, format!("{what}, leader last ({})", steps.join("; "))))
 }
 
 /// Cuts the daemon off etcd, writes to etcd directly, compacts everything
