@@ -129,17 +129,18 @@ pub fn tcp_socket_owner(
     remote: std::net::SocketAddr,
     pids: &[u32],
 ) -> Option<usize> {
-    let inode = tcp_inode(&std::fs::read_to_string("/proc/net/tcp").ok()?, local, remote)?;
+    let inode = tcp_inode(
+        &std::fs::read_to_string("/proc/net/tcp").ok()?,
+        local,
+        remote,
+    )?;
     let target = format!("socket:[{inode}]");
     pids.iter().position(|pid| {
         std::fs::read_dir(format!("/proc/{pid}/fd"))
             .into_iter()
             .flatten()
             .flatten()
-            .any(|e| {
-                std::fs::read_link(e.path())
-                    .is_ok_and(|l| l.as_os_str() == target.as_str())
-            })
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == target.as_str()))
     })
 }
 

@@ -367,9 +367,11 @@ impl Storage {
                     }
                 };
             let (client, channel) = connected?;
-            let watcher =
-                Client::from_channel(etcd_client::Channel::Tonic(channel.clone()), Some(watch_opts))
-                    .await?;
+            let watcher = Client::from_channel(
+                etcd_client::Channel::Tonic(channel.clone()),
+                Some(watch_opts),
+            )
+            .await?;
             Ok::<_, etcd_client::Error>((client, watcher, channel))
         };
         let client = match tokio::time::timeout(cfg.dial_timeout(), connecting).await {

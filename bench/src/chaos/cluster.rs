@@ -140,7 +140,9 @@ impl Cluster {
     }
 
     fn log_path(&self, i: usize) -> PathBuf {
-        self.dir.path().join(format!("{}.log", self.members[i].name))
+        self.dir
+            .path()
+            .join(format!("{}.log", self.members[i].name))
     }
 
     /// Starts member `i`'s process on its data dir (new or kept).
@@ -405,4 +407,3 @@ impl Drop for Cluster {
         }
     }
 }
-

@@ -486,7 +486,11 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 for pid in &pids {
                     signal(*pid, libc::SIGCONT)?;
                 }
-                let what = if cluster.is_some() { "every etcd member" } else { "etcd" };
+                let what = if cluster.is_some() {
+                    "every etcd member"
+                } else {
+                    "etcd"
+                };
                 (
                     format!("{what} (pid {pids:?}) stopped for {ms} ms"),
                     Recovered::Since(Instant::now()),
@@ -637,7 +641,10 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             .await
             .with_context(|| format!("recovering from {fault:?}"))?;
         let rec = recovery.map_or("not within 90 s".into(), |r| {
-            format!("{:.2} s (etcd took a write after {:.2} s)", r.s, r.etcd_write_s)
+            format!(
+                "{:.2} s (etcd took a write after {:.2} s)",
+                r.s, r.etcd_write_s
+            )
         });
         eprintln!("chaos: {at_s:6.1}s {fault:?}: {detail}; fresh data after {rec}");
         faults.push(FaultRecord {
@@ -892,11 +899,7 @@ async fn recovery(s: &Shared, members: &[Client], since: Instant) -> Option<Fres
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    while s
-        .positions
-        .iter()
-        .any(|p| p.load(Ordering::Relaxed) < rev)
-    {
+    while s.positions.iter().any(|p| p.load(Ordering::Relaxed) < rev) {
         if Instant::now() >= deadline {
             return None;
         }
@@ -1278,7 +1281,10 @@ async fn watcher(
     // The recovery probe follows the watchers of all objects only.
     let seen = |rv: i64| {
         if let Some(p) = s.positions.get(index) {
-            p.store(if sel == Selection::All { rv } else { i64::MAX }, Ordering::Relaxed);
+            p.store(
+                if sel == Selection::All { rv } else { i64::MAX },
+                Ordering::Relaxed,
+            );
         }
     };
     seen(0);

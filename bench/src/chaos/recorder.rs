@@ -197,8 +197,8 @@ async fn watch_once(
         Client::connect([endpoint], Some(opts)),
     )
     .await
-        .map_err(|_| retry("connect timed out".into()))?
-        .map_err(|e| retry(e.to_string()))?;
+    .map_err(|_| retry("connect timed out".into()))?
+    .map_err(|e| retry(e.to_string()))?;
     let mut wc = client
         .watch_client()
         .max_decoding_message_size(i32::MAX as usize);
