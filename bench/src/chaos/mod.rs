@@ -134,11 +134,11 @@ impl Fault {
             Fault::CompactWhileCut => Duration::from_secs(6),
             Fault::EtcdSilent => DAEMON_WATCH_TIMEOUT + Duration::from_secs(5),
             Fault::DaemonKill => Duration::from_secs(5),
-            Fault::LeaderKill => Duration::from_secs(8),
-            Fault::MemberStop => Duration::from_secs(12),
-            Fault::MemberPartition => Duration::from_secs(12),
-            Fault::RollingRestart => Duration::from_secs(12),
-            Fault::RollingUpgrade => Duration::from_secs(24),
+            Fault::LeaderKill => Duration::from_secs(5),
+            Fault::MemberStop => Duration::from_secs(16),
+            Fault::MemberPartition => Duration::from_secs(9),
+            Fault::RollingRestart => Duration::from_secs(6),
+            Fault::RollingUpgrade => Duration::from_secs(30),
         }
     }
 }
@@ -1012,6 +1012,7 @@ async fn roll(
     });
     let mut steps = Vec::new();
     for i in order {
+        let leader = c.leader().await == Some(i);
         let t = Instant::now();
         c.terminate(i).await;
         let stopped = t.elapsed();
@@ -1029,7 +1030,8 @@ async fn roll(
         let healthy = healthy?;
         worst = slower(worst, r);
         steps.push(format!(
-            "{name}: stopped in {:.1}s, healthy {:.1}s after its start, fresh data after {}",
+            "{name}{}: stopped in {:.1}s, healthy {:.1}s after its start, fresh data after {}",
+            if leader { " (leader)" } else { "" },
             stopped.as_secs_f64(),
             healthy.as_secs_f64(),
             r.map_or("-".into(), |r| format!("{:.2}s", r.s))
@@ -1438,5 +1440,38 @@ fn parse_line(line: &[u8]) -> Line {
             object,
         }),
         None => Line::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(s: f64, etcd_write_s: f64) -> Option<Fresh> {
+        Some(Fresh { s, etcd_write_s })
+    }
+
+    #[test]
+    fn the_slower_recovery_wins_and_none_is_slowest() {
+        assert_eq!(slower(fresh(1.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s), Some(2.0));
+        assert_eq!(slower(fresh(3.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s), Some(3.0));
+        assert!(slower(fresh(1.0, 0.5), None).is_none());
+        assert!(slower(None, fresh(1.0, 0.5)).is_none());
+    }
+
+    #[test]
+    fn recovery_summary_counts_and_orders() {
+        let v = [fresh(3.0, 2.5), None, fresh(1.0, 0.2), fresh(2.0, 0.5)];
+        let s = recovery_summary(&v);
+        assert_eq!(s["faults"], 4);
+        assert_eq!(s["recovered"], 3);
+        assert_eq!(s["min_s"], 1.0);
+        assert_eq!(s["median_s"], 2.0);
+        assert_eq!(s["max_s"], 3.0);
+        // The daemon's own share: the most time after etcd took the write.
+        assert_eq!(s["max_after_etcd_write_s"], 1.5);
+        let none = recovery_summary(&[None]);
+        assert_eq!(none["recovered"], 0);
+        assert!(none["max_s"].is_null());
     }
 }
