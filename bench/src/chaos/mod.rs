@@ -1453,8 +1453,14 @@ mod tests {
 
     #[test]
     fn the_slower_recovery_wins_and_none_is_slowest() {
-        assert_eq!(slower(fresh(1.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s), Some(2.0));
-        assert_eq!(slower(fresh(3.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s), Some(3.0));
+        assert_eq!(
+            slower(fresh(1.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s),
+            Some(2.0)
+        );
+        assert_eq!(
+            slower(fresh(3.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s),
+            Some(3.0)
+        );
         assert!(slower(fresh(1.0, 0.5), None).is_none());
         assert!(slower(None, fresh(1.0, 0.5)).is_none());
     }
