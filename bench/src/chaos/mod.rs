@@ -1013,21 +1013,23 @@ async fn roll(
     let mut steps = Vec::new();
     for i in order {
         let leader = c.leader().await == Some(i);
-        let t = Instant::now();
-        c.terminate(i).await;
-        let stopped = t.elapsed();
         let name = c.name(i).to_string();
+        let t = Instant::now();
         // The daemon's recovery is measured from the SIGTERM, while the
-        // member starts again.
+        // member stops (etcd's graceful stop waits for open watch streams,
+        // 7 s per listener at most) and starts again.
         let restart = async {
+            c.terminate(i).await;
+            let stopped = t.elapsed();
             if let Some(b) = binary {
                 c.set_binary(i, b);
             }
             c.spawn(i)?;
-            c.wait_healthy(i, Duration::from_secs(60)).await
+            let healthy = c.wait_healthy(i, Duration::from_secs(60)).await?;
+            Ok::<_, anyhow::Error>((stopped, healthy))
         };
-        let (r, healthy) = tokio::join!(recovery(s, members, t), restart);
-        let healthy = healthy?;
+        let (r, restarted) = tokio::join!(recovery(s, members, t), restart);
+        let (stopped, healthy) = restarted?;
         worst = slower(worst, r);
         steps.push(format!(
             "{name}{}: stopped in {:.1}s, healthy {:.1}s after its start, fresh data after {}",
