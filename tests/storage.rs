@@ -1066,14 +1066,14 @@ impl Drop for Frozen {
     }
 }
 
-/// A watch on a member of a cluster that has lost its leader (the other two
-/// members are gone, as when it is cut off them) ends with etcd's "no
-/// leader": the daemon's watches carry etcd's require-leader metadata (as
-/// kube-apiserver's do), so its reflector opens the watch again on another
-/// member instead of waiting on one that will say nothing new. Without the
-/// metadata etcd keeps such a watch open and silent.
+/// A member of a cluster that has lost its leader (the other two members are
+/// gone, as when it is cut off them) ends a watch and refuses a read with
+/// etcd's "no leader": the daemon's requests carry etcd's require-leader
+/// metadata, so its reflector opens the watch again, and a read is retried,
+/// on another member. Without the metadata etcd keeps such a watch open and
+/// silent, and holds the read until its deadline (a Timeout).
 #[tokio::test]
-async fn a_watch_on_a_member_without_a_leader_ends() {
+async fn a_member_without_a_leader_ends_watches_and_refuses_reads() {
     let mut cluster = common::EtcdCluster::start().await;
     let s = storage_with(common::etcd_config(&cluster.endpoint(0), "/leaderless")).await;
     let w = WriteOptions::default();
@@ -1102,6 +1102,11 @@ async fn a_watch_on_a_member_without_a_leader_ends() {
     assert!(
         matches!(&ended, StorageError::Unavailable(m) if m.contains("no leader")),
         "{ended:?}"
+    );
+    let read = s.current_revision().await.expect_err("no leader, no read");
+    assert!(
+        matches!(&read, StorageError::Unavailable(m) if m.contains("no leader")),
+        "{read:?}"
     );
 }
 

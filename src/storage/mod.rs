@@ -195,12 +195,6 @@ pub enum UpdateAction {
 #[derive(Clone)]
 pub struct Storage {
     client: Client,
-    /// The client of watch streams: as `client`, plus etcd's require-leader
-    /// metadata (kube-apiserver's `clientv3.WithRequireLeader` on its
-    /// watches), so a member that has lost its leader (cut off the others)
-    /// ends the stream with "no leader" instead of keeping it open with
-    /// nothing new, and the watch is opened again on another member.
-    watcher: Client,
     /// KV client with a decode limit that fits a list page of large objects
     /// (tonic's default of 4 MiB does not: 10,000 objects of 1 KiB is 10 MiB).
     kv: KvClient,
@@ -319,10 +313,18 @@ impl Storage {
         // No client-wide request timeout (`with_timeout`): it would also cut
         // the Reflector's long-lived watch streams on this client. Unary calls
         // get their deadline from `call`/`read` instead.
+        // Every request requires a leader (etcd's `hasleader` metadata;
+        // kube-apiserver sets it on its watches): a member that has lost
+        // its leader (cut off the rest of its cluster) ends the watches on
+        // it and answers reads at once with "no leader", so they are opened
+        // again, or retried, on another member. Without it such a member
+        // keeps watches open with nothing new and holds linearizable reads
+        // until their deadline.
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(cfg.dial_timeout())
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
-            .with_tcp_keepalive(TCP_KEEPALIVE);
+            .with_tcp_keepalive(TCP_KEEPALIVE)
+            .with_require_leader(true);
         // etcd's own auth: the client authenticates and renews its token
         // when etcd expires it. Only this client carries the token; the raw
         // `channel` (the gRPC front's passthrough) never does, so a caller
@@ -332,7 +334,6 @@ impl Storage {
                 .with_user(user.clone(), pw.0.clone())
                 .with_auto_token_refresh(true);
         }
-        let watch_opts = opts.clone().with_require_leader(true);
         let connecting = async {
             let connected: Result<(Client, tonic::transport::Channel), etcd_client::Error> =
                 match &tls {
@@ -366,13 +367,7 @@ impl Storage {
                         Ok((client, plain_channel(cfg)?))
                     }
                 };
-            let (client, channel) = connected?;
-            let watcher = Client::from_channel(
-                etcd_client::Channel::Tonic(channel.clone()),
-                Some(watch_opts),
-            )
-            .await?;
-            Ok::<_, etcd_client::Error>((client, watcher, channel))
+            connected
         };
         let client = match tokio::time::timeout(cfg.dial_timeout(), connecting).await {
             Err(_) => {
@@ -385,7 +380,7 @@ impl Storage {
             Ok(Err(e)) => return Err(StorageError::from_etcd("connect", 0, e)),
             Ok(Ok(c)) => c,
         };
-        let (client, watcher, channel) = client;
+        let (client, channel) = client;
         debug!(endpoints = ?cfg.endpoints, "etcd client ready");
         let leases = LeaseManager::new(
             client.clone(),
@@ -397,7 +392,6 @@ impl Storage {
                 .kv_client()
                 .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES),
             client,
-            watcher,
             transformer: Arc::new(IdentityTransformer),
             request_timeout,
             max_update_retries: cfg.max_update_retries,
@@ -462,9 +456,8 @@ impl Storage {
 
     /// A watch client whose decode limit fits large watch responses (a
     /// burst of events, or a txn touching many keys, in one message).
-    /// Its streams require a leader (see `watcher`).
     pub fn watch_client(&self) -> WatchClient {
-        self.watcher
+        self.client
             .watch_client()
             .max_decoding_message_size(MAX_DECODING_MESSAGE_BYTES)
     }
