@@ -1468,7 +1468,13 @@ async fn run_chaos(
         }),
         watchcache_bin,
         etcd_members: cli.etcd_members as usize,
-        etcd_bin: watchcache::etcd_server::find_etcd_binary().unwrap_or_default(),
+        etcd_bin: match watchcache::etcd_server::find_etcd_binary() {
+            Some(b) => b,
+            None if cli.etcd_members > 1 => {
+                bail!("{}", watchcache::etcd_server::EtcdServerError::NotFound)
+            }
+            None => PathBuf::new(),
+        },
         etcd_upgrades: if cli.etcd_members >= 3 {
             upgrade_binaries(&cli.etcd_upgrade)?
         } else {
