@@ -572,7 +572,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             }
             Fault::MemberStop => {
                 let c = cluster.as_ref().ok_or_else(|| anyhow!("no cluster"))?;
-                let (m, how) = watch_member(c, &recorder, &mut rng).await;
+                let (m, how) = watch_member(c, &proxies, &recorder, &mut rng).await;
                 let pid = c.pid(m).ok_or_else(|| anyhow!("member {m} not running"))?;
                 let min = Duration::from_millis(rng.random_range(2000..5000));
                 let t = Instant::now();
@@ -588,7 +588,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             }
             Fault::MemberPartition => {
                 let c = cluster.as_ref().ok_or_else(|| anyhow!("no cluster"))?;
-                let (m, how) = watch_member(c, &recorder, &mut rng).await;
+                let (m, how) = watch_member(c, &proxies, &recorder, &mut rng).await;
                 let min = Duration::from_millis(rng.random_range(3000..6000));
                 let t = Instant::now();
                 c.mesh.isolate(Some(m));
@@ -943,27 +943,37 @@ async fn hold(
     (r, held.unwrap_or_else(|| since.elapsed()))
 }
 
-/// The member holding the daemon's watch: the one with an etcd watch stream
-/// (`etcd_debugging_mvcc_watch_stream_total`) that is not the recorder's.
-/// A member at random if none shows one; says which.
-async fn watch_member(c: &Cluster, recorder: &Recorder, rng: &mut StdRng) -> (usize, &'static str) {
+/// The member holding the daemon's watch: the one whose client proxy moved
+/// the most bytes to the daemon in the last second (the watch's events), if
+/// it also has an etcd watch stream that is not the recorder's
+/// (`etcd_debugging_mvcc_watch_stream_total`). A member at random if none
+/// does; says which.
+async fn watch_member(
+    c: &Cluster,
+    proxies: &[TcpProxy],
+    recorder: &Recorder,
+    rng: &mut StdRng,
+) -> (usize, &'static str) {
+    let before: Vec<u64> = proxies.iter().map(TcpProxy::bytes_to_clients).collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut by_bytes: Vec<(u64, usize)> = proxies
+        .iter()
+        .zip(before)
+        .enumerate()
+        .map(|(i, (p, b))| (p.bytes_to_clients().saturating_sub(b), i))
+        .collect();
+    by_bytes.sort_unstable_by(|a, b| b.cmp(a));
     let mine = recorder.member();
-    let mut best: Option<(usize, f64)> = None;
-    for i in 0..c.len() {
-        if let Some(n) = c.watch_streams(i).await {
-            let n = n - if i == mine { 1.0 } else { 0.0 };
-            if n >= 1.0 && best.is_none_or(|(_, b)| n > b) {
-                best = Some((i, n));
-            }
+    for (_, i) in by_bytes {
+        let streams = c.watch_streams(i).await.unwrap_or(0.0);
+        if streams - if i == mine { 1.0 } else { 0.0 } >= 1.0 {
+            return (i, "the daemon's watch member");
         }
     }
-    match best {
-        Some((i, _)) => (i, "the daemon's watch member"),
-        None => (
-            rng.random_range(0..c.len()),
-            "at random: no daemon watch seen",
-        ),
-    }
+    (
+        rng.random_range(0..c.len()),
+        "at random: no daemon watch seen",
+    )
 }
 
 /// Writes more entries than [`cluster::SNAPSHOT_COUNT`] (to a key outside

@@ -13,9 +13,11 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use anyhow::{Context, Result};
 use parking_lot::Mutex;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -31,6 +33,8 @@ pub struct TcpProxy {
     pub addr: SocketAddr,
     mode: watch::Sender<Mode>,
     task: JoinHandle<()>,
+    /// Bytes forwarded from the target to the clients so far.
+    to_clients: Arc<AtomicU64>,
 }
 
 impl TcpProxy {
@@ -42,10 +46,13 @@ impl TcpProxy {
         let addr = listener.local_addr()?;
         let (mode, _) = watch::channel(Mode::Forward);
         let modes = mode.clone();
+        let to_clients = Arc::new(AtomicU64::new(0));
+        let counter = to_clients.clone();
         let task = tokio::spawn(async move {
             while let Ok((inbound, _)) = listener.accept().await {
                 let mut rx = modes.subscribe();
                 let m = *rx.borrow_and_update();
+                let counter = counter.clone();
                 tokio::spawn(async move {
                     match m {
                         Mode::Cut => {} // dropped: the client sees a reset
@@ -54,12 +61,23 @@ impl TcpProxy {
                             let _held = inbound;
                             let _ = rx.changed().await;
                         }
-                        Mode::Forward => forward(inbound, target, rx).await,
+                        Mode::Forward => forward(inbound, target, rx, &counter).await,
                     }
                 });
             }
         });
-        Ok(TcpProxy { addr, mode, task })
+        Ok(TcpProxy {
+            addr,
+            mode,
+            task,
+            to_clients,
+        })
+    }
+
+    /// Bytes forwarded from the target to the clients so far (an etcd
+    /// watch's events dominate them).
+    pub fn bytes_to_clients(&self) -> u64 {
+        self.to_clients.load(Ordering::Relaxed)
     }
 
     /// The URL to give the daemon as its etcd endpoint.
@@ -72,14 +90,36 @@ impl TcpProxy {
     }
 }
 
-async fn forward(mut inbound: TcpStream, target: SocketAddr, mut rx: watch::Receiver<Mode>) {
+async fn forward(
+    mut inbound: TcpStream,
+    target: SocketAddr,
+    mut rx: watch::Receiver<Mode>,
+    to_client: &AtomicU64,
+) {
     let Ok(mut outbound) = TcpStream::connect(target).await else {
         return;
     };
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
+    let (mut client_r, mut client_w) = inbound.split();
+    let (mut target_r, mut target_w) = outbound.split();
+    let down = async {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            match target_r.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if client_w.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                    to_client.fetch_add(n as u64, Ordering::Relaxed);
+                }
+            }
+        }
+    };
     let changed = tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+        _ = tokio::io::copy(&mut client_r, &mut target_w) => return,
+        _ = down => return,
         m = rx.wait_for(|m| *m != Mode::Forward) => m.map(|m| *m),
     };
     if matches!(changed, Ok(Mode::Blackhole)) {
