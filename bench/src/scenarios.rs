@@ -1186,7 +1186,7 @@ pub fn merge_get_rounds(parts: Vec<Part>) -> Result<Value> {
 /// after `settle`).
 async fn daemon_ready(ctx: &Ctx, etcd_prefix: &str) -> Result<(f64, u64)> {
     let cfg = daemon_config(
-        &ctx.etcd_endpoint,
+        std::slice::from_ref(&ctx.etcd_endpoint),
         etcd_prefix,
         10_000,
         ctx.p.list_page_size,
