@@ -9,7 +9,11 @@
 //! bearer tokens and RBAC; `--compare-secure` runs the proxy target plain and
 //! secure and prints the cost as ratios. `fanout --target grpc` / `--target
 //! grpc-proxy` put etcd watchers on watchcache's etcd gRPC front or on `etcd
-//! grpc-proxy`; `--compare-grpc` runs both and etcd direct. See
+//! grpc-proxy`; `--compare-grpc` runs both and etcd direct. `--target
+//! kube` measures a real kube-apiserver and its own watch cache;
+//! `--compare-kube` runs watchcache (`config/kubernetes.toml`) and
+//! kube-apiserver side by side on the same etcd (fanout, list, get, memory,
+//! idle), the objects written through kube-apiserver. See
 //! docs/BENCHMARKS.md.
 
 mod burst;
@@ -19,6 +23,7 @@ mod codec;
 mod env;
 mod floor;
 mod http;
+mod kube;
 mod procfs;
 mod repeat;
 mod report;
@@ -52,6 +57,9 @@ enum Scenario {
     Startup,
     /// M1: RSS per idle watcher.
     Idle,
+    /// K3: RSS of the server holding N objects in its cache, no watcher
+    /// (the proxy, kube-apiserver, or both with --compare-kube).
+    Memory,
     /// The protobuf codec's cost per object (encode for protobuf clients,
     /// decode of stored values), N objects of each shape; no etcd, no daemon.
     Codec,
@@ -81,6 +89,9 @@ enum TargetArg {
     Grpc,
     /// etcd watchers through `etcd grpc-proxy start` (fanout only).
     GrpcProxy,
+    /// A real kube-apiserver (1.37, from scripts/peers.sh) and its own
+    /// watch cache, on the bench's etcd; objects written through it.
+    Kube,
 }
 
 /// Load generator for watchcache: watch fan-out, lists, gets, start-up and
@@ -108,6 +119,21 @@ struct Cli {
     /// front, with the front/grpc-proxy and etcd-CPU ratios.
     #[arg(long)]
     compare_grpc: bool,
+    /// fanout, list, get, memory, idle: watchcache (serving
+    /// config/kubernetes.toml over TLS with a bearer token) and a real
+    /// kube-apiserver with its own watch cache, in turns on the same etcd,
+    /// the objects written through kube-apiserver; prints the
+    /// watchcache/kube-apiserver ratios (`*_over_kube`).
+    #[arg(long)]
+    compare_kube: bool,
+    /// The kube-apiserver binary of --target kube / --compare-kube
+    /// (default: $WATCHCACHE_KUBE_APISERVER_BIN, else what `scripts/peers.sh
+    /// --print kube-apiserver-1.37` names).
+    #[arg(long, value_name = "PATH")]
+    kube_apiserver_bin: Option<PathBuf>,
+    /// Start kube-apiserver with `--profiling=true` (its /debug/pprof).
+    #[arg(long)]
+    kube_profiling: bool,
     /// Serve the proxy the bench starts with TLS, bearer-token authentication
     /// and RBAC (the bench makes the CA, certificate, token file and policy);
     /// its client speaks TLS and sends the token on every request.
@@ -153,9 +179,11 @@ struct Cli {
     /// Clients paging through Lists (chaos).
     #[arg(long, default_value_t = 2)]
     listers: usize,
-    /// Object size in bytes (JSON).
-    #[arg(short = 's', long, default_value_t = 1024)]
-    size: usize,
+    /// Object size in bytes (JSON; default 1024, with kube-apiserver 3072:
+    /// a Pod as sent, which kube-apiserver stores with its defaults and
+    /// managed fields).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
     /// Distinct objects the writes cycle over (fanout: 100; chaos: 20).
     #[arg(long)]
     keys: Option<usize>,
@@ -223,6 +251,7 @@ struct Cli {
     /// application/vnd.kubernetes.protobuf`, as client-go does for built-in
     /// types) instead of JSON. The objects are then Pods that fit the Pod
     /// schema (the padding in an annotation); no paged Lists are timed.
+    /// fanout with kube-apiserver: protobuf watches (length-prefixed frames).
     #[arg(long)]
     protobuf: bool,
     /// list: send `Accept-Encoding: gzip` to the proxy, as kubectl and
@@ -314,8 +343,34 @@ fn main() -> Result<()> {
     if cli.repeat > 1 && cli.plot.is_some() {
         bail!("--plot draws one run: drop --repeat");
     }
-    if cli.protobuf && cli.scenario != Scenario::List {
-        bail!("--protobuf applies to list");
+    let kube_mode = cli.compare_kube || cli.target == TargetArg::Kube;
+    if kube_mode {
+        if !matches!(
+            cli.scenario,
+            Scenario::Fanout | Scenario::List | Scenario::Get | Scenario::Memory | Scenario::Idle
+        ) {
+            bail!("--target kube and --compare-kube apply to fanout, list, get, memory and idle");
+        }
+        if cli.compare || grpc_target || cli.compare_secure || cli.secure || cli.proxy.is_some() {
+            bail!(
+                "--target kube and --compare-kube run their own servers: no --compare, --compare-grpc, --secure, --compare-secure or --proxy"
+            );
+        }
+        if cli.storage_media_type == PROTOBUF {
+            bail!("with kube-apiserver, it stores the objects itself (drop --storage-media-type)");
+        }
+        if cli.protobuf && cli.scenario == Scenario::List {
+            bail!("list with kube-apiserver times JSON and protobuf Lists both: drop --protobuf");
+        }
+    }
+    if cli.scenario == Scenario::Memory && !kube_mode && cli.target != TargetArg::Proxy {
+        bail!("memory measures the proxy or kube-apiserver");
+    }
+    if cli.protobuf
+        && cli.scenario != Scenario::List
+        && !(kube_mode && cli.scenario == Scenario::Fanout)
+    {
+        bail!("--protobuf applies to list, and to fanout with kube-apiserver");
     }
     if cli.watch_list && cli.scenario != Scenario::List {
         bail!("--watch-list applies to list");
@@ -335,7 +390,7 @@ fn main() -> Result<()> {
         bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
     }
     if cli.scenario == Scenario::Codec {
-        let results = codec::run(cli.objects.unwrap_or(2000), cli.size)?;
+        let results = codec::run(cli.objects.unwrap_or(2000), cli.size.unwrap_or(1024))?;
         if let Some(path) = &cli.json {
             let report = json!({"scenario": "codec", "results": results});
             write_report(path, &report)?;
@@ -446,7 +501,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
             events: cli.events,
             duration_s: cli.duration.unwrap_or(10.0),
             reconnect_after_s: cli.reconnect_after,
-            size: cli.size,
+            size: cli.size.unwrap_or(1024),
             keys: cli.keys.unwrap_or(1000).max(1),
             writers: cli.writers.max(1),
             history_max_bytes: cli.history_max_bytes,
@@ -463,7 +518,12 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     }
     let duration = cli.duration.unwrap_or(10.0);
     let rate = cli.rate.unwrap_or(100.0);
-    let targets: Vec<Target> = if cli.compare_grpc {
+    let kube_mode = cli.compare_kube || cli.target == TargetArg::Kube;
+    let targets: Vec<Target> = if cli.compare_kube {
+        vec![Target::Proxy, Target::Kube]
+    } else if cli.target == TargetArg::Kube {
+        vec![Target::Kube]
+    } else if cli.compare_grpc {
         vec![Target::Etcd, Target::GrpcProxy, Target::Grpc]
     } else if cli.compare {
         let mut t = vec![Target::Proxy, Target::Etcd];
@@ -497,8 +557,10 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         .iter()
         .flat_map(|&t| match t {
             Target::Proxy if cli.compare_secure => vec![(t, false), (t, true)],
-            Target::Proxy => vec![(t, cli.secure)],
-            Target::Etcd | Target::Grpc | Target::GrpcProxy => vec![(t, false)],
+            // Beside kube-apiserver, watchcache serves TLS with a bearer
+            // token too.
+            Target::Proxy => vec![(t, cli.secure || kube_mode)],
+            Target::Etcd | Target::Grpc | Target::GrpcProxy | Target::Kube => vec![(t, false)],
         })
         .collect();
     let default_objects = match cli.scenario {
@@ -514,7 +576,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         watchers: cli.watchers.unwrap_or(100),
         rate,
         duration_s: duration,
-        size: cli.size,
+        size: cli.size.unwrap_or(if kube_mode { 3072 } else { 1024 }),
         keys: cli.keys.unwrap_or(100).max(1),
         connections: cli.connections.max(1),
         streams_per_conn: cli.streams_per_conn.max(1),
@@ -555,6 +617,8 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         daemon: None,
         grpc_proxy: None,
         tls: None,
+        kube: None,
+        kube_writer: None,
         watchcache_bin,
         mp: MultiProgress::new(),
         progress: !cli.no_progress,
@@ -563,13 +627,47 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     let own_daemon = needs_daemon && ctx.proxy_authority.is_none();
     // History large enough for every write of the run plus the setup.
     let history = ((rate * duration) as usize + ctx.p.objects + 1000).max(10_000);
-    let daemon_cfg = daemon_config(
-        &etcd_endpoint,
-        &ctx.p.etcd_prefix,
-        history,
-        ctx.p.list_page_size,
-        &ctx.p.daemon_server,
-    );
+    let daemon_cfg = if kube_mode {
+        kube::watchcache_kubernetes_config(
+            &etcd_endpoint,
+            &ctx.p.etcd_prefix,
+            &ctx.p.daemon_server,
+        )?
+    } else {
+        daemon_config(
+            &etcd_endpoint,
+            &ctx.p.etcd_prefix,
+            history,
+            ctx.p.list_page_size,
+            &ctx.p.daemon_server,
+        )
+    };
+    // kube-apiserver first: watchcache then starts on the etcd it has
+    // bootstrapped, as in front of a running cluster.
+    let mut kube_version = None;
+    if kube_mode {
+        let bin = match &cli.kube_apiserver_bin {
+            Some(p) => p.clone(),
+            None => kube::kube_apiserver_bin()?,
+        };
+        let k = kube::KubeApiserver::start(
+            &bin,
+            &etcd_endpoint,
+            &ctx.p.etcd_prefix,
+            cli.kube_profiling,
+        )
+        .await
+        .context("starting kube-apiserver")?;
+        kube_version = http::get_once_with(&k.authority, Some(k.tls.clone()), "/version")
+            .await
+            .ok()
+            .and_then(|(_, b)| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["gitVersion"].as_str().map(str::to_string));
+        let w = kube::KubeWriter::connect(&k, &ctx.p.namespace, 4).await?;
+        w.ensure_namespace().await?;
+        ctx.kube_writer = Some(w);
+        ctx.kube = Some(k);
+    }
     if own_daemon && targets.contains(&Target::Grpc) {
         let t = Instant::now();
         let mut d = Daemon::spawn_grpc(&ctx.watchcache_bin, &daemon_cfg)?;
@@ -605,8 +703,15 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     );
 
     // Setup shared by both targets.
+    // memory: each server's RSS before the objects are written.
+    let rss_before_load: Vec<(Target, Option<u64>)> = targets
+        .iter()
+        .map(|&t| (t, scenarios::front_rss_kb(&ctx, t)))
+        .collect();
     let loaded_rev = match cli.scenario {
-        Scenario::List | Scenario::Get | Scenario::Startup => scenarios::load_for(&ctx).await?,
+        Scenario::List | Scenario::Get | Scenario::Startup | Scenario::Memory => {
+            scenarios::load_for(&ctx).await?
+        }
         _ => 0,
     };
 
@@ -624,6 +729,9 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
                 start_daemon(&mut ctx, &daemon_cfg, secure, cli.bearer_token.as_deref()).await?;
             }
             let variants: Vec<&str> = match (cli.scenario, t) {
+                (Scenario::List, Target::Proxy) if kube_mode => vec!["proxy", "proxy_protobuf"],
+                (Scenario::List, Target::Kube) => vec!["kube", "kube_protobuf"],
+                (Scenario::Get, Target::Proxy) if kube_mode => vec!["proxy"],
                 // The loopback floor of a List: plain TCP, so not beside TLS.
                 (Scenario::List, Target::Proxy) if !secure => {
                     vec!["proxy", "proxy_consistent", "loopback"]
@@ -646,6 +754,13 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
                     Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
                     Scenario::Startup => scenarios::startup(&ctx, t).await,
                     Scenario::Idle => scenarios::idle(&ctx, t).await,
+                    Scenario::Memory => {
+                        let before = rss_before_load
+                            .iter()
+                            .find(|(x, _)| *x == t)
+                            .and_then(|(_, r)| *r);
+                        scenarios::memory(&ctx, t, loaded_rev, before).await
+                    }
                     Scenario::Chaos | Scenario::Codec | Scenario::Burst => {
                         bail!("{:?} runs on its own path", cli.scenario)
                     }
@@ -678,14 +793,19 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         }
         results.insert(key, value);
     }
-    // Shut the daemon and grpc-proxy down before reporting.
+    // Shut the daemon, grpc-proxy and kube-apiserver down before reporting.
     ctx.daemon.take();
     ctx.grpc_proxy.take();
+    ctx.kube_writer.take();
+    ctx.kube.take();
 
     let results = Value::Object(results);
     let (mut ratios, mut goals) = ratios_and_goals(cli.scenario, &results);
     if cli.compare_grpc {
         (ratios, goals) = grpc_ratios_and_goals(&results);
+    }
+    if cli.compare_kube {
+        (ratios, goals) = kube_ratios_and_goals(cli.scenario, &results);
     }
     if cli.compare_secure {
         let (r, g) = secure_ratios_and_goals(cli.scenario, &results);
@@ -697,6 +817,8 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         .any(|t| matches!(t, Target::Grpc | Target::GrpcProxy))
     {
         " (proxy cpu s / proxy MB: the front of the row: watchcache, or etcd grpc-proxy)"
+    } else if kube_mode {
+        " (proxy: watchcache, config/kubernetes.toml; kube: kube-apiserver; both TLS + bearer token; proxy cpu s / proxy MB: the server of the row)"
     } else if cli.compare_secure {
         " (rows *_secure: TLS + bearer token + RBAC)"
     } else if cli.secure {
@@ -717,6 +839,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         "machine": procfs::machine_info(nofile),
         "etcd_version": etcd_version,
         "etcd_endpoint": etcd_endpoint,
+        "kube_apiserver_version": kube_version,
         // The proxy served TLS with bearer tokens and RBAC (in every proxy
         // run with --secure; in the `*_secure` runs with --compare-secure).
         "secure": cli.secure || cli.compare_secure,
@@ -725,6 +848,8 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
             "secure": cli.secure,
             "compare_secure": cli.compare_secure,
             "compare_grpc": cli.compare_grpc,
+            "compare_kube": cli.compare_kube,
+            "protobuf": ctx.p.protobuf,
             "watchers": ctx.p.watchers,
             "rate_per_s": ctx.p.rate,
             "duration_s": ctx.p.duration_s,
@@ -903,9 +1028,11 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 json!({}),
             )
         }
-        Scenario::Startup | Scenario::Chaos | Scenario::Codec | Scenario::Burst => {
-            (json!({}), json!({}))
-        }
+        Scenario::Startup
+        | Scenario::Chaos
+        | Scenario::Codec
+        | Scenario::Burst
+        | Scenario::Memory => (json!({}), json!({})),
     }
 }
 
@@ -983,6 +1110,124 @@ fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
             "etcd_cpu_with_front_at_most_a_tenth": num(front, &etcd_cpu) <= num(etcd, &etcd_cpu) / 10.0,
         }),
     )
+}
+
+/// `--compare-kube`: watchcache (`proxy`, `proxy_protobuf`) over
+/// kube-apiserver (`kube`, `kube_protobuf`), same etcd, same objects, same
+/// clients, in turns; the goals are issue 35's.
+///
+/// fanout's CPU per delivery is each server's CPU in its own turn net of
+/// what the same writes cost it in the other server's turn, when it holds
+/// no watcher (kube-apiserver serves every write in both turns; both cache
+/// every write): the cost of the deliveries alone. The gross ratio, each
+/// server's whole CPU in its turn, is beside it.
+fn kube_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
+    let (Some(wc), Some(kube)) = (r.get("proxy"), r.get("kube")) else {
+        return (json!({}), json!({}));
+    };
+    let over = |p: &[&str]| ratio(num(wc, p), num(kube, p));
+    match s {
+        Scenario::Fanout => {
+            let net_us = |x: &Value, other: &Value, idle_name: &str| {
+                let cpu = num(x, &["processes", "proxy", "cpu_s"])
+                    - num(other, &["processes", "idle_fronts", idle_name, "cpu_s"]);
+                cpu.max(0.0) * 1e6 / num(x, &["deliveries"])
+            };
+            let wc_net = net_us(wc, kube, "watchcache");
+            let kube_net = net_us(kube, wc, "kube_apiserver");
+            let cpu_ratio = ratio(wc_net, kube_net);
+            let p99 = over(&["latency_ms", "p99_ms"]);
+            let counts = |x: &Value| {
+                json!({
+                    "lost": num(x, &["lost"]),
+                    "duplicated": num(x, &["duplicated"]),
+                    "unexpected": num(x, &["unexpected"]),
+                    "out_of_order": num(x, &["out_of_order"]),
+                })
+            };
+            let clean = ["lost", "duplicated", "unexpected", "out_of_order"]
+                .iter()
+                .all(|k| num(wc, &[k]) == 0.0 && num(kube, &[k]) == 0.0);
+            let established = [wc, kube]
+                .iter()
+                .all(|x| num(x, &["watchers_established"]) == num(x, &["watchers"]));
+            (
+                json!({
+                    "cpu_per_delivery_over_kube": cpu_ratio,
+                    "cpu_us_per_delivery_net_watchcache": (wc_net * 1000.0).round() / 1000.0,
+                    "cpu_us_per_delivery_net_kube": (kube_net * 1000.0).round() / 1000.0,
+                    "cpu_per_delivery_gross_over_kube": over(&["per_delivery", "holder_cpu_us_per_delivery"]),
+                    "p99_over_kube": p99,
+                    "p50_over_kube": over(&["latency_ms", "p50_ms"]),
+                    "deliveries_per_s_over_kube": over(&["deliveries_per_s"]),
+                    "rss_per_busy_watcher_over_kube": over(&["per_delivery", "holder_rss_per_busy_watcher_bytes"]),
+                    "watchcache": counts(wc),
+                    "kube": counts(kube),
+                }),
+                json!({
+                    "zero_lost_and_duplicated": clean,
+                    "every_watcher_established": established,
+                    "cpu_per_delivery_at_most_0_2_of_kube": cpu_ratio.as_f64().is_some_and(|v| v <= 0.2),
+                    "p99_at_most_half_of_kube": p99.as_f64().is_some_and(|v| v <= 0.5),
+                }),
+            )
+        }
+        Scenario::List => {
+            let full = ["full_list_ms", "p50_ms"];
+            let json_ratio = over(&full);
+            let pb = match (r.get("proxy_protobuf"), r.get("kube_protobuf")) {
+                (Some(a), Some(b)) => ratio(num(a, &full), num(b, &full)),
+                _ => Value::Null,
+            };
+            let met = |v: &Value| v.as_f64().is_some_and(|x| x <= 0.33);
+            (
+                json!({
+                    "full_list_p50_over_kube": json_ratio,
+                    "full_list_protobuf_p50_over_kube": pb,
+                    "paged_list_p50_over_kube": over(&["paged_list_ms", "p50_ms"]),
+                    "full_list_p99_over_kube": over(&["full_list_ms", "p99_ms"]),
+                }),
+                json!({
+                    "full_list_p50_at_most_0_33_of_kube": met(&json_ratio),
+                    "full_list_protobuf_p50_at_most_0_33_of_kube": met(&pb),
+                }),
+            )
+        }
+        Scenario::Get => {
+            let tput = over(&["gets_per_s"]);
+            (
+                json!({
+                    "throughput_over_kube": tput,
+                    "p50_over_kube": over(&["latency_ms", "p50_ms"]),
+                    "p99_over_kube": over(&["latency_ms", "p99_ms"]),
+                    "server_cpu_per_get_over_kube": over(&["server_cpu_us_per_get"]),
+                }),
+                json!({ "throughput_at_least_3x_kube": tput.as_f64().is_some_and(|v| v >= 3.0) }),
+            )
+        }
+        Scenario::Memory => {
+            let rss = over(&["rss_kb"]);
+            (
+                json!({
+                    "rss_over_kube": rss,
+                    "rss_growth_over_kube": over(&["rss_growth_kb"]),
+                }),
+                json!({ "rss_at_most_0_25_of_kube": rss.as_f64().is_some_and(|v| v <= 0.25) }),
+            )
+        }
+        Scenario::Idle => {
+            let per = ["rss_per_watcher_bytes"];
+            let r = over(&per);
+            (
+                json!({ "rss_per_idle_watcher_over_kube": r }),
+                json!({
+                    "at_most_1kb_per_idle_watcher": num(wc, &per) <= 1024.0,
+                    "rss_per_idle_watcher_at_most_0_25_of_kube": r.as_f64().is_some_and(|v| v <= 0.25),
+                }),
+            )
+        }
+        _ => (json!({}), json!({})),
+    }
 }
 
 /// Issue 14's memory goal: RSS per busy watcher at most 4 KB, judged at
@@ -1106,7 +1351,9 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             }),
             json!({}),
         ),
-        Scenario::Chaos | Scenario::Codec | Scenario::Burst => (json!({}), json!({})),
+        Scenario::Chaos | Scenario::Codec | Scenario::Burst | Scenario::Memory => {
+            (json!({}), json!({}))
+        }
         Scenario::Idle => {
             let pp = num(proxy, &["rss_per_watcher_bytes"]);
             (
@@ -1332,6 +1579,35 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
             );
         }
         Scenario::Chaos | Scenario::Codec | Scenario::Burst => {}
+        Scenario::Memory => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["front"]),
+                        s2(v, &["objects"]),
+                        kb_to_mb(v, &["rss_before_load_kb"]),
+                        kb_to_mb(v, &["rss_kb"]),
+                        kb_to_mb(v, &["rss_growth_kb"]),
+                        s2(v, &["rss_growth_per_object_bytes"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                &format!("K3 memory{security}"),
+                &[
+                    "target",
+                    "server",
+                    "objects",
+                    "RSS before MB",
+                    "RSS MB",
+                    "growth MB",
+                    "growth B/object",
+                ],
+                &rows,
+            );
+        }
         Scenario::Idle => {
             let rows: Vec<Vec<String>> = map
                 .iter()

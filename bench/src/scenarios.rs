@@ -20,6 +20,7 @@ use crate::env::{
     etcd_connect, etcd_metric, load_objects, ns_prefix, object_name,
 };
 use crate::http::{Conn, HttpTarget, JSON, PROTOBUF, Pool};
+use crate::kube::{KubeApiserver, KubeWriter};
 use crate::procfs::{ProcSample, reset_peak, sample, self_pid};
 use crate::report::{distribution, new_histogram, summarize};
 use crate::secure::ClientTls;
@@ -37,6 +38,8 @@ pub enum Target {
     Grpc,
     /// etcd watchers through `etcd grpc-proxy start` (etcd's own proxy).
     GrpcProxy,
+    /// kube-apiserver's REST API and its own watch cache ([`crate::kube`]).
+    Kube,
 }
 
 impl Target {
@@ -46,6 +49,7 @@ impl Target {
             Target::Etcd => "etcd",
             Target::Grpc => "grpc",
             Target::GrpcProxy => "grpc_proxy",
+            Target::Kube => "kube",
         }
     }
 
@@ -54,6 +58,7 @@ impl Target {
         match self {
             Target::Proxy | Target::Grpc => Some("watchcache"),
             Target::GrpcProxy => Some("etcd grpc-proxy"),
+            Target::Kube => Some("kube-apiserver"),
             Target::Etcd => None,
         }
     }
@@ -109,6 +114,11 @@ pub struct Ctx {
     pub grpc_proxy: Option<GrpcProxy>,
     /// TLS and bearer token of the proxy under test (`--secure`), None: plain.
     pub tls: Option<Arc<ClientTls>>,
+    /// kube-apiserver (`--target kube`, `--compare-kube`).
+    pub kube: Option<KubeApiserver>,
+    /// Writes through kube-apiserver: set whenever it runs, so etcd holds
+    /// what it stores and both servers serve the same objects.
+    pub kube_writer: Option<KubeWriter>,
     pub watchcache_bin: std::path::PathBuf,
     pub mp: MultiProgress,
     pub progress: bool,
@@ -131,7 +141,30 @@ impl Ctx {
     fn front_pid(&self, target: Target) -> Option<u32> {
         match target {
             Target::GrpcProxy => self.grpc_proxy.as_ref().map(|g| g.pid),
+            Target::Kube => self.kube.as_ref().map(|k| k.pid),
             _ => self.proxy_pid(),
+        }
+    }
+
+    /// The servers in front of etcd the bench runs, by name: the ones not
+    /// under test in a phase are sampled as `idle_fronts`.
+    fn fronts(&self) -> [(&'static str, Option<u32>); 3] {
+        [
+            ("watchcache", self.proxy_pid()),
+            ("grpc_proxy", self.front_pid(Target::GrpcProxy)),
+            ("kube_apiserver", self.front_pid(Target::Kube)),
+        ]
+    }
+
+    /// The HTTP API of `target`: the proxy, or kube-apiserver.
+    fn http(&self, target: Target) -> Result<HttpTarget> {
+        match target {
+            Target::Kube => self
+                .kube
+                .as_ref()
+                .map(|k| k.target(self.p.http1))
+                .ok_or_else(|| anyhow!("no kube-apiserver (internal error)")),
+            _ => self.proxy(),
         }
     }
 
@@ -150,7 +183,7 @@ impl Ctx {
                 .as_ref()
                 .map(|g| format!("http://{}", g.authority))
                 .ok_or_else(|| anyhow!("no etcd grpc-proxy (internal error)")),
-            Target::Proxy => bail!("the proxy target speaks HTTP"),
+            Target::Proxy | Target::Kube => bail!("the {} target speaks HTTP", target.name()),
         }
     }
 
@@ -182,6 +215,8 @@ impl Ctx {
                 "grpc to etcd grpc-proxy, one watch stream per connection"
             }
             Target::GrpcProxy => "grpc to etcd grpc-proxy, one watch stream per watcher",
+            Target::Kube if p.http1 => "http/1.1 over TLS, bearer token (system:masters)",
+            Target::Kube => "h2 over TLS, bearer token (system:masters)",
         }
     }
 
@@ -236,17 +271,15 @@ impl Usage {
             sample(pid).map(|s| (pid, s))
         });
         let mut idle_fronts = Vec::new();
-        if target == Target::Etcd {
-            let fronts = [
-                ("watchcache", ctx.proxy_pid()),
-                ("grpc_proxy", ctx.front_pid(Target::GrpcProxy)),
-            ];
-            for (name, pid) in fronts {
-                if let Some(pid) = pid {
-                    reset_peak(pid);
-                    if let Some(s) = sample(pid) {
-                        idle_fronts.push((name, pid, s));
-                    }
+        let own = match target {
+            Target::Etcd => None,
+            _ => ctx.front_pid(target),
+        };
+        for (name, pid) in ctx.fronts() {
+            if let Some(pid) = pid.filter(|p| Some(*p) != own) {
+                reset_peak(pid);
+                if let Some(s) = sample(pid) {
+                    idle_fronts.push((name, pid, s));
                 }
             }
         }
@@ -287,7 +320,11 @@ impl Usage {
             if let Some(s1) = sample(*pid) {
                 idle.insert(
                     (*name).to_string(),
-                    json!({"pid": pid, "peak_growth_kb": (s1.hwm_kb as f64 - s0.rss_kb as f64).max(0.0)}),
+                    json!({
+                        "pid": pid,
+                        "peak_growth_kb": (s1.hwm_kb as f64 - s0.rss_kb as f64).max(0.0),
+                        "cpu_s": round3(s1.cpu_s - s0.cpu_s),
+                    }),
                 );
             }
         }
@@ -316,7 +353,7 @@ fn per_delivery_costs(
 ) -> Value {
     let get = |who: &str, k: &str| usage[who][k].as_f64();
     let holder = match target {
-        Target::Proxy | Target::Grpc | Target::GrpcProxy => "proxy",
+        Target::Proxy | Target::Grpc | Target::GrpcProxy | Target::Kube => "proxy",
         Target::Etcd => "etcd",
     };
     let us = |cpu: Option<f64>| -> Value {
@@ -409,19 +446,33 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
     let writer = etcd_connect(&ctx.etcd_endpoint).await?;
     let mut kv = writer.kv_client();
     clear_prefix(&mut kv, &prefix).await?;
+    // Through kube-apiserver, the writes are patches of Pods created here,
+    // before the watchers start.
+    if let Some(w) = &ctx.kube_writer {
+        let pb = ctx.bar(p.keys as u64, "creating pods");
+        pb.set_prefix(target.name());
+        w.create_many(p.keys, p.size, p.writers, &pb).await?;
+        pb.finish_and_clear();
+    }
     let r0 = current_revision(&mut kv).await?;
 
     let mut pool: Option<Pool> = None;
     let mut clients: Vec<Client> = Vec::new();
     let watch_target = match target {
-        Target::Proxy => {
-            let t = ctx.proxy()?;
+        Target::Proxy | Target::Kube => {
+            let t = ctx.http(target)?;
             let mut c = t.connect().await?;
             proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
+            let t = if p.protobuf {
+                t.with_accept(PROTOBUF)
+            } else {
+                t
+            };
             pool = Some(t.pool(proxy_connections(p, p.watchers)).await?);
             WatchTarget::Proxy {
                 pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
                 path: ctx.list_path(),
+                protobuf: p.protobuf,
             }
         }
         Target::Etcd | Target::Grpc | Target::GrpcProxy => {
@@ -490,17 +541,27 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         let size = p.size;
         let pb = pb.clone();
         let shared = set.shared.clone();
+        let kube = ctx.kube_writer.clone();
         tokio::spawn(async move {
-            let value = make_object(&ns, &name, now_nanos(), size);
-            match kv.put(key, value, None).await {
-                Ok(r) => {
-                    if let Some(h) = r.header() {
-                        log.lock().push(WriteRecord { rev: h.revision() });
-                    }
+            let written = match kube {
+                Some(w) => w.touch(i as usize, &name, now_nanos()).await,
+                None => {
+                    let value = make_object(&ns, &name, now_nanos(), size);
+                    kv.put(key, value, None)
+                        .await
+                        .map_err(anyhow::Error::from)
+                        .and_then(|r| {
+                            r.header()
+                                .map(|h| h.revision())
+                                .ok_or_else(|| anyhow!("etcd put without header"))
+                        })
                 }
+            };
+            match written {
+                Ok(rev) => log.lock().push(WriteRecord { rev }),
                 Err(e) => {
                     errors.fetch_add(1, Ordering::Relaxed);
-                    first_err.lock().get_or_insert(e.to_string());
+                    first_err.lock().get_or_insert(format!("{e:#}"));
                 }
             }
             drop(permit);
@@ -600,7 +661,9 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         "watchers_failed": errors,
         "connections": connections,
         "transport": ctx.transport(target),
-        "secure": target == Target::Proxy && ctx.tls.is_some(),
+        "secure": (target == Target::Proxy && ctx.tls.is_some()) || target == Target::Kube,
+        "writes_through": if ctx.kube_writer.is_some() { "kube-apiserver (merge patches of Pods)" } else { "etcd (puts)" },
+        "media_type": if p.protobuf { PROTOBUF } else { JSON },
         "rate_per_s": p.rate,
         "duration_s": p.duration_s,
         "object_size": p.size,
@@ -640,6 +703,13 @@ async fn load(ctx: &Ctx) -> Result<i64> {
     let client = etcd_connect(&ctx.etcd_endpoint).await?;
     let mut kv = client.kv_client();
     clear_prefix(&mut kv, &ctx.prefix()).await?;
+    if let Some(w) = &ctx.kube_writer {
+        let pb = ctx.bar(p.objects as u64, "creating pods (kube-apiserver)");
+        pb.set_prefix("setup");
+        let rev = w.create_many(p.objects, p.size, 32, &pb).await?;
+        pb.finish_and_clear();
+        return Ok(rev.max(current_revision(&mut kv).await?));
+    }
     let pb = ctx.bar(p.objects as u64, "loading objects into etcd");
     pb.set_prefix("setup");
     let shape = if p.storage_protobuf {
@@ -667,8 +737,20 @@ pub async fn load_for(ctx: &Ctx) -> Result<i64> {
     load(ctx).await
 }
 
+/// The server of a list or get variant: kube-apiserver for `kube*`, else
+/// the proxy (etcd's rows do not ask).
+fn variant_target(variant: &str) -> Target {
+    if variant.starts_with("kube") {
+        Target::Kube
+    } else {
+        Target::Proxy
+    }
+}
+
 /// `variant` is "proxy" (resourceVersion=0: served from the cache as is),
-/// "proxy_consistent" (resourceVersion unset: a consistent read) or "etcd".
+/// "proxy_consistent" (resourceVersion unset: a consistent read), "etcd",
+/// or with kube-apiserver "kube" (resourceVersion=0, from its watch cache),
+/// and "proxy_protobuf" / "kube_protobuf" (the same in protobuf).
 pub async fn list(
     ctx: &Ctx,
     variant: &str,
@@ -687,6 +769,8 @@ pub async fn list(
     if variant == "loopback" {
         return list_loopback_floor(ctx).await;
     }
+    let served_by = variant_target(variant);
+    let protobuf = p.protobuf || variant.ends_with("_protobuf");
     let pb = ctx.bar((2 * p.iterations) as u64, "full and paged lists");
     pb.set_prefix(variant.to_string());
     if variant == "etcd" {
@@ -721,17 +805,17 @@ pub async fn list(
             pb.inc(1);
         }
     } else {
-        let target = ctx.proxy()?;
+        let target = ctx.http(served_by)?;
         let mut conn = target.connect().await?;
         let path = ctx.list_path();
         proxy_caught_up(&mut conn, &path, loaded_rev, Duration::from_secs(120)).await?;
-        if p.protobuf {
+        if protobuf {
             conn = target.with_accept(PROTOBUF).connect().await?;
         }
         if p.gzip {
             conn = conn.asking_gzip();
         }
-        let rv0 = variant == "proxy";
+        let rv0 = variant != "proxy_consistent";
         let full_q = if rv0 {
             format!("{path}?resourceVersion=0")
         } else {
@@ -743,7 +827,7 @@ pub async fn list(
         let t = Instant::now();
         let body = conn.get_body(&full_q).await?;
         first_ms = round3(t.elapsed().as_secs_f64() * 1000.0);
-        let v: Value = if p.protobuf {
+        let v: Value = if protobuf {
             watchcache::object::protobuf::decode(&body).context("list body is not protobuf")?
         } else {
             serde_json::from_slice(&body).context("list body is not JSON")?
@@ -751,7 +835,7 @@ pub async fn list(
         items = v["items"].as_array().map(|a| a.len()).unwrap_or(0);
         drop(v);
         drop(body);
-        usage = Usage::start(ctx, Target::Proxy);
+        usage = Usage::start(ctx, served_by);
         for _ in 0..p.iterations {
             let t = Instant::now();
             (full_wire_bytes, full_bytes) = conn.get_count(&full_q).await?;
@@ -760,7 +844,7 @@ pub async fn list(
         }
         // The continue token of a protobuf page would need a decode per
         // page on the bench's side: protobuf runs time full Lists only.
-        for _ in 0..(if p.protobuf { 0 } else { p.iterations }) {
+        for _ in 0..(if protobuf { 0 } else { p.iterations }) {
             let t = Instant::now();
             let mut tok: Option<String> = None;
             let mut np = 0usize;
@@ -796,10 +880,10 @@ pub async fn list(
     let result = json!({
         "watch_list": watch_list,
         "target": variant,
-        "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable range" },
+        "read": match variant { "etcd" => "linearizable range", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "resourceVersion=0 (from cache)" },
         "objects": p.objects,
         "object_size": p.size,
-        "media_type": if p.protobuf && variant != "etcd" { PROTOBUF } else { JSON },
+        "media_type": if protobuf && variant != "etcd" { PROTOBUF } else { JSON },
         "iterations": p.iterations,
         "items": items,
         "full_list_bytes": full_bytes,
@@ -948,7 +1032,8 @@ pub async fn get(
     let mut pool_keep: Option<Pool> = None;
     let mut clients_keep: Vec<Client> = Vec::new();
     let connections;
-    let rv0 = variant == "proxy";
+    let rv0 = variant != "proxy_consistent";
+    let served_by = variant_target(variant);
     let base = format!("/api/v1/namespaces/{}/pods/", p.namespace);
     // Every request target is built once, before the timed loop: it
     // measures the server, not the client formatting and parsing names.
@@ -961,7 +1046,7 @@ pub async fn get(
             .map(|i| format!("{}{}", ctx.prefix(), object_name(i)).into_bytes())
             .collect();
     } else {
-        let t = ctx.proxy()?;
+        let t = ctx.http(served_by)?;
         let mut c = t.connect().await?;
         proxy_caught_up(
             &mut c,
@@ -987,7 +1072,7 @@ pub async fn get(
     }
     let keys = Arc::new(keys);
     let uris = Arc::new(uris);
-    let usage = Usage::start(ctx, Target::Proxy);
+    let usage = Usage::start(ctx, served_by);
     let start = Instant::now();
     let deadline = start + dur;
     for w in 0..k {
@@ -1077,13 +1162,13 @@ pub async fn get(
     let done = ops.load(Ordering::Relaxed);
     let mut result = json!({
         "target": variant,
-        "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable get" },
+        "read": match variant { "etcd" => "linearizable get", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "resourceVersion=0 (from cache)" },
         "objects": n,
         "object_size": p.size,
         "concurrency": k,
         "connections": connections,
-        "secure": variant != "etcd" && ctx.tls.is_some(),
-        "transport": ctx.transport(if variant == "etcd" { Target::Etcd } else { Target::Proxy }),
+        "secure": served_by == Target::Kube || (variant != "etcd" && ctx.tls.is_some()),
+        "transport": ctx.transport(if variant == "etcd" { Target::Etcd } else { served_by }),
         "duration_s": round3(elapsed),
         "gets": done,
         "errors": errors.load(Ordering::Relaxed),
@@ -1254,7 +1339,9 @@ pub async fn startup(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogr
                 "note": "etcd restarted on its data dir; time from spawn to /health ok",
             })
         }
-        Target::Grpc | Target::GrpcProxy => bail!("startup has no {} target", target.name()),
+        Target::Grpc | Target::GrpcProxy | Target::Kube => {
+            bail!("startup has no {} target", target.name())
+        }
     };
     pb.finish_and_clear();
     Ok((result, None))
@@ -1267,6 +1354,61 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     round3(s[s.len() / 2])
+}
+
+// ---------------------------------------------------------------- K3 memory
+
+/// RSS now of the server of `target` (the proxy, kube-apiserver), KiB.
+pub fn front_rss_kb(ctx: &Ctx, target: Target) -> Option<u64> {
+    ctx.front_pid(target).and_then(sample).map(|s| s.rss_kb)
+}
+
+/// The memory of the server of `target` holding the loaded objects in its
+/// cache with no watcher: it is asked for a consistent List of one item
+/// until it has caught up with `loaded_rev`, then left `--settle` seconds.
+/// `rss_before_load_kb`: its RSS before the objects were written.
+pub async fn memory(
+    ctx: &Ctx,
+    target: Target,
+    loaded_rev: i64,
+    rss_before_load_kb: Option<u64>,
+) -> Result<Part> {
+    let p = &ctx.p;
+    if !matches!(target, Target::Proxy | Target::Kube) {
+        bail!("memory has no {} target", target.name());
+    }
+    let mut c = ctx.http(target)?.connect().await?;
+    proxy_caught_up(
+        &mut c,
+        &ctx.list_path(),
+        loaded_rev,
+        Duration::from_secs(600),
+    )
+    .await?;
+    drop(c);
+    tokio::time::sleep(Duration::from_secs_f64(p.settle_s)).await;
+    let pid = ctx
+        .front_pid(target)
+        .ok_or_else(|| anyhow!("memory: no pid for {} (pass --proxy-pid)", target.name()))?;
+    let s = sample(pid).ok_or_else(|| anyhow!("memory: process {pid} is gone"))?;
+    let growth = rss_before_load_kb.map(|b| s.rss_kb.saturating_sub(b));
+    let per_object = growth
+        .filter(|_| p.objects > 0)
+        .map(|g| (g as f64 * 1024.0 / p.objects as f64).round());
+    let result = json!({
+        "target": target.name(),
+        "front": target.front(),
+        "objects": p.objects,
+        "object_size": p.size,
+        "pid": pid,
+        "rss_kb": s.rss_kb,
+        "peak_rss_kb": s.hwm_kb,
+        "rss_before_load_kb": rss_before_load_kb,
+        "rss_growth_kb": growth,
+        "rss_growth_per_object_bytes": per_object,
+        "settle_s": p.settle_s,
+    });
+    Ok((result, None))
 }
 
 // ---------------------------------------------------------------- M1 idle
@@ -1284,8 +1426,8 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
 
     let mut pool: Option<Pool> = None;
     let mut clients: Vec<Client> = Vec::new();
-    if target == Target::Proxy {
-        let t = ctx.proxy()?;
+    if matches!(target, Target::Proxy | Target::Kube) {
+        let t = ctx.http(target)?;
         let mut c = t.connect().await?;
         proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
         pool = Some(t.pool(proxy_connections(p, p.watchers)).await?);
@@ -1293,13 +1435,15 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
         clients = etcd_clients(&ctx.etcd_endpoint, p.connections).await?;
     }
     tokio::time::sleep(settle).await;
+    let front = ctx.front_pid(target);
     let before_etcd = ctx.etcd_pid().and_then(sample);
-    let before_proxy = ctx.proxy_pid().and_then(sample);
+    let before_proxy = front.and_then(sample);
     let before_bench = sample(self_pid());
     let wt = match target {
-        Target::Proxy => WatchTarget::Proxy {
+        Target::Proxy | Target::Kube => WatchTarget::Proxy {
             pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
             path: ctx.list_path(),
+            protobuf: false,
         },
         Target::Etcd | Target::Grpc | Target::GrpcProxy => WatchTarget::Etcd {
             clients: &clients,
@@ -1314,7 +1458,7 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
     pb.finish_and_clear();
     tokio::time::sleep(settle).await;
     let after_etcd = ctx.etcd_pid().and_then(sample);
-    let after_proxy = ctx.proxy_pid().and_then(sample);
+    let after_proxy = front.and_then(sample);
     let after_bench = sample(self_pid());
     let etcd_watchers = etcd_metric(&ctx.etcd_endpoint, "etcd_debugging_mvcc_watcher_total").await;
     let connections = set.connections;
@@ -1333,7 +1477,9 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
         }
     };
     let holder = match target {
-        Target::Proxy | Target::Grpc | Target::GrpcProxy => per(before_proxy, after_proxy),
+        Target::Proxy | Target::Grpc | Target::GrpcProxy | Target::Kube => {
+            per(before_proxy, after_proxy)
+        }
         Target::Etcd => per(before_etcd, after_etcd),
     };
     let result = json!({

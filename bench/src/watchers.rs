@@ -18,7 +18,10 @@ use watchcache::object::wire::EventType;
 
 use crate::http::{Conn, Pool};
 use crate::report::new_histogram;
-use crate::wire::{LineSplitter, extract_write_ts, now_nanos, parse_watch_line};
+use crate::wire::{
+    EventInfo, FrameSplitter, LineSplitter, extract_write_ts, now_nanos, parse_watch_frame,
+    parse_watch_line,
+};
 
 const SHARDS: usize = 16;
 const FLUSH_EVERY: usize = 256;
@@ -87,8 +90,14 @@ pub struct WatcherSet {
 
 /// Where the watchers connect.
 pub enum WatchTarget<'a> {
-    /// HTTP watch on the proxy, watchers spread over the pool's connections.
-    Proxy { pool: &'a Pool, path: String },
+    /// HTTP watch on the proxy (or kube-apiserver), watchers spread over
+    /// the pool's connections; `protobuf`: the pool asks for protobuf and
+    /// the stream is read as length-prefixed frames.
+    Proxy {
+        pool: &'a Pool,
+        path: String,
+        protobuf: bool,
+    },
     /// etcd watches, spread over these clients (one connection each): one
     /// gRPC watch stream per watcher, or (`mux`) one stream per connection
     /// carrying all its watchers, as Go's clientv3 does.
@@ -118,7 +127,11 @@ impl WatcherSet {
         let mut handles = Vec::with_capacity(n);
         let connections;
         match target {
-            WatchTarget::Proxy { pool, path } => {
+            WatchTarget::Proxy {
+                pool,
+                path,
+                protobuf,
+            } => {
                 connections = if pool.len() == 0 { n } else { pool.len() };
                 let url = format!(
                     "{path}?watch=1&resourceVersion={r0}&allowWatchBookmarks=false&timeoutSeconds=3600"
@@ -129,7 +142,7 @@ impl WatcherSet {
                     let flags = failed_flags.clone();
                     let url = url.clone();
                     handles.push(tokio::spawn(async move {
-                        let out = proxy_watcher(i, conn, url, shared.clone()).await;
+                        let out = proxy_watcher(i, conn, url, protobuf, shared.clone()).await;
                         vec![(i, finish(i, out, &shared, &flags))]
                     }));
                 }
@@ -250,7 +263,28 @@ fn finish(
     out
 }
 
-async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared>) -> Outcome {
+/// A watch stream's events: JSON lines, or length-prefixed protobuf frames.
+enum Splitter {
+    Lines(LineSplitter),
+    Frames(FrameSplitter),
+}
+
+impl Splitter {
+    fn feed(&mut self, data: &[u8], mut f: impl FnMut(Result<EventInfo, String>)) {
+        match self {
+            Splitter::Lines(s) => s.feed(data, |line| f(parse_watch_line(line))),
+            Splitter::Frames(s) => s.feed(data, |frame| f(parse_watch_frame(frame))),
+        }
+    }
+}
+
+async fn proxy_watcher(
+    i: usize,
+    mut conn: Conn,
+    url: String,
+    protobuf: bool,
+    shared: Arc<Shared>,
+) -> Outcome {
     let mut out = Outcome::default();
     let resp = tokio::select! {
         _ = shared.cancel.cancelled() => return out,
@@ -280,7 +314,11 @@ async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared
     out.established = true;
     shared.established.fetch_add(1, Ordering::Relaxed);
     let mut body = resp.into_body();
-    let mut splitter = LineSplitter::default();
+    let mut splitter = if protobuf {
+        Splitter::Frames(FrameSplitter::default())
+    } else {
+        Splitter::Lines(LineSplitter::default())
+    };
     let mut lat_us: Vec<u64> = Vec::with_capacity(FLUSH_EVERY * 2);
     // One cancellation future for the whole loop, not one per frame.
     let cancelled = shared.cancel.cancelled();
@@ -309,7 +347,7 @@ async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared
         let mut n = 0u64;
         let mut last = 0i64;
         let mut err: Option<String> = None;
-        splitter.feed(&data, |line| match parse_watch_line(line) {
+        splitter.feed(&data, |ev| match ev {
             Ok(ev) => match ev.kind {
                 Some(EventType::Added | EventType::Modified | EventType::Deleted) => {
                     out.revs.push(ev.rv);
