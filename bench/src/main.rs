@@ -57,6 +57,10 @@ enum Scenario {
     Startup,
     /// M1: RSS per idle watcher.
     Idle,
+    /// K2: I client-go-like informers start at once on N objects (LIST
+    /// at resourceVersion=0 then WATCH, and WatchList), on the proxy,
+    /// kube-apiserver, or both with --compare-kube.
+    Informers,
     /// K3: RSS of the server holding N objects in its cache, no watcher
     /// (the proxy, kube-apiserver, or both with --compare-kube).
     Memory,
@@ -210,6 +214,9 @@ struct Cli {
     /// Objects in etcd (list: 10000, get: 1000, startup: 10000 by default).
     #[arg(short = 'n', long)]
     objects: Option<usize>,
+    /// Informers that start at once (informers).
+    #[arg(short = 'i', long, default_value_t = 100)]
+    informers: usize,
     /// Concurrent requests (get).
     #[arg(short = 'k', long, default_value_t = 64)]
     concurrency: usize,
@@ -347,9 +354,16 @@ fn main() -> Result<()> {
     if kube_mode {
         if !matches!(
             cli.scenario,
-            Scenario::Fanout | Scenario::List | Scenario::Get | Scenario::Memory | Scenario::Idle
+            Scenario::Fanout
+                | Scenario::List
+                | Scenario::Get
+                | Scenario::Memory
+                | Scenario::Idle
+                | Scenario::Informers
         ) {
-            bail!("--target kube and --compare-kube apply to fanout, list, get, memory and idle");
+            bail!(
+                "--target kube and --compare-kube apply to fanout, list, get, memory, idle and informers"
+            );
         }
         if cli.compare || grpc_target || cli.compare_secure || cli.secure || cli.proxy.is_some() {
             bail!(
@@ -363,8 +377,11 @@ fn main() -> Result<()> {
             bail!("list with kube-apiserver times JSON and protobuf Lists both: drop --protobuf");
         }
     }
-    if cli.scenario == Scenario::Memory && !kube_mode && cli.target != TargetArg::Proxy {
-        bail!("memory measures the proxy or kube-apiserver");
+    if matches!(cli.scenario, Scenario::Memory | Scenario::Informers)
+        && !kube_mode
+        && cli.target != TargetArg::Proxy
+    {
+        bail!("memory and informers measure the proxy or kube-apiserver");
     }
     if cli.protobuf
         && cli.scenario != Scenario::List
@@ -597,6 +614,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         gzip: cli.gzip,
         watch_list: cli.watch_list,
         storage_protobuf: cli.storage_media_type == PROTOBUF,
+        informers: cli.informers,
     };
     let watchcache_bin = match &cli.watchcache_bin {
         Some(p) => p.clone(),
@@ -709,7 +727,11 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         .map(|&t| (t, scenarios::front_rss_kb(&ctx, t)))
         .collect();
     let loaded_rev = match cli.scenario {
-        Scenario::List | Scenario::Get | Scenario::Startup | Scenario::Memory => {
+        Scenario::List
+        | Scenario::Get
+        | Scenario::Startup
+        | Scenario::Memory
+        | Scenario::Informers => {
             scenarios::load_for(&ctx).await?
         }
         _ => 0,
@@ -732,6 +754,10 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
                 (Scenario::List, Target::Proxy) if kube_mode => vec!["proxy", "proxy_protobuf"],
                 (Scenario::List, Target::Kube) => vec!["kube", "kube_protobuf"],
                 (Scenario::Get, Target::Proxy) if kube_mode => vec!["proxy"],
+                (Scenario::Informers, Target::Proxy) => {
+                    vec!["proxy_list_watch", "proxy_watch_list"]
+                }
+                (Scenario::Informers, Target::Kube) => vec!["kube_list_watch", "kube_watch_list"],
                 // The loopback floor of a List: plain TCP, so not beside TLS.
                 (Scenario::List, Target::Proxy) if !secure => {
                     vec!["proxy", "proxy_consistent", "loopback"]
@@ -754,6 +780,14 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
                     Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
                     Scenario::Startup => scenarios::startup(&ctx, t).await,
                     Scenario::Idle => scenarios::idle(&ctx, t).await,
+                    Scenario::Informers => {
+                        let start = if v.ends_with("watch_list") {
+                            scenarios::InformerStart::WatchList
+                        } else {
+                            scenarios::InformerStart::ListWatch
+                        };
+                        scenarios::informers(&ctx, t, start, loaded_rev).await
+                    }
                     Scenario::Memory => {
                         let before = rss_before_load
                             .iter()
@@ -1032,7 +1066,8 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
         | Scenario::Chaos
         | Scenario::Codec
         | Scenario::Burst
-        | Scenario::Memory => (json!({}), json!({})),
+        | Scenario::Memory
+        | Scenario::Informers => (json!({}), json!({})),
     }
 }
 
@@ -1122,8 +1157,11 @@ fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
 /// every write): the cost of the deliveries alone. The gross ratio, each
 /// server's whole CPU in its turn, is beside it.
 fn kube_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
-    let (Some(wc), Some(kube)) = (r.get("proxy"), r.get("kube")) else {
-        return (json!({}), json!({}));
+    let none = Value::Null;
+    let (wc, kube) = match (r.get("proxy"), r.get("kube")) {
+        (Some(a), Some(b)) => (a, b),
+        _ if s == Scenario::Informers => (&none, &none),
+        _ => return (json!({}), json!({})),
     };
     let over = |p: &[&str]| ratio(num(wc, p), num(kube, p));
     match s {
@@ -1204,6 +1242,36 @@ fn kube_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 }),
                 json!({ "throughput_at_least_3x_kube": tput.as_f64().is_some_and(|v| v >= 3.0) }),
             )
+        }
+        Scenario::Informers => {
+            let mut ratios = serde_json::Map::new();
+            let mut goals = serde_json::Map::new();
+            for (start, suffix) in [("list_watch", ""), ("watch_list", "_watch_list")] {
+                let (Some(a), Some(b)) = (
+                    r.get(format!("proxy_{start}")),
+                    r.get(format!("kube_{start}")),
+                ) else {
+                    continue;
+                };
+                let o = |p: &[&str]| ratio(num(a, p), num(b, p));
+                let (wall, cpu, rss) = (
+                    o(&["sync_wall_s"]),
+                    o(&["server_cpu_s"]),
+                    o(&["server_peak_rss_kb"]),
+                );
+                let at_most = |v: &Value, x: f64| json!(v.as_f64().is_some_and(|v| v <= x));
+                goals.insert(format!("sync_wall{suffix}_at_most_0_33_of_kube"), at_most(&wall, 0.33));
+                goals.insert(format!("server_cpu{suffix}_at_most_0_2_of_kube"), at_most(&cpu, 0.2));
+                goals.insert(format!("peak_rss{suffix}_at_most_0_25_of_kube"), at_most(&rss, 0.25));
+                ratios.insert(format!("sync_wall{suffix}_over_kube"), wall);
+                ratios.insert(format!("server_cpu{suffix}_over_kube"), cpu);
+                ratios.insert(format!("peak_rss{suffix}_over_kube"), rss);
+            }
+            goals.insert(
+                "every_informer_synced".into(),
+                json!(r.as_object().is_some_and(|m| m.values().all(|x| num(x, &["errors"]) == 0.0))),
+            );
+            (Value::Object(ratios), Value::Object(goals))
         }
         Scenario::Memory => {
             let rss = over(&["rss_kb"]);
@@ -1351,9 +1419,11 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             }),
             json!({}),
         ),
-        Scenario::Chaos | Scenario::Codec | Scenario::Burst | Scenario::Memory => {
-            (json!({}), json!({}))
-        }
+        Scenario::Chaos
+        | Scenario::Codec
+        | Scenario::Burst
+        | Scenario::Memory
+        | Scenario::Informers => (json!({}), json!({})),
         Scenario::Idle => {
             let pp = num(proxy, &["rss_per_watcher_bytes"]);
             (
@@ -1579,6 +1649,43 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
             );
         }
         Scenario::Chaos | Scenario::Codec | Scenario::Burst => {}
+        Scenario::Informers => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["informers"]),
+                        s2(v, &["objects"]),
+                        s2(v, &["synced"]),
+                        s2(v, &["errors"]),
+                        s2(v, &["sync_wall_s"]),
+                        s2(v, &["sync_ms", "p50_ms"]),
+                        s2(v, &["sync_ms", "p99_ms"]),
+                        kb_to_mb(v, &["bytes_per_informer"]),
+                        s2(v, &["server_cpu_s"]),
+                        kb_to_mb(v, &["server_peak_rss_kb"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                &format!("K2 informers{security}"),
+                &[
+                    "target",
+                    "informers",
+                    "objects",
+                    "synced",
+                    "errors",
+                    "wall s",
+                    "sync p50 ms",
+                    "sync p99 ms",
+                    "KiB/informer",
+                    "server cpu s",
+                    "server peak MB",
+                ],
+                &rows,
+            );
+        }
         Scenario::Memory => {
             let rows: Vec<Vec<String>> = map
                 .iter()

@@ -97,6 +97,8 @@ pub struct Params {
     pub gzip: bool,
     /// list: WatchList streams too (`--watch-list`).
     pub watch_list: bool,
+    /// informers: how many start at once.
+    pub informers: usize,
     /// list, get, startup: objects stored as kube-apiserver protobuf
     /// (`--storage-media-type application/vnd.kubernetes.protobuf`).
     pub storage_protobuf: bool,
@@ -1354,6 +1356,135 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     round3(s[s.len() / 2])
+}
+
+// ---------------------------------------------------------------- K2 informers
+
+/// How a client-go-like informer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InformerStart {
+    /// LIST at resourceVersion=0 (from the cache), then WATCH from the
+    /// List's resourceVersion with bookmarks: client-go before WatchList.
+    ListWatch,
+    /// One WATCH with `sendInitialEvents=true`, read to its
+    /// initial-events-end bookmark: client-go's WatchList (on by default
+    /// since 1.34's client-go).
+    WatchList,
+}
+
+impl InformerStart {
+    pub fn name(self) -> &'static str {
+        match self {
+            InformerStart::ListWatch => "list_watch",
+            InformerStart::WatchList => "watch_list",
+        }
+    }
+}
+
+/// `--informers` informers on `target` start at once, each over a share
+/// of `--connections` HTTP/2 connections (JSON, as the bench's client
+/// reads it): the wall time until every one has synced (its List read and
+/// its watch open, or its WatchList read to the bookmark), per informer
+/// times, and the server's CPU and peak RSS meanwhile. A synced informer's
+/// watch is closed (the scenario measures the sync).
+pub async fn informers(
+    ctx: &Ctx,
+    target: Target,
+    start: InformerStart,
+    loaded_rev: i64,
+) -> Result<Part> {
+    let p = &ctx.p;
+    if !matches!(target, Target::Proxy | Target::Kube) {
+        bail!("informers has no {} target", target.name());
+    }
+    let t = ctx.http(target)?;
+    let mut c = t.connect().await?;
+    let path = ctx.list_path();
+    proxy_caught_up(&mut c, &path, loaded_rev, Duration::from_secs(300)).await?;
+    drop(c);
+    let n = p.informers.max(1);
+    let pool = t.pool(p.connections).await?;
+    let hist = Arc::new(Mutex::new(new_histogram()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let pb = ctx.bar(n as u64, &format!("informers ({})", start.name()));
+    pb.set_prefix(target.name());
+    let usage = Usage::start(ctx, target);
+    let t0 = Instant::now();
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut conn = pool.conn(i).await?;
+        let (hist, errors, bytes, first_error, pb) = (
+            hist.clone(),
+            errors.clone(),
+            bytes.clone(),
+            first_error.clone(),
+            pb.clone(),
+        );
+        let path = path.clone();
+        handles.push(tokio::spawn(async move {
+            let r: Result<u64> = async {
+                match start {
+                    InformerStart::ListWatch => {
+                        let (n, head) = conn
+                            .get_count_head(&format!("{path}?resourceVersion=0"), 4096)
+                            .await?;
+                        let rv = extract_resource_version(&head)
+                            .ok_or_else(|| anyhow!("list without resourceVersion"))?;
+                        let resp = conn
+                            .get(&format!(
+                                "{path}?watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=600"
+                            ))
+                            .await?;
+                        if !resp.status().is_success() {
+                            bail!("watch from {rv}: {}", resp.status());
+                        }
+                        Ok(n)
+                    }
+                    InformerStart::WatchList => Ok(conn.watch_list_count(&path).await?.0),
+                }
+            }
+            .await;
+            match r {
+                Ok(b) => {
+                    hist.lock().saturating_record(t0.elapsed().as_micros() as u64);
+                    bytes.fetch_add(b, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    first_error.lock().get_or_insert(format!("{e:#}"));
+                }
+            }
+            pb.inc(1);
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let usage = usage.finish();
+    let h = hist.lock().clone();
+    let result = json!({
+        "target": target.name(),
+        "front": target.front(),
+        "start": start.name(),
+        "informers": n,
+        "objects": p.objects,
+        "object_size": p.size,
+        "connections": pool.len(),
+        "synced": h.len(),
+        "errors": errors.load(Ordering::Relaxed),
+        "first_error": *first_error.lock(),
+        "sync_wall_s": round3(wall),
+        "sync_ms": summarize(&h),
+        "bytes_per_informer": bytes.load(Ordering::Relaxed) / n as u64,
+        "server_cpu_s": usage["proxy"]["cpu_s"],
+        "server_peak_rss_kb": usage["proxy"]["peak_rss_kb"],
+        "processes": usage,
+    });
+    Ok((result, Some(h)))
 }
 
 // ---------------------------------------------------------------- K3 memory
