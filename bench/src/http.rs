@@ -310,7 +310,11 @@ impl Conn {
     /// `GET` and count the body's bytes (not unpacked) without keeping them,
     /// but for its first `head` bytes: (bytes, the first bytes). Errors on
     /// a non-2xx status.
-    pub async fn get_count_head(&mut self, path_and_query: &str, head: usize) -> Result<(u64, Vec<u8>)> {
+    pub async fn get_count_head(
+        &mut self,
+        path_and_query: &str,
+        head: usize,
+    ) -> Result<(u64, Vec<u8>)> {
         let resp = self.get(path_and_query).await?;
         let status = resp.status();
         if !status.is_success() {

@@ -174,8 +174,8 @@ impl KubeApiserver {
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join("kube-apiserver.log"))
-            .unwrap_or_default();
+        let text =
+            std::fs::read_to_string(self.dir.path().join("kube-apiserver.log")).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
@@ -255,7 +255,12 @@ impl KubeWriter {
             let _ = tcp.set_nodelay(true);
             let name = ServerName::try_from("127.0.0.1".to_string())
                 .map_err(|_| anyhow!("127.0.0.1 is not a TLS server name"))?;
-            let tls = kube.tls.h2.connect(name, tcp).await.context("TLS handshake")?;
+            let tls = kube
+                .tls
+                .h2
+                .connect(name, tcp)
+                .await
+                .context("TLS handshake")?;
             let (send, conn) = http2::Builder::new(TokioExecutor::new())
                 .handshake(TokioIo::new(tls))
                 .await
@@ -290,7 +295,9 @@ impl KubeWriter {
             .header(hyper::header::CONTENT_TYPE, content_type)
             .header(hyper::header::ACCEPT, JSON)
             .body(Full::new(Bytes::from(body)))?;
-        s.ready().await.context("HTTP/2 connection to kube-apiserver closed")?;
+        s.ready()
+            .await
+            .context("HTTP/2 connection to kube-apiserver closed")?;
         let resp = s.send_request(req).await?;
         let status = resp.status().as_u16();
         let body = resp.into_body().collect().await?.to_bytes();
@@ -384,13 +391,19 @@ fn rv_of(status: u16, want: u16, body: &[u8], what: &str, name: &str) -> Result<
 mod tests {
     #[test]
     fn the_kubernetes_config_points_at_the_bench_etcd_without_tls() {
-        let text =
-            super::watchcache_kubernetes_config("http://127.0.0.1:1234", "/registry", &["coalesce_writes=false".into()])
-                .unwrap();
+        let text = super::watchcache_kubernetes_config(
+            "http://127.0.0.1:1234",
+            "/registry",
+            &["coalesce_writes=false".into()],
+        )
+        .unwrap();
         let cfg: toml::Table = text.parse().unwrap();
         let etcd = cfg["etcd"].as_table().unwrap();
         assert!(etcd.get("tls").is_none());
-        assert_eq!(etcd["endpoints"].as_array().unwrap()[0].as_str(), Some("http://127.0.0.1:1234"));
+        assert_eq!(
+            etcd["endpoints"].as_array().unwrap()[0].as_str(),
+            Some("http://127.0.0.1:1234")
+        );
         assert!(cfg["resources"].as_array().unwrap().len() > 40);
         assert_eq!(cfg["server"]["coalesce_writes"].as_bool(), Some(false));
     }

@@ -731,9 +731,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         | Scenario::Get
         | Scenario::Startup
         | Scenario::Memory
-        | Scenario::Informers => {
-            scenarios::load_for(&ctx).await?
-        }
+        | Scenario::Informers => scenarios::load_for(&ctx).await?,
         _ => 0,
     };
 
@@ -1260,16 +1258,28 @@ fn kube_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                     o(&["server_peak_rss_kb"]),
                 );
                 let at_most = |v: &Value, x: f64| json!(v.as_f64().is_some_and(|v| v <= x));
-                goals.insert(format!("sync_wall{suffix}_at_most_0_33_of_kube"), at_most(&wall, 0.33));
-                goals.insert(format!("server_cpu{suffix}_at_most_0_2_of_kube"), at_most(&cpu, 0.2));
-                goals.insert(format!("peak_rss{suffix}_at_most_0_25_of_kube"), at_most(&rss, 0.25));
+                goals.insert(
+                    format!("sync_wall{suffix}_at_most_0_33_of_kube"),
+                    at_most(&wall, 0.33),
+                );
+                goals.insert(
+                    format!("server_cpu{suffix}_at_most_0_2_of_kube"),
+                    at_most(&cpu, 0.2),
+                );
+                goals.insert(
+                    format!("peak_rss{suffix}_at_most_0_25_of_kube"),
+                    at_most(&rss, 0.25),
+                );
                 ratios.insert(format!("sync_wall{suffix}_over_kube"), wall);
                 ratios.insert(format!("server_cpu{suffix}_over_kube"), cpu);
                 ratios.insert(format!("peak_rss{suffix}_over_kube"), rss);
             }
             goals.insert(
                 "every_informer_synced".into(),
-                json!(r.as_object().is_some_and(|m| m.values().all(|x| num(x, &["errors"]) == 0.0))),
+                json!(
+                    r.as_object()
+                        .is_some_and(|m| m.values().all(|x| num(x, &["errors"]) == 0.0))
+                ),
             );
             (Value::Object(ratios), Value::Object(goals))
         }

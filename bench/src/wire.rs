@@ -325,7 +325,12 @@ pub fn parse_watch_frame(frame: &[u8]) -> Result<EventInfo, String> {
     for (n, w, p) in proto_fields(meta).ok_or_else(|| bad("bad metadata"))? {
         match (n, w) {
             // ObjectMeta.resourceVersion
-            (6, 2) => rv = std::str::from_utf8(p).ok().and_then(|s| s.parse().ok()).unwrap_or(0),
+            (6, 2) => {
+                rv = std::str::from_utf8(p)
+                    .ok()
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0)
+            }
             // ObjectMeta.annotations: map entries (key 1, value 2).
             (12, 2) if proto_field(p, 1) == Some(b"writeTs".as_slice()) => {
                 write_ts = proto_field(p, 2)
@@ -473,7 +478,10 @@ mod tests {
         }
         assert_eq!(got.len(), 3);
         for e in got {
-            assert_eq!((e.kind, e.rv, e.write_ts), (Some(EventType::Modified), 77, Some(1234)));
+            assert_eq!(
+                (e.kind, e.rv, e.write_ts),
+                (Some(EventType::Modified), 77, Some(1234))
+            );
         }
         assert!(parse_watch_frame(b"\xff\xff").is_err());
     }
@@ -483,7 +491,10 @@ mod tests {
         let o = make_realistic_pod("ns", "p", 42, 3072);
         assert_eq!(o.len(), 3072);
         assert_eq!(extract_write_ts(&o), Some(42));
-        let line = format!(r#"{{"type":"ADDED","object":{}}}"#, String::from_utf8_lossy(&o));
+        let line = format!(
+            r#"{{"type":"ADDED","object":{}}}"#,
+            String::from_utf8_lossy(&o)
+        );
         let e = parse_watch_line_slow(line.as_bytes()).unwrap();
         assert_eq!(e.write_ts, Some(42));
     }

@@ -41,11 +41,23 @@ fn assert_clean_fanout(r: &Value, watchers: u64, writes: u64) {
         "p99_over_kube",
         "deliveries_per_s_over_kube",
     ] {
-        assert!(r["ratios"].get(k).is_some(), "ratio {k} missing: {:#}", r["ratios"]);
+        assert!(
+            r["ratios"].get(k).is_some(),
+            "ratio {k} missing: {:#}",
+            r["ratios"]
+        );
     }
     // The gross ratio is always computable: both servers spent CPU.
-    assert!(r["ratios"]["p99_over_kube"].as_f64().is_some_and(|v| v > 0.0));
-    assert!(r["ratios"]["cpu_per_delivery_gross_over_kube"].as_f64().is_some_and(|v| v > 0.0));
+    assert!(
+        r["ratios"]["p99_over_kube"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0)
+    );
+    assert!(
+        r["ratios"]["cpu_per_delivery_gross_over_kube"]
+            .as_f64()
+            .is_some_and(|v| v > 0.0)
+    );
     assert_eq!(r["goals"]["zero_lost_and_duplicated"], true);
 }
 
