@@ -205,9 +205,11 @@ struct Cli {
     /// How etcd watchers use their connections.
     #[arg(long, value_enum, default_value = "mux")]
     etcd_watch_mode: EtcdWatchMode,
-    /// Concurrent writes in flight (fanout).
-    #[arg(long, default_value_t = 4)]
-    writers: usize,
+    /// Concurrent writes in flight (fanout; default 4, through
+    /// kube-apiserver 32: its writes take longer than etcd's, and the rate
+    /// must hold).
+    #[arg(long)]
+    writers: Option<usize>,
     /// Seconds to wait after the last write for every watcher to see it.
     #[arg(long, default_value_t = 60.0)]
     drain_timeout: f64,
@@ -520,7 +522,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
             reconnect_after_s: cli.reconnect_after,
             size: cli.size.unwrap_or(1024),
             keys: cli.keys.unwrap_or(1000).max(1),
-            writers: cli.writers.max(1),
+            writers: cli.writers.unwrap_or(4).max(1),
             history_max_bytes: cli.history_max_bytes,
             namespace: cli.namespace.clone(),
             etcd_prefix: cli.etcd_prefix.clone(),
@@ -599,7 +601,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         streams_per_conn: cli.streams_per_conn.max(1),
         http1: cli.http1,
         etcd_mux: cli.etcd_watch_mode == EtcdWatchMode::Mux,
-        writers: cli.writers.max(1),
+        writers: cli.writers.unwrap_or(if kube_mode { 32 } else { 4 }).max(1),
         drain_timeout_s: cli.drain_timeout,
         objects: cli.objects.unwrap_or(default_objects),
         concurrency: cli.concurrency.max(1),
@@ -1179,6 +1181,7 @@ fn kube_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                     "duplicated": num(x, &["duplicated"]),
                     "unexpected": num(x, &["unexpected"]),
                     "out_of_order": num(x, &["out_of_order"]),
+                    "resumed_watches": num(x, &["resumed_watches"]),
                 })
             };
             let clean = ["lost", "duplicated", "unexpected", "out_of_order"]

@@ -475,6 +475,9 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
                 pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
                 path: ctx.list_path(),
                 protobuf: p.protobuf,
+                // Beside kube-apiserver, watchers resume as client-go's do:
+                // both servers cut off a watcher that falls behind.
+                resume: ctx.kube.is_some(),
             }
         }
         Target::Etcd | Target::Grpc | Target::GrpcProxy => {
@@ -679,6 +682,9 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         "drain_s": round3(drain.as_secs_f64()),
         "drained": drained,
         "deliveries": deliveries,
+        // Streams the server ended that the watchers opened again from
+        // their last resourceVersion (beside kube-apiserver only).
+        "resumed_watches": shared.resumed.load(Ordering::Relaxed),
         "expected_deliveries": (revs.len() * established) as u64,
         "deliveries_per_s": round3(deliveries as f64 / elapsed.max(1e-9)),
         "latency_ms": lat,
@@ -1575,6 +1581,7 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
             pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
             path: ctx.list_path(),
             protobuf: false,
+            resume: false,
         },
         Target::Etcd | Target::Grpc | Target::GrpcProxy => WatchTarget::Etcd {
             clients: &clients,
