@@ -13,7 +13,7 @@ import math
 import sys
 
 SERIES = [("proxy", "watchcache", "#1f77b4"), ("kube", "kube-apiserver", "#d62728")]
-W, H = 820, 360
+W, H = 850, 360
 PANEL_W, PANEL_H = 320, 230
 LEFT, TOP = 70, 50
 

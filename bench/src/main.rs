@@ -195,9 +195,11 @@ struct Cli {
     /// connections to the proxy (at least; see --streams-per-conn).
     #[arg(short = 'c', long, default_value_t = 10)]
     connections: usize,
-    /// At most this many watch streams per HTTP/2 connection to the proxy.
-    #[arg(long, default_value_t = 1000)]
-    streams_per_conn: usize,
+    /// At most this many watch streams per HTTP/2 connection to the proxy
+    /// (default 1000; with kube-apiserver 100, the most it allows, for
+    /// both servers).
+    #[arg(long)]
+    streams_per_conn: Option<usize>,
     /// Talk HTTP/1.1 to the proxy (one connection per watcher or worker)
     /// instead of HTTP/2 with prior knowledge.
     #[arg(long)]
@@ -598,7 +600,10 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         size: cli.size.unwrap_or(if kube_mode { 3072 } else { 1024 }),
         keys: cli.keys.unwrap_or(100).max(1),
         connections: cli.connections.max(1),
-        streams_per_conn: cli.streams_per_conn.max(1),
+        streams_per_conn: cli
+            .streams_per_conn
+            .unwrap_or(if kube_mode { 100 } else { 1000 })
+            .max(1),
         http1: cli.http1,
         etcd_mux: cli.etcd_watch_mode == EtcdWatchMode::Mux,
         writers: cli.writers.unwrap_or(if kube_mode { 32 } else { 4 }).max(1),
