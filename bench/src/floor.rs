@@ -108,14 +108,13 @@ mod tests {
         let h = loopback_floor(&body, 4).unwrap();
         let wall_us = t.elapsed().as_micros() as f64;
         assert_eq!(h.len(), 4);
-        // The transfers are most of the call (the rest is a bind, a connect
-        // and a thread): their recorded times must add up to most of it,
-        // not be clamped or lost.
+        // Every transfer is recorded, within the call's time, and none is
+        // clamped at the histogram's ceiling (a busy machine may stretch
+        // the call around them, so no lower bound against the wall time).
         let recorded_us = h.mean() * h.len() as f64;
-        assert!(
-            recorded_us <= wall_us && recorded_us >= wall_us / 2.0,
-            "recorded {recorded_us} us of {wall_us} us"
-        );
+        assert!(recorded_us <= wall_us, "recorded {recorded_us} us of {wall_us} us");
+        assert!(h.min() > 0, "a transfer took no time: {}", h.min());
+        assert!(h.max() < h.high(), "clamped at {}", h.high());
     }
 
     #[test]
