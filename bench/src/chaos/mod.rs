@@ -13,6 +13,8 @@
 
 pub mod api;
 pub mod checker;
+pub mod grpc;
+pub mod grpc_checker;
 pub mod proxy;
 pub mod recorder;
 
