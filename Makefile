@@ -25,7 +25,7 @@ test: lint test-peers
 test-peers:
 	bash scripts/peers.sh kube-apiserver-1.34 kube-apiserver-1.37
 	bash scripts/peers.sh etcdctl-3.6 etcdctl-3.7
-	bash scripts/clients.sh informer informer-latest etcdclient-3.6 etcdclient-3.7
+	bash scripts/clients.sh informer informer-latest etcdclient-3.6 etcdclient-3.7 porcupine
 
 # Real kube-apiserver and etcd built from their Go modules, cached outside the
 # clone (README, "Peers"); `scripts/peers.sh --print NAME` gives a binary's path.

@@ -350,6 +350,16 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     let serial = std::mem::take(&mut *g.serial.lock());
     let rev_reads = std::mem::take(&mut *g.rev_reads.lock());
     let ops = std::mem::take(&mut *g.ops.lock());
+    let mut watch_ends: BTreeMap<String, u64> = BTreeMap::new();
+    for w in &watches {
+        let reason = w.end.split(':').next().unwrap_or_default();
+        let answered = if w.created_rev > 0 || w.compacted.is_some() {
+            ""
+        } else {
+            " (before created)"
+        };
+        *watch_ends.entry(format!("{reason}{answered}")).or_insert(0) += 1;
+    }
     let report = grpc_checker::check(&history, &compactions, &watches, &serial, &rev_reads);
     let (verdict, history_file) = porcupine(&ops).await?;
     let list = |k: &str| -> Vec<String> {
@@ -404,6 +414,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         "watches_checked": report.watches_checked,
         "watch_breaks": ld(&c.watch_breaks),
         "watch_cancels": ld(&c.watch_cancels),
+        "watch_ends": watch_ends,
         "progress_requests": ld(&c.progress_requests),
         "events_checked": report.events_checked,
         "progress_notifications_checked": report.progress_checked,
@@ -852,29 +863,41 @@ async fn watcher(g: Arc<G>, i: u64, mut rng: StdRng) {
         let next: Option<Option<i64>> = loop {
             let tick = Duration::from_millis(rng.random_range(300..1500));
             let msg = tokio::select! {
-                _ = g.stop.cancelled() => break None,
+                _ = g.stop.cancelled() => {
+                    log.end = "stopped".into();
+                    break None;
+                }
                 _ = &mut life, if !canceling && watch_id.is_some() => {
                     canceling = true;
                     g.counters.watch_cancels.fetch_add(1, Ordering::Relaxed);
-                    if let Some(id) = watch_id && stream.cancel(id).await.is_err() {
+                    if let Some(id) = watch_id && let Err(e) = stream.cancel(id).await {
+                        log.end = format!("broken: {e}");
                         break Some(Some(resume_at(last_rev, log.created_rev)));
                     }
                     continue;
                 }
                 _ = tokio::time::sleep(tick), if !canceling => {
                     g.counters.progress_requests.fetch_add(1, Ordering::Relaxed);
-                    if stream.request_progress().await.is_err() {
+                    if let Err(e) = stream.request_progress().await {
+                        log.end = format!("broken: {e}");
                         break Some(Some(resume_at(last_rev, log.created_rev)));
                     }
                     continue;
                 }
-                _ = tokio::time::sleep(OP_TIMEOUT), if canceling => break Some(None),
+                _ = tokio::time::sleep(OP_TIMEOUT), if canceling => {
+                    log.end = "cancel unanswered".into();
+                    break Some(None);
+                }
                 m = stream.message() => m,
             };
             let resp = match msg {
                 Ok(Some(r)) => r,
-                _ => {
+                other => {
                     g.counters.watch_breaks.fetch_add(1, Ordering::Relaxed);
+                    log.end = match other {
+                        Err(e) => format!("broken: {e}"),
+                        _ => "broken: end of stream".into(),
+                    };
                     break Some(Some(resume_at(last_rev, log.created_rev)));
                 }
             };
@@ -887,6 +910,7 @@ async fn watcher(g: Arc<G>, i: u64, mut rng: StdRng) {
                     if resp.compact_revision() > 0 {
                         log.compacted = Some(resp.compact_revision());
                     }
+                    log.end = "refused".into();
                     break Some(None);
                 }
                 continue;
@@ -894,8 +918,10 @@ async fn watcher(g: Arc<G>, i: u64, mut rng: StdRng) {
             if resp.canceled() {
                 if resp.compact_revision() > 0 {
                     log.compacted = Some(resp.compact_revision());
+                    log.end = "compacted".into();
                     break Some(Some(resp.compact_revision()));
                 }
+                log.end = "canceled".into();
                 break Some(None);
             }
             let events: Vec<Ev> = resp.events().iter().filter_map(to_ev).collect();
@@ -908,6 +934,7 @@ async fn watcher(g: Arc<G>, i: u64, mut rng: StdRng) {
                 events,
             });
         };
+        log.ended_at = g.now();
         last_seen = last_seen.max(last_rev).max(log.created_rev);
         g.watches.lock().push(log);
         match next {

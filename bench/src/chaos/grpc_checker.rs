@@ -56,6 +56,11 @@ pub struct WatchLog {
     pub resps: Vec<Resp>,
     /// Canceled by the server with this compact_revision (> 0).
     pub compacted: Option<i64>,
+    /// How it ended: "stopped" (the run's end), "canceled" (by the client),
+    /// "compacted", "refused", or "broken: ..." (the stream failed).
+    pub end: String,
+    /// When it ended (ns since the run started).
+    pub ended_at: i64,
 }
 
 /// A read of one key at a past revision (`revision` set).
@@ -351,12 +356,20 @@ fn check_watch(replay: &Replay, compactions: &[GrpcCompaction], w: &WatchLog, r:
             .max_by_key(|c| c.rev)
     {
         let evs: usize = w.resps.iter().map(|x| x.events.len()).sum();
-        if w.compacted.is_none() || evs > 0 {
+        // A stream that broke before any answer (a fault) says nothing.
+        let unanswered = w.created_rev == 0 && evs == 0 && w.end.starts_with("broken");
+        if !unanswered && (w.compacted.is_none() || evs > 0) {
             v(
                 "Compacted",
                 format!(
-                    "watch from {} after compaction at {}: created at {}, {} events, canceled with {:?}",
-                    w.start_rev, c.rev, w.created_rev, evs, w.compacted
+                    "watch from {} after compaction at {}: created at {}, {} events, canceled with {:?}, ended {} after {} ms",
+                    w.start_rev,
+                    c.rev,
+                    w.created_rev,
+                    evs,
+                    w.compacted,
+                    w.end,
+                    (w.ended_at - w.sent_at) / 1_000_000
                 ),
             );
         }
