@@ -1943,3 +1943,52 @@ async fn sub_range_permissions_are_enforced_on_every_range_shape_as_etcd_does() 
         shapes.len()
     );
 }
+
+/// A progress request waits for etcd's current revision; while etcd does
+/// not answer (SIGSTOP), the stream's other requests go on: a cancel sent
+/// after the progress request is answered first, and the progress answer
+/// follows once etcd's revision is given up on. (Found by `watchcache-bench
+/// chaos --front grpc`: a watch's cancel went unanswered for seconds while
+/// etcd was silent, behind its stream's progress requests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_request_does_not_hold_up_its_stream_while_etcd_is_silent() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("progress-silent");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut s = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    s.watch(format!("{p}k"), None).await.expect("watch");
+    let created = read_created(&mut s, 2).await;
+    let first = created
+        .iter()
+        .find(|r| r.created())
+        .map(|r| r.watch_id())
+        .expect("a created watch");
+    let pid = etcd.pid().expect("pid") as libc::pid_t;
+    // SAFETY: signalling the etcd process this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    s.request_progress().await.expect("progress");
+    s.cancel(first).await.expect("cancel");
+    let got = read_until(&mut s, |r| is_progress(r)).await;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let order: Vec<&str> = got
+        .iter()
+        .filter_map(|r| {
+            if r.canceled() && r.watch_id() == first {
+                Some("canceled")
+            } else if is_progress(r) {
+                Some("progress")
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(order, ["canceled", "progress"], "{got:?}");
+    drop(etcd);
+}

@@ -351,6 +351,8 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     let rev_reads = std::mem::take(&mut *g.rev_reads.lock());
     let ops = std::mem::take(&mut *g.ops.lock());
     let mut watch_ends: BTreeMap<String, u64> = BTreeMap::new();
+    let mut break_reasons: BTreeMap<String, u64> = BTreeMap::new();
+    let mut unanswered = Vec::new();
     for w in &watches {
         let reason = w.end.split(':').next().unwrap_or_default();
         let answered = if w.created_rev > 0 || w.compacted.is_some() {
@@ -359,6 +361,19 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
             " (before created)"
         };
         *watch_ends.entry(format!("{reason}{answered}")).or_insert(0) += 1;
+        if w.end == "cancel unanswered" && unanswered.len() < 20 {
+            unanswered.push(json!({
+                "watch": format!("{}{}", w.key, if w.prefix { "*" } else { "" }),
+                "start_rev": w.start_rev,
+                "created_rev": w.created_rev,
+                "events": w.resps.iter().map(|r| r.events.len()).sum::<usize>(),
+                "sent_at_s": w.sent_at as f64 / 1e9,
+                "ended_at_s": w.ended_at as f64 / 1e9,
+            }));
+        }
+        if reason == "broken" && break_reasons.len() < 20 {
+            *break_reasons.entry(w.end.clone()).or_insert(0u64) += 1;
+        }
     }
     let report = grpc_checker::check(&history, &compactions, &watches, &serial, &rev_reads);
     let (verdict, history_file) = porcupine(&ops).await?;
@@ -415,6 +430,8 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         "watch_breaks": ld(&c.watch_breaks),
         "watch_cancels": ld(&c.watch_cancels),
         "watch_ends": watch_ends,
+        "watch_break_reasons": break_reasons,
+        "cancels_unanswered": unanswered,
         "progress_requests": ld(&c.progress_requests),
         "events_checked": report.events_checked,
         "progress_notifications_checked": report.progress_checked,
@@ -936,7 +953,12 @@ async fn watcher(g: Arc<G>, i: u64, mut rng: StdRng) {
         };
         log.ended_at = g.now();
         last_seen = last_seen.max(last_rev).max(log.created_rev);
+        let broken = log.end.starts_with("broken");
         g.watches.lock().push(log);
+        // A broken stream: the front may be down; do not spin.
+        if broken && !pause(&g.stop, Duration::from_millis(200)).await {
+            return;
+        }
         match next {
             None => return,
             // Broken or compacted: resume where it stopped, same shape.
