@@ -1974,7 +1974,7 @@ async fn a_progress_request_does_not_hold_up_its_stream_while_etcd_is_silent() {
     unsafe { libc::kill(pid, libc::SIGSTOP) };
     s.request_progress().await.expect("progress");
     s.cancel(first).await.expect("cancel");
-    let got = read_until(&mut s, |r| is_progress(r)).await;
+    let got = read_until(&mut s, is_progress).await;
     // SAFETY: as above.
     unsafe { libc::kill(pid, libc::SIGCONT) };
     let order: Vec<&str> = got

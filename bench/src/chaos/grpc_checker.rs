@@ -139,12 +139,15 @@ fn text(v: &Value) -> String {
     }
 }
 
+/// A key's (value, mod_revision), `None` while it does not exist.
+type KeyState = Option<(String, i64)>;
+
 /// etcd's history replayed: every event with its create revision, version
 /// and previous value; and each key's values over time.
 struct Replay {
     events: Vec<HEv>,
     /// key -> [(rev, value at and after rev)], in revision order.
-    timeline: HashMap<String, Vec<(i64, Option<(String, i64)>)>>,
+    timeline: HashMap<String, Vec<(i64, KeyState)>>,
     /// rev -> indexes into `events`.
     by_rev: BTreeMap<i64, Vec<usize>>,
 }
@@ -153,7 +156,7 @@ impl Replay {
     fn new(h: &History) -> Replay {
         // key -> (value, mod_rev, create_rev, version)
         let mut state: HashMap<String, (String, i64, i64, i64)> = HashMap::new();
-        let mut timeline: HashMap<String, Vec<(i64, Option<(String, i64)>)>> = HashMap::new();
+        let mut timeline: HashMap<String, Vec<(i64, KeyState)>> = HashMap::new();
         for (k, (rev, v)) in &h.base {
             state.insert(k.clone(), (text(v), *rev, *rev, 1));
             timeline
@@ -231,7 +234,8 @@ fn matches(w: &WatchLog, e: &Ev) -> bool {
     } else {
         e.key == w.key
     };
-    key_ok && !(e.delete && w.no_delete) && !(!e.delete && w.no_put)
+    let filtered = if e.delete { w.no_delete } else { w.no_put };
+    key_ok && !filtered
 }
 
 fn describe(e: &Ev) -> String {
