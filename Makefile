@@ -1,7 +1,7 @@
 # The two quick-start commands (README): `make run` and `make test`.
 # The cargo workspace: the daemon (root package `watchcache`) and the load
 # generator (bench/, package `watchcache-bench`); lint and test cover both.
-.PHONY: run test setup lint build peers test-peers test-etcd-matrix
+.PHONY: run test setup lint build peers test-peers test-etcd-matrix chaos
 
 setup:
 	bash scripts/setup.sh
@@ -42,3 +42,20 @@ test-etcd-matrix: setup
 	  WATCHCACHE_ETCDCTL_BIN=$$(bash scripts/peers.sh --print etcdctl-$$v) \
 	  cargo test --test storage --test cacher --test grpc --test etcd_clients || exit 1; \
 	done
+
+# CI's chaos runs (docs/RELIABILITY.md), 2 minutes each on a fixed seed, with
+# the binaries `make test` built: against one etcd, then against a 3-member
+# cluster with the member faults and a rolling upgrade onto etcd 3.6 and 3.7
+# (built by scripts/peers.sh), then etcd clients through the gRPC front
+# (`--front grpc`, 90 s). A violation fails the target.
+CHAOS_SEED ?= 1
+chaos: setup
+	bash scripts/peers.sh etcd-3.6 etcd-3.7
+	target/debug/watchcache-bench chaos --duration 120s --seed $(CHAOS_SEED) \
+	  --json target/chaos.json --no-progress
+	target/debug/watchcache-bench chaos --etcd-members 3 --duration 120s --seed $(CHAOS_SEED) \
+	  --etcd-upgrade $$(bash scripts/peers.sh --print etcd-3.6) \
+	  --etcd-upgrade $$(bash scripts/peers.sh --print etcd-3.7) \
+	  --json target/chaos-cluster.json --no-progress
+	target/debug/watchcache-bench chaos --front grpc --duration 90s --seed $(CHAOS_SEED) \
+	  --json target/chaos-grpc.json --no-progress

@@ -1067,7 +1067,7 @@ async fn impersonation_as_kube_apiserver_does_it() {
     assert_eq!(code, 400, "{body}");
     assert_eq!(
         json_of(&body)["message"],
-        "requested [{Group  dev    }] without impersonating a user"
+        r#"requested &user.DefaultInfo{Name:"", UID:"", Groups:[]string{"dev"}, Extra:map[string][]string(nil)} without impersonating a user name"#
     );
     // system:masters (cluster-admin) may impersonate anyone.
     let k_admin = s.kubectl(KubeUser::Cert(&s.admin));

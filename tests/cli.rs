@@ -176,3 +176,55 @@ fn a_bad_consistency_check_interval_stops_startup_naming_the_flag() {
     let help = watchcache().arg("--help").output().unwrap();
     assert!(String::from_utf8_lossy(&help.stdout).contains("--consistency-check-interval"));
 }
+
+/// The daemon's jemalloc runs its background purging thread (the options
+/// compiled into the binary, src/main.rs): without it, pages freed by closed
+/// watches stayed resident until their arena allocated again, and RSS rose
+/// over cycles of opening and closing watches (docs/RELIABILITY.md). An
+/// operator's `_RJEM_MALLOC_CONF` still overrides the compiled options.
+#[tokio::test]
+async fn jemalloc_purges_freed_pages_from_a_background_thread() {
+    async fn allocator_threads(envs: &[(&str, &str)]) -> (usize, String) {
+        let port = watchcache::etcd_server::free_port().unwrap();
+        let mut child = watchcache()
+            .args(["--dev", "--listen", &format!("127.0.0.1:{port}")])
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let url = format!("http://127.0.0.1:{port}/healthz");
+        let up = common::eventually(Duration::from_secs(60), || {
+            let url = url.clone();
+            async move { matches!(reqwest::get(&url).await, Ok(r) if r.status().is_success()) }
+        })
+        .await;
+        let tasks = std::fs::read_dir(format!("/proc/{}/task", child.id()))
+            .map(|d| d.flatten().map(|t| t.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        let bg = tasks
+            .iter()
+            .filter_map(|t| std::fs::read_to_string(t.join("comm")).ok())
+            .filter(|name| name.trim() == "jemalloc_bg_thd")
+            .count();
+        // SAFETY: SIGTERM to our own child.
+        unsafe {
+            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let status = child.wait().unwrap();
+        let mut stderr = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut stderr)
+            .unwrap();
+        assert!(up, "dev mode answered /healthz; log:\n{stderr}");
+        assert!(status.success(), "clean exit: {status:?}\n{stderr}");
+        (bg, stderr)
+    }
+    let (bg, log) = allocator_threads(&[]).await;
+    assert!(bg > 0, "a jemalloc_bg_thd thread; log:\n{log}");
+    let (bg, log) = allocator_threads(&[("_RJEM_MALLOC_CONF", "background_thread:false")]).await;
+    assert_eq!(bg, 0, "_RJEM_MALLOC_CONF overrides; log:\n{log}");
+}

@@ -1307,16 +1307,21 @@ async fn read_events(resp: reqwest::Response, count: usize) -> Vec<Value> {
 }
 
 impl Oracle {
+    /// The client and URL of `path` on kube-apiserver (`kube`) or watchcache.
+    fn client_for(&self, kube: bool, path: &str) -> (&reqwest::Client, String) {
+        if kube {
+            (&self.kube.http, self.kube.url(path))
+        } else {
+            (&self.http, self.watchcache.url(path))
+        }
+    }
+
     async fn open_watch(&self, kube: bool, path: &str) -> reqwest::Response {
         self.open_watch_as(kube, path, JSON).await
     }
 
     async fn open_watch_as(&self, kube: bool, path: &str, accept: &str) -> reqwest::Response {
-        let (client, url) = if kube {
-            (&self.kube.http, self.kube.url(path))
-        } else {
-            (&self.http, self.watchcache.url(path))
-        };
+        let (client, url) = self.client_for(kube, path);
         let r = client
             .get(url)
             .header("accept", accept)
@@ -1613,11 +1618,7 @@ async fn protobuf_watch_frames_byte_for_byte(o: &mut Oracle, accept: &str) {
         .to_string();
     let path = format!("{cms}?watch=1&resourceVersion={rv}");
     let open = |kube: bool| {
-        let (client, url) = if kube {
-            (&o.kube.http, o.kube.url(&path))
-        } else {
-            (&o.http, o.watchcache.url(&path))
-        };
+        let (client, url) = o.client_for(kube, &path);
         client
             .get(url)
             .header("accept", accept)
@@ -1749,11 +1750,7 @@ async fn too_old_resource_version(version: &str) {
     let path = format!("{cms}?watch=1&resourceVersion=10");
     let mut answers = Vec::new();
     for kube in [false, true] {
-        let (client, url) = if kube {
-            (&o.kube.http, o.kube.url(&path))
-        } else {
-            (&o.http, o.watchcache.url(&path))
-        };
+        let (client, url) = o.client_for(kube, &path);
         let r = client
             .get(url)
             .timeout(Duration::from_secs(60))
@@ -2860,6 +2857,320 @@ async fn sharded_list_and_watch_as_kube_apiserver_1_37_serves() {
         let mut diffs = Vec::new();
         diff("", &Value::Array(w), &Value::Array(k), &mut diffs);
         o.record("configmaps", &format!("watch {path}"), diffs);
+    }
+    assert!(
+        o.failures.is_empty(),
+        "{} differences from kube-apiserver 1.37 (of {} comparisons):\n{}",
+        o.failures.len(),
+        o.compared,
+        o.failures.join("\n")
+    );
+}
+
+/// (what, method, path, impersonation headers).
+type ImpersonationCase = (
+    &'static str,
+    &'static str,
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+);
+
+/// The RBAC objects of the impersonation comparison: carol may impersonate
+/// alice, the group dev and the extra `scopes`; alice may list ConfigMaps
+/// in team-a.
+const IMPERSONATION_RBAC: &str = r#"apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: impersonate-alice}
+rules:
+- apiGroups: [""]
+  resources: [users]
+  resourceNames: [alice]
+  verbs: [impersonate]
+- apiGroups: [""]
+  resources: [groups]
+  resourceNames: [dev]
+  verbs: [impersonate]
+- apiGroups: [authentication.k8s.io]
+  resources: [userextras/scopes]
+  verbs: [impersonate]
+- apiGroups: [authentication.k8s.io]
+  resources: [uids]
+  resourceNames: [alice-uid]
+  verbs: [impersonate]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: carol-impersonates-alice}
+subjects:
+- {kind: User, name: carol, apiGroup: rbac.authorization.k8s.io}
+roleRef: {kind: ClusterRole, name: impersonate-alice, apiGroup: rbac.authorization.k8s.io}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {name: configmap-reader, namespace: team-a}
+rules:
+- apiGroups: [""]
+  resources: [configmaps]
+  verbs: [get, list, watch]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: alice-reads, namespace: team-a}
+subjects:
+- {kind: User, name: alice, apiGroup: rbac.authorization.k8s.io}
+roleRef: {kind: Role, name: configmap-reader, apiGroup: rbac.authorization.k8s.io}
+"#;
+
+/// Impersonation (`Impersonate-*` headers, kubectl `--as`) against
+/// kube-apiserver 1.37 with the same users and RBAC (its objects through
+/// its API, watchcache's from a policy file): allowed and refused
+/// impersonations of a user, a group, a uid, a user extra and a service
+/// account get the same code and Status; the impersonated identity reads
+/// what it may, as `SelfSubjectReview` reports it; a forbidden resource,
+/// object, other group and path get the same Status details; a
+/// `SelfSubjectAccessReview` as alice (what `kubectl auth can-i --as`
+/// sends) answers the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impersonation_as_kube_apiserver_1_37_does_it() {
+    let binary = peer("kube-apiserver-1.37");
+    let etcd = PrivateEtcd::start().await.expect("start etcd");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let encryption = write_encryption_config(dir.path());
+    let tokens = "carol-token,carol,carol-uid,\"\"\n";
+    let kube = KubeApiserver::start_with_tokens(
+        &binary,
+        &etcd.endpoint(),
+        "/registry",
+        &encryption,
+        &[],
+        tokens,
+    )
+    .await;
+    for ns in ["team-a", "team-b"] {
+        let n = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        kube.create("/api/v1/namespaces", &n).await;
+        let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm"}});
+        kube.create(&format!("/api/v1/namespaces/{ns}/configmaps"), &cm)
+            .await;
+    }
+    for doc in IMPERSONATION_RBAC.split("\n---\n") {
+        let v: Value = serde_saphyr::from_str(doc).expect("RBAC YAML");
+        let kind = v["kind"].as_str().expect("kind");
+        let path = match (kind, v["metadata"]["namespace"].as_str()) {
+            ("ClusterRole", _) => "/apis/rbac.authorization.k8s.io/v1/clusterroles".to_string(),
+            ("ClusterRoleBinding", _) => {
+                "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings".to_string()
+            }
+            ("Role", Some(ns)) => {
+                format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles")
+            }
+            (_, Some(ns)) => {
+                format!("/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings")
+            }
+            other => panic!("{other:?}"),
+        };
+        kube.create(&path, &v).await;
+    }
+    let policy = dir.path().join("rbac.yaml");
+    std::fs::write(&policy, IMPERSONATION_RBAC).expect("write policy");
+    let token_file = dir.path().join("tokens.csv");
+    std::fs::write(
+        &token_file,
+        format!(
+            "{},oracle-admin,oracle-admin-uid,\"system:masters\"\n{tokens}",
+            common::kube_apiserver::ADMIN_TOKEN
+        ),
+    )
+    .expect("write tokens");
+    let (policy, token_file) = (
+        policy.display().to_string(),
+        token_file.display().to_string(),
+    );
+    let mut o = Oracle::with_watchcache_args(
+        kube,
+        &etcd.endpoint(),
+        &encryption,
+        "1.37",
+        &[
+            "--token-auth-file",
+            &token_file,
+            "--authorization-mode",
+            "RBAC",
+            "--rbac-policy-file",
+            &policy,
+        ],
+    )
+    .await;
+    // (what, method, path, headers): each sent as carol to both.
+    let review = "/apis/authentication.k8s.io/v1/selfsubjectreviews";
+    let team_a = "/api/v1/namespaces/team-a/configmaps";
+    let team_b = "/api/v1/namespaces/team-b/configmaps";
+    let cases: Vec<ImpersonationCase> = vec![
+        ("carol alone", "GET", team_a, vec![]),
+        (
+            "as alice",
+            "GET",
+            team_a,
+            vec![("Impersonate-User", "alice")],
+        ),
+        (
+            "as alice, elsewhere",
+            "GET",
+            team_b,
+            vec![("Impersonate-User", "alice")],
+        ),
+        ("as bob", "GET", team_a, vec![("Impersonate-User", "bob")]),
+        (
+            "as alice in dev",
+            "POST",
+            review,
+            vec![("Impersonate-User", "alice"), ("Impersonate-Group", "dev")],
+        ),
+        (
+            "as alice in ops",
+            "GET",
+            team_a,
+            vec![("Impersonate-User", "alice"), ("Impersonate-Group", "ops")],
+        ),
+        (
+            "as alice with her uid",
+            "POST",
+            review,
+            vec![
+                ("Impersonate-User", "alice"),
+                ("Impersonate-Uid", "alice-uid"),
+            ],
+        ),
+        (
+            "as alice with another uid",
+            "GET",
+            team_a,
+            vec![("Impersonate-User", "alice"), ("Impersonate-Uid", "other")],
+        ),
+        (
+            "as alice with a scope",
+            "POST",
+            review,
+            vec![
+                ("Impersonate-User", "alice"),
+                ("Impersonate-Extra-Scopes", "view"),
+            ],
+        ),
+        (
+            "as alice with another extra",
+            "GET",
+            team_a,
+            vec![
+                ("Impersonate-User", "alice"),
+                ("Impersonate-Extra-Team", "x"),
+            ],
+        ),
+        (
+            "a group alone",
+            "GET",
+            team_a,
+            vec![("Impersonate-Group", "dev")],
+        ),
+        (
+            "as alice, a path",
+            "GET",
+            "/metrics",
+            vec![("Impersonate-User", "alice")],
+        ),
+        (
+            "as alice, an object",
+            "GET",
+            "/api/v1/namespaces/team-b/configmaps/cm",
+            vec![("Impersonate-User", "alice")],
+        ),
+        (
+            "as alice, another group",
+            "GET",
+            "/apis/apps/v1/namespaces/team-a/deployments",
+            vec![("Impersonate-User", "alice")],
+        ),
+        (
+            "a uid alone",
+            "GET",
+            team_a,
+            vec![("Impersonate-Uid", "alice-uid")],
+        ),
+        (
+            "as a service account",
+            "GET",
+            team_a,
+            vec![("Impersonate-User", "system:serviceaccount:team-a:builder")],
+        ),
+    ];
+    let body = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"});
+    let mut answers = Vec::new();
+    for (what, method, path, headers) in &cases {
+        let mut pair = Vec::new();
+        for kube in [false, true] {
+            let (client, url) = o.client_for(kube, path);
+            let mut r = client
+                .request(Method::from_bytes(method.as_bytes()).expect("method"), url)
+                .header("authorization", "Bearer carol-token")
+                .header("accept", JSON);
+            for (k, v) in headers {
+                r = r.header(*k, *v);
+            }
+            if *method == "POST" {
+                r = r.header("content-type", JSON).body(body.to_string());
+            }
+            let resp = r.send().await.expect("request");
+            let code = resp.status().as_u16();
+            let mut v: Value = resp.json().await.unwrap_or(Value::Null);
+            // What is compared: a Status whole, a List's names, a review's user.
+            let v = if v["kind"] == "Status" {
+                v
+            } else if let Some(items) = v["items"].as_array_mut() {
+                json!(
+                    items
+                        .iter()
+                        .map(|i| i["metadata"]["name"].clone())
+                        .collect::<Vec<_>>()
+                )
+            } else {
+                v["status"].take()
+            };
+            pair.push(json!({"code": code, "body": v}));
+        }
+        let mut diffs = Vec::new();
+        diff("", &pair[0], &pair[1], &mut diffs);
+        o.record("impersonation", &format!("{what}: {method} {path}"), diffs);
+        answers.push((what, pair[1].clone()));
+    }
+    // The comparison is not of two refusals: kube-apiserver allowed some.
+    let allowed = answers
+        .iter()
+        .filter(|(_, a)| a["code"] == 200 || a["code"] == 201)
+        .count();
+    assert!(allowed >= 4, "kube-apiserver's answers: {answers:?}");
+    // What `kubectl auth can-i VERB configmaps -n NS --as alice` sends: a
+    // SelfSubjectAccessReview as alice. The same answer from both.
+    let ssar = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews";
+    for (ns, verb) in [("team-a", "list"), ("team-b", "list"), ("team-a", "delete")] {
+        let review = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": {"namespace": ns, "verb": verb, "resource": "configmaps"}}});
+        let mut pair = Vec::new();
+        for kube in [false, true] {
+            let (client, url) = o.client_for(kube, ssar);
+            let r = client
+                .post(url)
+                .header("authorization", "Bearer carol-token")
+                .header("impersonate-user", "alice")
+                .header("content-type", JSON)
+                .body(review.to_string())
+                .send()
+                .await
+                .expect("review");
+            let code = r.status().as_u16();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            pair.push(json!({"code": code, "allowed": v["status"]["allowed"]}));
+        }
+        assert_eq!(pair[0], pair[1], "can-i {verb} configmaps in {ns} as alice");
+        assert_eq!(pair[1]["code"], 201, "{pair:?}");
     }
     assert!(
         o.failures.is_empty(),

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use watchcache::config::EtcdConfig;
 use watchcache::storage::{
     EncryptionTransformer, ListOptions, Preconditions, Storage, StorageError, StoredObject,
-    Transformer, UpdateAction, WriteOptions,
+    Transformer, UpdateAction, WatchItem, WriteOptions,
 };
 
 async fn storage_with(cfg: EtcdConfig) -> Storage {
@@ -1064,6 +1064,50 @@ impl Drop for Frozen {
             libc::kill(self.0 as libc::pid_t, libc::SIGCONT);
         }
     }
+}
+
+/// A member of a cluster that has lost its leader (the other two members are
+/// gone, as when it is cut off them) ends a watch and refuses a read with
+/// etcd's "no leader": the daemon's requests carry etcd's require-leader
+/// metadata, so its reflector opens the watch again, and a read is retried,
+/// on another member. Without the metadata etcd keeps such a watch open and
+/// silent, and holds the read until its deadline (a Timeout).
+#[tokio::test]
+async fn a_member_without_a_leader_ends_watches_and_refuses_reads() {
+    let mut cluster = common::EtcdCluster::start().await;
+    let s = storage_with(common::etcd_config(&cluster.endpoint(0), "/leaderless")).await;
+    let w = WriteOptions::default();
+    let a = s
+        .create("/leaderless/a", obj("a", "u", 1), &w)
+        .await
+        .unwrap();
+    let mut watch = s.watch("/leaderless/", a.mod_revision).await.unwrap();
+    match watch.next().await.unwrap() {
+        WatchItem::Events { revision, .. } => assert_eq!(revision, a.mod_revision),
+        other => panic!("expected the create, got {other:?}"),
+    }
+    cluster.kill(1);
+    cluster.kill(2);
+    // etcd ends it after about three election timeouts (3 s) without a
+    // leader; the bound only keeps a broken build from hanging the suite.
+    let ended = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Err(e) = watch.next().await {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the watch ended");
+    assert!(
+        matches!(&ended, StorageError::Unavailable(m) if m.contains("no leader")),
+        "{ended:?}"
+    );
+    let read = s.current_revision().await.expect_err("no leader, no read");
+    assert!(
+        matches!(&read, StorageError::Unavailable(m) if m.contains("no leader")),
+        "{read:?}"
+    );
 }
 
 #[tokio::test]

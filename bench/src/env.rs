@@ -134,9 +134,10 @@ pub struct Daemon {
     dir: tempfile::TempDir,
 }
 
-/// The daemon config: one namespaced resource, `pods`, under `prefix`.
+/// The daemon config: one namespaced resource, `pods`, under `prefix`, from
+/// the etcd members at `etcd`.
 pub fn daemon_config(
-    etcd: &str,
+    etcd: &[String],
     prefix: &str,
     history_capacity: usize,
     list_page_size: Option<usize>,
@@ -150,11 +151,16 @@ pub fn daemon_config(
     } else {
         format!("\n[server]\n{}\n", server.join("\n"))
     };
+    let etcd = etcd
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     format!(
         r#"listen = "127.0.0.1:8080"
 
 [etcd]
-endpoints = ["{etcd}"]
+endpoints = [{etcd}]
 prefix = "{prefix}"
 {page}
 [[resources]]
@@ -567,12 +573,17 @@ pub async fn wait_grpc(authority: &str, timeout: Duration) -> Result<()> {
 
 /// A new etcd client (its own gRPC connection).
 pub async fn etcd_connect(endpoint: &str) -> Result<Client> {
+    etcd_connect_all(&[endpoint.to_string()]).await
+}
+
+/// A new etcd client balanced over the members at `endpoints`.
+pub async fn etcd_connect_all(endpoints: &[String]) -> Result<Client> {
     let opts = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(5))
         .with_keep_alive(Duration::from_secs(30), Duration::from_secs(10));
-    Client::connect([endpoint], Some(opts))
+    Client::connect(endpoints, Some(opts))
         .await
-        .with_context(|| format!("connecting to etcd at {endpoint}"))
+        .with_context(|| format!("connecting to etcd at {}", endpoints.join(",")))
 }
 
 /// A KV client that accepts responses of any size (full ranges of 100 MB).

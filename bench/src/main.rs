@@ -86,7 +86,7 @@ enum EtcdWatchMode {
 enum TargetArg {
     Proxy,
     Etcd,
-    /// etcd watchers on watchcache's etcd v3 gRPC front (fanout only).
+    /// etcd watchers on watchcache's etcd v3 gRPC front (fanout, idle).
     Grpc,
     /// etcd watchers through `etcd grpc-proxy start` (fanout only).
     GrpcProxy,
@@ -156,6 +156,17 @@ struct Cli {
     /// `30`, `30s`, `2m` (default 10; chaos: 120).
     #[arg(short = 'd', long, value_parser = parse_seconds)]
     duration: Option<f64>,
+    /// chaos: start an etcd cluster of this many members (own data dirs and
+    /// loopback ports; the daemon gets every endpoint) and, with 3 or more,
+    /// add member faults: leader kill, stop and partition of the daemon's
+    /// member, rolling restart and upgrade (docs/RELIABILITY.md).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=7))]
+    etcd_members: u32,
+    /// chaos --etcd-members: an etcd binary of the rolling upgrade
+    /// (repeatable, oldest first). Default: etcd 3.6 and 3.7 as
+    /// `scripts/peers.sh --print etcd-3.6 etcd-3.7` finds them, if built.
+    #[arg(long, value_name = "BIN")]
+    etcd_upgrade: Vec<PathBuf>,
     /// Seed of the chaos run's fault schedule and client choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -232,6 +243,12 @@ struct Cli {
     /// Seconds to let memory settle before reading RSS (startup, idle).
     #[arg(long, default_value_t = 2.0)]
     settle: f64,
+    /// idle: open and close the watchers, each time on new connections,
+    /// this many times, and print the holder's RSS after each opening and
+    /// each closing (memory a closed watch does not give back grows with
+    /// the cycles; memory kept for reuse levels off).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    cycles: u32,
     /// list: ask the proxy for protobuf (`Accept:
     /// application/vnd.kubernetes.protobuf`, as client-go does for built-in
     /// types) instead of JSON. The objects are then Pods that fit the Pod
@@ -305,8 +322,13 @@ fn main() -> Result<()> {
     }
     let grpc_target =
         cli.compare_grpc || matches!(cli.target, TargetArg::Grpc | TargetArg::GrpcProxy);
-    if grpc_target && cli.scenario != Scenario::Fanout {
-        bail!("--target grpc, --target grpc-proxy and --compare-grpc apply to fanout");
+    if grpc_target
+        && cli.scenario != Scenario::Fanout
+        && !(cli.scenario == Scenario::Idle && cli.target == TargetArg::Grpc && !cli.compare_grpc)
+    {
+        bail!(
+            "--target grpc-proxy and --compare-grpc apply to fanout, --target grpc to fanout and idle"
+        );
     }
     if grpc_target && (cli.compare || cli.secure || cli.compare_secure || cli.proxy.is_some()) {
         bail!(
@@ -323,6 +345,9 @@ fn main() -> Result<()> {
         )
     {
         bail!("--repeat applies to fanout, list, get, startup and idle");
+    }
+    if cli.cycles > 1 && cli.scenario != Scenario::Idle {
+        bail!("--cycles applies to idle");
     }
     if cli.repeat > 1 && cli.plot.is_some() {
         bail!("--plot draws one run: drop --repeat");
@@ -343,6 +368,11 @@ fn main() -> Result<()> {
         )
     {
         bail!("--storage-media-type applies to list, get and startup");
+    }
+    if (cli.etcd_members > 1 || !cli.etcd_upgrade.is_empty())
+        && (cli.scenario != Scenario::Chaos || cli.etcd.is_some() || cli.proxy.is_some())
+    {
+        bail!("--etcd-members and --etcd-upgrade apply to chaos, with the etcd the bench starts");
     }
     if cli.proxy.is_some() && cli.etcd.is_none() {
         bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
@@ -401,9 +431,11 @@ fn main() -> Result<()> {
 /// its own, both ended with it: nothing of one run (a detached task, a
 /// connection) runs on into the next. Returns the run's report.
 fn run_once(cli: &Cli, nofile: u64) -> Result<Option<Value>> {
-    // Our own etcd lives in a keeper thread for the whole run.
+    // Our own etcd lives in a keeper thread for the whole run (a cluster
+    // is started by the chaos run itself).
     let keeper = match &cli.etcd {
         Some(_) => None,
+        None if cli.etcd_members > 1 => None,
         None => Some(EtcdKeeper::start()?),
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -443,6 +475,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     let etcd_endpoint = match (&cli.etcd, &keeper) {
         (Some(u), _) => u.trim_end_matches('/').to_string(),
         (None, Some(k)) => k.endpoint.clone(),
+        (None, None) if cli.etcd_members > 1 => String::new(),
         (None, None) => bail!("no etcd"),
     };
     if cli.scenario == Scenario::Chaos {
@@ -542,6 +575,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         namespace: cli.namespace.clone(),
         etcd_prefix: cli.etcd_prefix.clone(),
         settle_s: cli.settle,
+        cycles: cli.cycles,
         list_page_size: cli.list_page_size,
         daemon_server: cli.daemon_server.clone(),
         protobuf: cli.protobuf,
@@ -577,7 +611,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     // History large enough for every write of the run plus the setup.
     let history = ((rate * duration) as usize + ctx.p.objects + 1000).max(10_000);
     let daemon_cfg = daemon_config(
-        &etcd_endpoint,
+        std::slice::from_ref(&etcd_endpoint),
         &ctx.p.etcd_prefix,
         history,
         ctx.p.list_page_size,
@@ -1373,6 +1407,33 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
                 ],
                 &rows,
             );
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .flat_map(|(k, v)| {
+                    v["cycles"].as_array().into_iter().flatten().map(move |c| {
+                        vec![
+                            k.clone(),
+                            s2(c, &["cycle"]),
+                            s2(c, &["watchers_established"]),
+                            kb_to_mb(c, &["rss_open_kb"]),
+                            kb_to_mb(c, &["rss_closed_kb"]),
+                        ]
+                    })
+                })
+                .collect();
+            if !rows.is_empty() {
+                print_table(
+                    "M1 idle watchers opened and closed: holder RSS per cycle",
+                    &[
+                        "target",
+                        "cycle",
+                        "watchers",
+                        "RSS open MB",
+                        "RSS closed MB",
+                    ],
+                    &rows,
+                );
+            }
         }
     }
     if let Some(m) = ratios.as_object().filter(|m| !m.is_empty()) {
@@ -1395,6 +1456,39 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
             }
         }
     }
+}
+
+/// The binaries of the chaos run's rolling upgrade: `--etcd-upgrade`, or
+/// etcd 3.6 and 3.7 from `scripts/peers.sh --print` in the source tree when
+/// both are built (none otherwise).
+fn upgrade_binaries(given: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    if !given.is_empty() {
+        for b in given {
+            if !b.is_file() {
+                bail!("--etcd-upgrade {}: no such file", b.display());
+            }
+        }
+        return Ok(given.to_vec());
+    }
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/peers.sh");
+    let Ok(out) = std::process::Command::new("bash")
+        .arg(&script)
+        .args(["--print", "etcd-3.6", "etcd-3.7"])
+        .stderr(std::process::Stdio::null())
+        .output()
+    else {
+        return Ok(Vec::new());
+    };
+    let bins: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .filter(|p| p.is_file())
+        .collect();
+    Ok(if out.status.success() && bins.len() == 2 {
+        bins
+    } else {
+        Vec::new()
+    })
 }
 
 /// `chaos`: faults against etcd and the daemon, every stream checked against
@@ -1428,12 +1522,44 @@ async fn run_chaos(
                 .to_string()
         }),
         watchcache_bin,
+        etcd_members: cli.etcd_members as usize,
+        etcd_bin: match watchcache::etcd_server::find_etcd_binary() {
+            Some(b) => b,
+            None if cli.etcd_members > 1 => {
+                bail!("{}", watchcache::etcd_server::EtcdServerError::NotFound)
+            }
+            None => PathBuf::new(),
+        },
+        etcd_upgrades: if cli.etcd_members >= 3 {
+            upgrade_binaries(&cli.etcd_upgrade)?
+        } else {
+            Vec::new()
+        },
+    };
+    let etcd_desc = if p.etcd_members > 1 {
+        format!(
+            "a {}-member cluster of {}",
+            p.etcd_members,
+            p.etcd_bin.display()
+        )
+    } else {
+        etcd_endpoint.clone()
     };
     eprintln!(
-        "watchcache-bench chaos: seed {}, {:?}, etcd {etcd_endpoint}",
+        "watchcache-bench chaos: seed {}, {:?}, etcd {etcd_desc}",
         p.seed, p.duration
     );
+    if !p.etcd_upgrades.is_empty() {
+        eprintln!("chaos: rolling upgrade onto {:?}", p.etcd_upgrades);
+    } else if p.etcd_members >= 3 {
+        eprintln!(
+            "chaos: no rolling upgrade (no etcd 3.6/3.7: scripts/peers.sh etcd-3.6 etcd-3.7, or --etcd-upgrade BIN)"
+        );
+    }
     if cli.front == ChaosFront::Grpc {
+        if p.etcd_members > 1 {
+            bail!("chaos --front grpc runs against one etcd (--etcd-members 1)");
+        }
         let out = chaos::grpc::run(&p, keeper.as_ref()).await?;
         chaos::grpc::print(&out, cli.seed);
         if let Some(path) = &cli.json {
@@ -1464,6 +1590,24 @@ async fn run_chaos(
     for (k, v) in out.json["faults_by_kind"].as_object().into_iter().flatten() {
         println!("    {k:<20} {v}");
     }
+    let recovery = out.json["recovery_by_kind"].as_object();
+    if recovery.is_some_and(|m| !m.is_empty()) {
+        println!(
+            "  fresh data after a fault (s): min / median / max; of which after etcd took a write, max; recovered/faults"
+        );
+    }
+    for (k, v) in recovery.into_iter().flatten() {
+        let s = |f: &str| v[f].as_f64().map_or("-".into(), |x| format!("{x:.2}"));
+        println!(
+            "    {k:<20} {} / {} / {}; {}; {}/{}",
+            s("min_s"),
+            s("median_s"),
+            s("max_s"),
+            s("max_after_etcd_write_s"),
+            v["recovered"],
+            v["faults"]
+        );
+    }
     println!("  writes acknowledged   {}", r.writes_acknowledged);
     println!(
         "    (409 retried {}, failed during faults {})",
@@ -1488,7 +1632,7 @@ async fn run_chaos(
             "started_at": started.to_rfc3339(),
             "finished_at": chrono::Utc::now().to_rfc3339(),
             "machine": procfs::machine_info(nofile),
-            "etcd_version": env::etcd_version(&etcd_endpoint).await,
+            "etcd_version": out.etcd_version,
             "etcd_endpoint": etcd_endpoint,
             "results": out.json,
         });

@@ -119,12 +119,91 @@ pub fn machine_info(nofile_limit: u64) -> MachineInfo {
     }
 }
 
+/// Which of `pids` holds the TCP socket whose local end is `local` and
+/// whose remote end is `remote` (IPv4), from `/proc/net/tcp` and each
+/// process's `/proc/PID/fd`: the index into `pids`, `None` if none does.
+/// The chaos run's peer proxies learn so which etcd member opened a
+/// connection to them.
+pub fn tcp_socket_owner(
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+    pids: &[u32],
+) -> Option<usize> {
+    let inode = tcp_inode(
+        &std::fs::read_to_string("/proc/net/tcp").ok()?,
+        local,
+        remote,
+    )?;
+    let target = format!("socket:[{inode}]");
+    pids.iter().position(|pid| {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .any(|e| std::fs::read_link(e.path()).is_ok_and(|l| l.as_os_str() == target.as_str()))
+    })
+}
+
+/// `/proc/net/tcp`'s form of an IPv4 address: the address as a little-endian
+/// u32 in hex, a colon, the port in hex (`0100007F:1F90` is 127.0.0.1:8080).
+fn proc_net_addr(a: std::net::SocketAddr) -> Option<String> {
+    match a {
+        std::net::SocketAddr::V4(v4) => Some(format!(
+            "{:08X}:{:04X}",
+            u32::from_le_bytes(v4.ip().octets()),
+            v4.port()
+        )),
+        std::net::SocketAddr::V6(_) => None,
+    }
+}
+
+/// The inode of the socket `local` -> `remote` in a `/proc/net/tcp` table.
+fn tcp_inode(
+    table: &str,
+    local: std::net::SocketAddr,
+    remote: std::net::SocketAddr,
+) -> Option<u64> {
+    let (l, r) = (proc_net_addr(local)?, proc_net_addr(remote)?);
+    table.lines().skip(1).find_map(|line| {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        (f.get(1) == Some(&l.as_str()) && f.get(2) == Some(&r.as_str()))
+            .then(|| f.get(9)?.parse().ok())
+            .flatten()
+    })
+}
+
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn samples_self() {
-        let s = super::sample(std::process::id()).unwrap();
+        let s = sample(std::process::id()).unwrap();
         assert!(s.rss_kb > 0 && s.hwm_kb >= s.rss_kb);
-        assert!(super::sample(u32::MAX).is_none());
+        assert!(sample(u32::MAX).is_none());
+    }
+
+    #[test]
+    fn a_connection_is_traced_to_the_process_that_opened_it() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let server = listener.local_addr().unwrap();
+        let client = std::net::TcpStream::connect(server).unwrap();
+        let (_accepted, from) = listener.accept().unwrap();
+        assert_eq!(from, client.local_addr().unwrap());
+        let me = std::process::id();
+        assert_eq!(tcp_socket_owner(from, server, &[1, me]), Some(1));
+        // Not a process on the list; not a socket that exists.
+        assert_eq!(tcp_socket_owner(from, server, &[1]), None);
+        assert_eq!(tcp_socket_owner(server, server, &[me]), None);
+    }
+
+    #[test]
+    fn proc_net_tcp_rows_are_matched_by_both_ends() {
+        let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 4242 1 0 20 4 30 10 -1\n   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000     0        0 4343 1 0 20 4 30 10 -1\n";
+        let a = "127.0.0.1:8080".parse().unwrap();
+        let b = "127.0.0.1:54321".parse().unwrap();
+        assert_eq!(tcp_inode(table, a, b), Some(4242));
+        assert_eq!(tcp_inode(table, b, a), Some(4343));
+        assert_eq!(tcp_inode(table, a, a), None);
     }
 }

@@ -81,6 +81,9 @@ pub struct Params {
     pub namespace: String,
     pub etcd_prefix: String,
     pub settle_s: f64,
+    /// idle: times the watchers (and their connections) are opened and
+    /// closed (`--cycles`).
+    pub cycles: u32,
     /// `etcd.list_page_size` of the daemons the bench starts (None: its default).
     pub list_page_size: Option<usize>,
     /// `[server]` settings (`KEY=VALUE`) of the daemon the bench starts.
@@ -1183,7 +1186,7 @@ pub fn merge_get_rounds(parts: Vec<Part>) -> Result<Value> {
 /// after `settle`).
 async fn daemon_ready(ctx: &Ctx, etcd_prefix: &str) -> Result<(f64, u64)> {
     let cfg = daemon_config(
-        &ctx.etcd_endpoint,
+        std::slice::from_ref(&ctx.etcd_endpoint),
         etcd_prefix,
         10_000,
         ctx.p.list_page_size,
@@ -1278,77 +1281,112 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
     let mut kv = client.kv_client();
     let r0 = current_revision(&mut kv).await?;
     let settle = Duration::from_secs_f64(p.settle_s);
-    if matches!(target, Target::Grpc | Target::GrpcProxy) {
+    if target == Target::GrpcProxy {
         bail!("idle has no {} target", target.name());
     }
-
-    let mut pool: Option<Pool> = None;
-    let mut clients: Vec<Client> = Vec::new();
-    if target == Target::Proxy {
-        let t = ctx.proxy()?;
-        let mut c = t.connect().await?;
-        proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
-        pool = Some(t.pool(proxy_connections(p, p.watchers)).await?);
-    } else {
-        clients = etcd_clients(&ctx.etcd_endpoint, p.connections).await?;
-    }
-    tokio::time::sleep(settle).await;
-    let before_etcd = ctx.etcd_pid().and_then(sample);
-    let before_proxy = ctx.proxy_pid().and_then(sample);
-    let before_bench = sample(self_pid());
-    let wt = match target {
-        Target::Proxy => WatchTarget::Proxy {
-            pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
-            path: ctx.list_path(),
-        },
-        Target::Etcd | Target::Grpc | Target::GrpcProxy => WatchTarget::Etcd {
-            clients: &clients,
-            prefix,
-            mux: p.etcd_mux,
-        },
+    let holder_pid = match target {
+        Target::Proxy | Target::Grpc | Target::GrpcProxy => ctx.proxy_pid(),
+        Target::Etcd => ctx.etcd_pid(),
     };
-    let pb = ctx.bar(p.watchers as u64, "establishing idle watchers");
-    pb.set_prefix(target.name());
-    let set = WatcherSet::start(wt, p.watchers, r0).await?;
-    let established = set.wait_established(Duration::from_secs(300), &pb).await;
-    pb.finish_and_clear();
-    tokio::time::sleep(settle).await;
-    let after_etcd = ctx.etcd_pid().and_then(sample);
-    let after_proxy = ctx.proxy_pid().and_then(sample);
-    let after_bench = sample(self_pid());
-    let etcd_watchers = etcd_metric(&ctx.etcd_endpoint, "etcd_debugging_mvcc_watcher_total").await;
-    let connections = set.connections;
-    let outcomes = set.stop().await;
-    let first_error = outcomes.iter().find_map(|o| o.error.clone());
-    drop(pool);
-    drop(clients);
-    let per = |b: Option<ProcSample>, a: Option<ProcSample>| -> Value {
-        match (b, a) {
-            (Some(b), Some(a)) if established > 0 => json!({
-                "rss_before_kb": b.rss_kb,
-                "rss_after_kb": a.rss_kb,
-                "rss_per_watcher_bytes": round3((a.rss_kb as f64 - b.rss_kb as f64) * 1024.0 / established as f64),
-            }),
-            _ => Value::Null,
+    let cycles = p.cycles.max(1);
+    let mut result = Value::Null;
+    let mut rows: Vec<Value> = Vec::new();
+    // Each cycle opens its connections and watchers and closes them all: a
+    // holder that frees what a closed watch held levels off over the cycles.
+    for cycle in 1..=cycles {
+        let mut pool: Option<Pool> = None;
+        let mut clients: Vec<Client> = Vec::new();
+        if cycle == 1 && target != Target::Etcd {
+            // The front serves the ring from where the cache is: let it
+            // reach r0 first.
+            let mut c = ctx.proxy()?.connect().await?;
+            proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
         }
-    };
-    let holder = match target {
-        Target::Proxy | Target::Grpc | Target::GrpcProxy => per(before_proxy, after_proxy),
-        Target::Etcd => per(before_etcd, after_etcd),
-    };
-    let result = json!({
-        "target": target.name(),
-        "watchers": p.watchers,
-        "watchers_established": established,
-        "connections": connections,
-        "first_error": first_error,
-        "rss_per_watcher_bytes": holder.get("rss_per_watcher_bytes").cloned().unwrap_or(Value::Null),
-        "holder": holder,
-        "etcd": per(before_etcd, after_etcd),
-        "proxy": per(before_proxy, after_proxy),
-        "bench": per(before_bench, after_bench),
-        "etcd_watchers": etcd_watchers,
-    });
+        if target == Target::Proxy {
+            pool = Some(ctx.proxy()?.pool(proxy_connections(p, p.watchers)).await?);
+        } else {
+            clients = etcd_clients(&ctx.grpc_endpoint(target)?, p.connections).await?;
+        }
+        tokio::time::sleep(settle).await;
+        let before_etcd = ctx.etcd_pid().and_then(sample);
+        let before_proxy = ctx.proxy_pid().and_then(sample);
+        let before_bench = sample(self_pid());
+        let wt = match target {
+            Target::Proxy => WatchTarget::Proxy {
+                pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
+                path: ctx.list_path(),
+            },
+            Target::Etcd | Target::Grpc | Target::GrpcProxy => WatchTarget::Etcd {
+                clients: &clients,
+                prefix: prefix.clone(),
+                mux: p.etcd_mux,
+            },
+        };
+        let pb = ctx.bar(p.watchers as u64, "establishing idle watchers");
+        pb.set_prefix(target.name());
+        let set = WatcherSet::start(wt, p.watchers, r0).await?;
+        let established = set.wait_established(Duration::from_secs(300), &pb).await;
+        pb.finish_and_clear();
+        tokio::time::sleep(settle).await;
+        let after_etcd = ctx.etcd_pid().and_then(sample);
+        let after_proxy = ctx.proxy_pid().and_then(sample);
+        let after_bench = sample(self_pid());
+        let etcd_watchers =
+            etcd_metric(&ctx.etcd_endpoint, "etcd_debugging_mvcc_watcher_total").await;
+        let connections = set.connections;
+        let outcomes = set.stop().await;
+        let first_error = outcomes.iter().find_map(|o| o.error.clone());
+        drop(pool);
+        drop(clients);
+        if cycles > 1 {
+            tokio::time::sleep(settle).await;
+            let open = match target {
+                Target::Etcd => after_etcd,
+                _ => after_proxy,
+            };
+            let closed = holder_pid.and_then(sample);
+            rows.push(json!({
+                "cycle": cycle,
+                "watchers_established": established,
+                "rss_open_kb": open.map(|s| s.rss_kb),
+                "rss_closed_kb": closed.map(|s| s.rss_kb),
+                "first_error": first_error,
+            }));
+        }
+        if cycle > 1 {
+            continue;
+        }
+        let per = |b: Option<ProcSample>, a: Option<ProcSample>| -> Value {
+            match (b, a) {
+                (Some(b), Some(a)) if established > 0 => json!({
+                    "rss_before_kb": b.rss_kb,
+                    "rss_after_kb": a.rss_kb,
+                    "rss_per_watcher_bytes": round3((a.rss_kb as f64 - b.rss_kb as f64) * 1024.0 / established as f64),
+                }),
+                _ => Value::Null,
+            }
+        };
+        let holder = match target {
+            Target::Proxy | Target::Grpc | Target::GrpcProxy => per(before_proxy, after_proxy),
+            Target::Etcd => per(before_etcd, after_etcd),
+        };
+        result = json!({
+            "target": target.name(),
+            "watchers": p.watchers,
+            "watchers_established": established,
+            "connections": connections,
+            "first_error": first_error,
+            "rss_per_watcher_bytes": holder.get("rss_per_watcher_bytes").cloned().unwrap_or(Value::Null),
+            "holder": holder,
+            "etcd": per(before_etcd, after_etcd),
+            "proxy": per(before_proxy, after_proxy),
+            "bench": per(before_bench, after_bench),
+            "etcd_watchers": etcd_watchers,
+        });
+    }
+    if cycles > 1 {
+        result["cycles"] = json!(rows);
+    }
     Ok((result, None))
 }
 

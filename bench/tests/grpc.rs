@@ -180,8 +180,10 @@ fn compare_grpc_runs_three_columns_with_ratios() {
 }
 
 #[test]
-fn grpc_targets_apply_to_fanout_only() {
+fn grpc_targets_apply_to_fanout_and_idle_only() {
     let err = bench_fails(&["list", "--target", "grpc"]);
+    assert!(err.contains("apply to fanout"), "{err}");
+    let err = bench_fails(&["idle", "--target", "grpc-proxy"]);
     assert!(err.contains("apply to fanout"), "{err}");
     let err = bench_fails(&["fanout", "--compare-grpc", "--compare"]);
     assert!(err.contains("--compare-grpc"), "{err}");

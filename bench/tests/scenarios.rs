@@ -546,6 +546,43 @@ fn list_get_startup_idle_report_every_figure() {
     assert!(err.contains("--plot draws one run"), "{err}");
 }
 
+/// `idle --cycles`: the watchers are opened and closed on new connections
+/// each cycle (over HTTP/1.1, and as etcd watches on the daemon's gRPC
+/// front), and the holder's RSS is reported and printed after each opening
+/// and each closing.
+#[test]
+fn idle_cycles_report_the_holders_rss_after_each_opening_and_closing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for target in ["proxy", "grpc"] {
+        let mut args = vec![
+            "idle", "--target", target, "-w", "20", "--cycles", "3", "--settle", "0.2",
+        ];
+        if target == "proxy" {
+            args.push("--http1");
+        }
+        let (r, printed) =
+            bench_with_output(&args, &dir.path().join(format!("m1-cycles-{target}.json")));
+        let v = &r["results"][target];
+        assert_eq!(v["watchers_established"], 20, "{target}: {v:#}");
+        let cycles = v["cycles"].as_array().expect("cycles");
+        assert_eq!(cycles.len(), 3, "{target}: {v:#}");
+        for (i, c) in cycles.iter().enumerate() {
+            assert_eq!(c["cycle"], i + 1, "{c:#}");
+            assert_eq!(c["watchers_established"], 20, "{target}: {c:#}");
+            assert!(c["first_error"].is_null(), "{target}: {c:#}");
+            for k in ["rss_open_kb", "rss_closed_kb"] {
+                assert!(
+                    c[k].as_u64().is_some_and(|kb| kb > 0),
+                    "{target} {k}: {c:#}"
+                );
+            }
+        }
+        assert!(printed.contains("holder RSS per cycle"), "{printed}");
+    }
+    let err = bench_fails(&["fanout", "--cycles", "2"]);
+    assert!(err.contains("--cycles applies to idle"), "{err}");
+}
+
 /// A short `list` of the proxy alone (600 objects of 512 bytes, 2
 /// iterations) with `extra` options.
 fn small_list<'a>(extra: &[&'a str]) -> Vec<&'a str> {

@@ -15,7 +15,7 @@ use std::hash::Hasher;
 use cel::common::ast::{Expr, LiteralValue};
 use cel::parser::Parser;
 
-use super::Object;
+use super::{Object, go_quote};
 
 /// The object field a shard selector hashes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -320,31 +320,6 @@ fn hex_literal(e: &Expr, name: &str) -> Result<(u128, String), ShardSelectorErro
     let v = u128::from_str_radix(digits, 16)
         .map_err(|e| err(format!("{name}: invalid hex value {}: {e}", go_quote(&s))))?;
     Ok((v, s))
-}
-
-/// Go's `%q` of `s` (strconv.Quote) for the texts kube-apiserver prints.
-fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\u{b}' => out.push_str("\\v"),
-            c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
 }
 
 #[cfg(test)]

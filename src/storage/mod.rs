@@ -313,10 +313,18 @@ impl Storage {
         // No client-wide request timeout (`with_timeout`): it would also cut
         // the Reflector's long-lived watch streams on this client. Unary calls
         // get their deadline from `call`/`read` instead.
+        // Every request requires a leader (etcd's `hasleader` metadata;
+        // kube-apiserver sets it on its watches): a member that has lost
+        // its leader (cut off the rest of its cluster) ends the watches on
+        // it and answers reads at once with "no leader", so they are opened
+        // again, or retried, on another member. Without it such a member
+        // keeps watches open with nothing new and holds linearizable reads
+        // until their deadline.
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(cfg.dial_timeout())
             .with_keep_alive(KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT)
-            .with_tcp_keepalive(TCP_KEEPALIVE);
+            .with_tcp_keepalive(TCP_KEEPALIVE)
+            .with_require_leader(true);
         // etcd's own auth: the client authenticates and renews its token
         // when etcd expires it. Only this client carries the token; the raw
         // `channel` (the gRPC front's passthrough) never does, so a caller

@@ -87,6 +87,20 @@ impl KubeApiserver {
         encryption_config: &Path,
         extra_args: &[&str],
     ) -> KubeApiserver {
+        KubeApiserver::start_with_tokens(binary, etcd, prefix, encryption_config, extra_args, "")
+            .await
+    }
+
+    /// [`KubeApiserver::start`] with more lines of its token file
+    /// (`token,user,uid,"groups"`).
+    pub async fn start_with_tokens(
+        binary: &Path,
+        etcd: &str,
+        prefix: &str,
+        encryption_config: &Path,
+        extra_args: &[&str],
+        extra_tokens: &str,
+    ) -> KubeApiserver {
         let dir = tempfile::tempdir().expect("tempdir");
         let ca = TestCa::new("kube-apiserver-test-ca");
         let ca_path = ca.write(dir.path(), "ca.crt");
@@ -100,7 +114,9 @@ impl KubeApiserver {
         let tokens = dir.path().join("tokens.csv");
         std::fs::write(
             &tokens,
-            format!("{ADMIN_TOKEN},oracle-admin,oracle-admin-uid,\"system:masters\"\n"),
+            format!(
+                "{ADMIN_TOKEN},oracle-admin,oracle-admin-uid,\"system:masters\"\n{extra_tokens}"
+            ),
         )
         .expect("write tokens");
         let port = watchcache::etcd_server::free_port().expect("free port");

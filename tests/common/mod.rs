@@ -465,3 +465,96 @@ impl Drop for TcpProxy {
         self.task.abort();
     }
 }
+
+/// A real etcd cluster of three members on free loopback ports (own data
+/// dirs); members are SIGKILLed on drop (and with the test thread: PDEATHSIG).
+pub struct EtcdCluster {
+    children: Vec<Option<std::process::Child>>,
+    client_ports: Vec<u16>,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until each answers a linearizable read.
+    pub async fn start() -> EtcdCluster {
+        let bin = watchcache::etcd_server::find_etcd_binary().expect("etcd binary");
+        let dir = tempfile::tempdir().expect("cluster dir");
+        // All six ports held at once, so no two are the same.
+        let held: Vec<std::net::TcpListener> = (0..6)
+            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("free port"))
+            .collect();
+        let ports: Vec<u16> = held
+            .iter()
+            .map(|l| l.local_addr().expect("port").port())
+            .collect();
+        drop(held);
+        let (client_ports, peer_ports) = ports.split_at(3);
+        let initial: Vec<String> = (0..3)
+            .map(|i| format!("m{i}=http://127.0.0.1:{}", peer_ports[i]))
+            .collect();
+        let mut children = Vec::new();
+        for i in 0..3 {
+            let client = format!("http://127.0.0.1:{}", client_ports[i]);
+            let peer = format!("http://127.0.0.1:{}", peer_ports[i]);
+            let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).expect("log");
+            let mut cmd = std::process::Command::new(&bin);
+            cmd.arg(format!("--name=m{i}"))
+                .arg(format!(
+                    "--data-dir={}",
+                    dir.path().join(format!("m{i}")).display()
+                ))
+                .arg(format!("--listen-client-urls={client}"))
+                .arg(format!("--advertise-client-urls={client}"))
+                .arg(format!("--listen-peer-urls={peer}"))
+                .arg(format!("--initial-advertise-peer-urls={peer}"))
+                .arg(format!("--initial-cluster={}", initial.join(",")))
+                .arg("--log-level=warn")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(log);
+            watchcache::etcd_server::kill_with_parent(&mut cmd);
+            children.push(Some(cmd.spawn().expect("spawn etcd member")));
+        }
+        let c = EtcdCluster {
+            children,
+            client_ports: client_ports.to_vec(),
+            _dir: dir,
+        };
+        for i in 0..3 {
+            let ep = c.endpoint(i);
+            let up = eventually(Duration::from_secs(60), || {
+                let ep = ep.clone();
+                async move {
+                    match etcd_client::Client::connect([ep], None).await {
+                        Ok(mut cl) => cl.get("/", None).await.is_ok(),
+                        Err(_) => false,
+                    }
+                }
+            })
+            .await;
+            assert!(up, "etcd member m{i} serves");
+        }
+        c
+    }
+
+    /// Member `i`'s client URL.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.client_ports[i])
+    }
+
+    /// SIGKILLs member `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.children[i].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+    }
+}

@@ -171,7 +171,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     let client = etcd_connect(&p.etcd_endpoint).await?;
     let mut kv = client.kv_client();
     let base = clear_prefix(&mut kv, PREFIX).await?;
-    let recorder = Recorder::start(&p.etcd_endpoint, PREFIX, base).await?;
+    let recorder = Recorder::start(std::slice::from_ref(&p.etcd_endpoint), PREFIX, base).await?;
     let mut rng = StdRng::seed_from_u64(p.seed);
 
     let target: SocketAddr = p
@@ -183,7 +183,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     let proxy = TcpProxy::start(target).await?;
     let cfg = format!(
         "grpc_cache_prefixes = [\"{PREFIX}\"]\n{}",
-        daemon_config(&proxy.endpoint(), &p.etcd_prefix, 10_000, None, &[])
+        daemon_config(&[proxy.endpoint()], &p.etcd_prefix, 10_000, None, &[])
     );
     let mut daemon = Daemon::spawn_grpc(&p.watchcache_bin, &cfg)?;
     daemon

@@ -10,9 +10,16 @@
 //! the daemon is cut off from etcd, etcd silent for longer than the daemon's
 //! watch timeout, SIGKILL and restart of the daemon. The daemon reaches etcd
 //! through the bench's [`proxy::TcpProxy`], which the bench cuts or silences.
+//!
+//! With `--etcd-members 3` the run starts its own [`cluster::Cluster`] and
+//! adds member faults: SIGKILL of the leader, SIGSTOP of the member holding
+//! the daemon's watch, a partition of that member from the others, a rolling
+//! restart and a rolling upgrade. After every fault the run measures the time
+//! until the daemon serves fresh data again ([`recovery`]).
 
 pub mod api;
 pub mod checker;
+pub mod cluster;
 pub mod grpc;
 pub mod grpc_checker;
 pub mod proxy;
@@ -21,11 +28,12 @@ pub mod recorder;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use etcd_client::{Client, CompactionOptions, KvClient};
+use futures::StreamExt;
 use http_body_util::BodyExt;
 use parking_lot::Mutex;
 use rand::rngs::StdRng;
@@ -38,11 +46,12 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::env::{
-    Daemon, EtcdKeeper, clear_prefix, current_revision, daemon_config, etcd_connect, ns_prefix,
+    Daemon, EtcdKeeper, clear_prefix, current_revision, daemon_config, etcd_connect_all, ns_prefix,
 };
 use crate::wire::LineSplitter;
 use api::{Api, ApiError, split_object};
 use checker::{Ack, ClientLog, Compaction, History, Kind, Obs, Report, Selection};
+use cluster::Cluster;
 use proxy::{Mode, TcpProxy};
 use recorder::Recorder;
 
@@ -69,7 +78,24 @@ pub struct ChaosParams {
     /// A running daemon (`--proxy`/`--daemon`): no daemon or cut faults.
     pub daemon_authority: Option<String>,
     pub watchcache_bin: std::path::PathBuf,
+    /// Members of the etcd cluster the run starts (1: the single etcd of
+    /// `etcd_endpoint`).
+    pub etcd_members: usize,
+    /// The etcd binary of the cluster's members.
+    pub etcd_bin: std::path::PathBuf,
+    /// The binaries of the rolling upgrade, oldest first (empty: none).
+    pub etcd_upgrades: Vec<std::path::PathBuf>,
 }
+
+/// How long a member fault holds the member down (stopped, cut off) at most
+/// while the run waits for the daemon to serve fresh data without it.
+const MEMBER_FAULT_HOLD: Duration = Duration::from_secs(30);
+
+/// How long the run waits for the daemon to serve fresh data after a fault.
+const RECOVERY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The object the recovery probe writes (not one the writers touch).
+const PROBE: &str = "chaos-probe";
 
 /// The faults the bench injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -85,6 +111,20 @@ pub enum Fault {
     EtcdSilent,
     /// SIGKILL the daemon and start it again (same config, same address).
     DaemonKill,
+    /// SIGKILL the cluster's leader; start it again once the daemon serves
+    /// fresh data without it.
+    LeaderKill,
+    /// SIGSTOP the member holding the daemon's watch until the daemon serves
+    /// fresh data without it (at most 30 s), then SIGCONT.
+    MemberStop,
+    /// Cut the member holding the daemon's watch off the other members
+    /// (at least 3 s, until the daemon serves fresh data, at most 30 s);
+    /// heal and wait until it has caught up.
+    MemberPartition,
+    /// SIGTERM and start each member in turn (the leader last).
+    RollingRestart,
+    /// A rolling restart onto each newer binary in turn (3.5 -> 3.6 -> 3.7).
+    RollingUpgrade,
 }
 
 impl Fault {
@@ -96,6 +136,11 @@ impl Fault {
             Fault::CompactWhileCut => Duration::from_secs(6),
             Fault::EtcdSilent => DAEMON_WATCH_TIMEOUT + Duration::from_secs(5),
             Fault::DaemonKill => Duration::from_secs(5),
+            Fault::LeaderKill => Duration::from_secs(5),
+            Fault::MemberStop => Duration::from_secs(16),
+            Fault::MemberPartition => Duration::from_secs(9),
+            Fault::RollingRestart => Duration::from_secs(6),
+            Fault::RollingUpgrade => Duration::from_secs(30),
         }
     }
 }
@@ -106,7 +151,25 @@ pub struct FaultRecord {
     pub fault: Fault,
     pub at_s: f64,
     pub took_s: f64,
+    /// When the daemon served fresh data again (the slowest of a rolling
+    /// fault's steps); None if not within 90 s.
+    pub recovery: Option<Fresh>,
     pub detail: String,
+}
+
+/// The daemon's recovery from a fault, in seconds from the fault (or its
+/// undoing): until it served fresh data, and of that the time until etcd
+/// took the probe's write (etcd's own unavailability; the rest is the
+/// daemon's).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Fresh {
+    pub s: f64,
+    pub etcd_write_s: f64,
+}
+
+/// The slower of two recoveries (None, not recovered, is slowest).
+fn slower(a: Option<Fresh>, b: Option<Fresh>) -> Option<Fresh> {
+    a.zip(b).map(|(a, b)| if b.s > a.s { b } else { a })
 }
 
 /// Counters the clients share.
@@ -175,6 +238,13 @@ struct Shared {
     keys: usize,
     namespace: String,
     prefix: String,
+    /// The last resourceVersion (event, bookmark or List) each watcher of
+    /// all objects has seen, for the recovery probe.
+    positions: Vec<AtomicI64>,
+    /// The recovery probe's writes so far.
+    probes: AtomicU64,
+    /// The recovery probe's consistent Lists, checked as the listers' are.
+    probe_log: Mutex<Vec<Obs>>,
 }
 
 fn object_name(i: usize) -> String {
@@ -195,6 +265,8 @@ pub struct ChaosOutcome {
     pub report: Report,
     pub faults: Vec<FaultRecord>,
     pub json: Value,
+    /// etcd's version at the end of the run (after an upgrade, the newest).
+    pub etcd_version: Option<String>,
 }
 
 /// Runs the chaos scenario. Call it from the thread that should own the
@@ -202,10 +274,27 @@ pub struct ChaosOutcome {
 pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOutcome> {
     let started = Instant::now();
     let prefix = ns_prefix(&p.etcd_prefix, &p.namespace);
-    let client = etcd_connect(&p.etcd_endpoint).await?;
+    let mut cluster = match p.etcd_members {
+        0 | 1 => None,
+        n => Some(
+            Cluster::start(n, &p.etcd_bin)
+                .await
+                .with_context(|| format!("starting a {n}-member etcd cluster"))?,
+        ),
+    };
+    let endpoints = match &cluster {
+        Some(c) => c.endpoints(),
+        None => vec![p.etcd_endpoint.clone()],
+    };
+    let client = etcd_connect_all(&endpoints).await?;
     let mut kv = client.kv_client();
     let base = clear_prefix(&mut kv, &prefix).await?;
-    let recorder = Recorder::start(&p.etcd_endpoint, &prefix, base).await?;
+    let recorder = Recorder::start(&endpoints, &prefix, base).await?;
+    // A client per member, for the recovery probe's writes.
+    let mut members = Vec::new();
+    for ep in &endpoints {
+        members.push(crate::env::etcd_connect(ep).await?);
+    }
     let mut rng = StdRng::seed_from_u64(p.seed);
 
     // The objects every writer cycles over, straight into etcd.
@@ -218,33 +307,34 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             .context("loading the chaos objects")?;
     }
 
-    // The daemon, behind our proxy to etcd (or one that is already running).
-    let mut proxy = None;
+    // The daemon, given every member's endpoint, each behind our proxy
+    // (or one that is already running).
+    let mut proxies: Vec<TcpProxy> = Vec::new();
     let mut daemon = None;
     let authority = match &p.daemon_authority {
         Some(a) => a.clone(),
         None => {
-            let target: SocketAddr = p
-                .etcd_endpoint
-                .trim_start_matches("http://")
-                .trim_end_matches('/')
-                .parse()
-                .with_context(|| {
-                    format!("etcd endpoint {} is not http://IP:PORT", p.etcd_endpoint)
-                })?;
-            let px = TcpProxy::start(target).await?;
+            for ep in &endpoints {
+                let target: SocketAddr = ep
+                    .trim_start_matches("http://")
+                    .trim_end_matches('/')
+                    .parse()
+                    .with_context(|| format!("etcd endpoint {ep} is not http://IP:PORT"))?;
+                proxies.push(TcpProxy::start(target).await?);
+            }
             let history = ((p.rate * p.duration.as_secs_f64()) as usize * 2).max(10_000);
-            let cfg = daemon_config(&px.endpoint(), &p.etcd_prefix, history, None, &[]);
+            let via: Vec<String> = proxies.iter().map(TcpProxy::endpoint).collect();
+            let cfg = daemon_config(&via, &p.etcd_prefix, history, None, &[]);
             let mut d = Daemon::spawn(&p.watchcache_bin, &cfg)?;
             d.wait_ready(Instant::now(), Duration::from_secs(120))
                 .await
                 .context("starting watchcache")?;
             let a = d.authority.clone();
-            proxy = Some(px);
             daemon = Some(d);
             a
         }
     };
+    let set_proxies = |m: Mode| proxies.iter().for_each(|px| px.set(m));
     let api = Api {
         authority: authority.clone(),
         namespace: p.namespace.clone(),
@@ -264,6 +354,9 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         keys: p.keys.max(1),
         namespace: p.namespace.clone(),
         prefix: prefix.clone(),
+        positions: (0..p.watchers).map(|_| AtomicI64::new(0)).collect(),
+        probes: AtomicU64::new(0),
+        probe_log: Mutex::new(Vec::new()),
     });
 
     // Clients.
@@ -305,6 +398,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         let rng = StdRng::seed_from_u64(p.seed.wrapping_mul(7919).wrapping_add(i as u64));
         readers.push(tokio::spawn(watcher(
             shared.clone(),
+            i,
             name,
             sel,
             resume,
@@ -329,18 +423,29 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
     // Faults, on the seeded schedule, from this thread.
     let mut kinds: Vec<Fault> = Vec::new();
     let etcd_pid = || p.etcd_pid.or_else(|| keeper.map(|k| k.pid()));
-    if etcd_pid().is_some() {
+    if etcd_pid().is_some() || cluster.is_some() {
         kinds.push(Fault::EtcdStop);
     }
-    if keeper.is_some() {
+    if keeper.is_some() || cluster.is_some() {
         kinds.push(Fault::EtcdKill);
     }
-    if proxy.is_some() {
+    if !proxies.is_empty() {
         kinds.push(Fault::CompactWhileCut);
         kinds.push(Fault::EtcdSilent);
     }
     if daemon.is_some() {
         kinds.push(Fault::DaemonKill);
+    }
+    if cluster.as_ref().is_some_and(|c| c.len() >= 3) {
+        kinds.extend([
+            Fault::LeaderKill,
+            Fault::MemberStop,
+            Fault::MemberPartition,
+            Fault::RollingRestart,
+        ]);
+        if !p.etcd_upgrades.is_empty() {
+            kinds.push(Fault::RollingUpgrade);
+        }
     }
     if kinds.is_empty() {
         eprintln!(
@@ -367,37 +472,79 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         let fault = order.remove(pos);
         let t0 = Instant::now();
         let at_s = t0.duration_since(started).as_secs_f64();
-        let detail = match fault {
+        // When the fault was undone (the daemon's recovery is measured from
+        // there), or the recovery the fault measured itself.
+        let (detail, recovered) = match fault {
             Fault::EtcdStop => {
-                let pid = etcd_pid().ok_or_else(|| anyhow!("no etcd pid"))?;
+                let pids: Vec<u32> = match &cluster {
+                    Some(c) => (0..c.len()).filter_map(|i| c.pid(i)).collect(),
+                    None => vec![etcd_pid().ok_or_else(|| anyhow!("no etcd pid"))?],
+                };
                 let ms = rng.random_range(1000..4000);
-                signal(pid, libc::SIGSTOP)?;
+                for pid in &pids {
+                    signal(*pid, libc::SIGSTOP)?;
+                }
                 tokio::time::sleep(Duration::from_millis(ms)).await;
-                signal(pid, libc::SIGCONT)?;
-                format!("etcd (pid {pid}) stopped for {ms} ms")
+                for pid in &pids {
+                    signal(*pid, libc::SIGCONT)?;
+                }
+                let what = if cluster.is_some() {
+                    "every etcd member"
+                } else {
+                    "etcd"
+                };
+                (
+                    format!("{what} (pid {pids:?}) stopped for {ms} ms"),
+                    Recovered::Since(Instant::now()),
+                )
             }
-            Fault::EtcdKill => {
-                let k = keeper.ok_or_else(|| anyhow!("no etcd keeper"))?;
-                let took = k.restart().await?;
-                format!("etcd killed and restarted, healthy after {took:?}")
-            }
+            Fault::EtcdKill => match cluster.as_mut() {
+                Some(c) => {
+                    for i in 0..c.len() {
+                        c.kill(i);
+                    }
+                    let t = Instant::now();
+                    for i in 0..c.len() {
+                        c.spawn(i)?;
+                    }
+                    for i in 0..c.len() {
+                        c.wait_healthy(i, Duration::from_secs(60)).await?;
+                    }
+                    (
+                        format!(
+                            "every etcd member killed and restarted, healthy after {:?}",
+                            t.elapsed()
+                        ),
+                        Recovered::Since(Instant::now()),
+                    )
+                }
+                None => {
+                    let k = keeper.ok_or_else(|| anyhow!("no etcd keeper"))?;
+                    let took = k.restart().await?;
+                    (
+                        format!("etcd killed and restarted, healthy after {took:?}"),
+                        Recovered::Since(Instant::now()),
+                    )
+                }
+            },
             Fault::CompactWhileCut => {
-                let px = proxy.as_ref().ok_or_else(|| anyhow!("no proxy"))?;
-                let c = compact_while_cut(&shared, px, &recorder, &client, &mut rng).await?;
+                let c = compact_while_cut(&shared, &proxies, &recorder, &client, &mut rng).await?;
                 let d = format!(
                     "daemon cut off, etcd compacted at {}, daemon caught up by {}",
                     c.rev, c.caught_up
                 );
                 compactions.push(c);
-                d
+                (d, Recovered::Since(Instant::now()))
             }
             Fault::EtcdSilent => {
-                let px = proxy.as_ref().ok_or_else(|| anyhow!("no proxy"))?;
                 let silent = DAEMON_WATCH_TIMEOUT + Duration::from_secs(2);
-                px.set(Mode::Blackhole);
+                set_proxies(Mode::Blackhole);
                 tokio::time::sleep(silent).await;
-                px.set(Mode::Forward);
-                format!("etcd silent to the daemon for {silent:?}")
+                set_proxies(Mode::Forward);
+                (
+                    format!("etcd silent to the daemon for {silent:?}"),
+                    Recovered::Since(Instant::now()),
+                )
             }
             Fault::DaemonKill => {
                 let d = daemon.as_mut().ok_or_else(|| anyhow!("no daemon"))?;
@@ -405,18 +552,108 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 d.kill();
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 d.restart()?;
-                format!("daemon killed, restarted after {ms} ms (pid {})", d.pid)
+                (
+                    format!("daemon killed, restarted after {ms} ms (pid {})", d.pid),
+                    Recovered::Since(Instant::now()),
+                )
             }
+            Fault::LeaderKill => {
+                let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
+                let l = c.wait_leader(Duration::from_secs(30)).await?;
+                let t = Instant::now();
+                c.kill(l);
+                let r = recovery(&shared, &members, t).await;
+                let took = c.restart(l).await?;
+                (
+                    format!(
+                        "leader {} killed; started again once the daemon served fresh data, healthy after {took:?}",
+                        c.name(l)
+                    ),
+                    Recovered::Measured(r),
+                )
+            }
+            Fault::MemberStop => {
+                let c = cluster.as_ref().ok_or_else(|| anyhow!("no cluster"))?;
+                let (m, how) = watch_member(c, &proxies, &recorder, &mut rng).await;
+                let pid = c.pid(m).ok_or_else(|| anyhow!("member {m} not running"))?;
+                let min = Duration::from_millis(rng.random_range(2000..5000));
+                let t = Instant::now();
+                signal(pid, libc::SIGSTOP)?;
+                let (r, held) = hold(&shared, &members, t, min, || {
+                    let _ = signal(pid, libc::SIGCONT);
+                })
+                .await;
+                (
+                    format!("{} ({how}) stopped for {held:.1?}", c.name(m)),
+                    Recovered::Measured(r),
+                )
+            }
+            Fault::MemberPartition => {
+                let c = cluster.as_ref().ok_or_else(|| anyhow!("no cluster"))?;
+                let (m, how) = watch_member(c, &proxies, &recorder, &mut rng).await;
+                let min = Duration::from_millis(rng.random_range(3000..6000));
+                let t = Instant::now();
+                c.mesh.isolate(Some(m));
+                let (r, held) = hold(&shared, &members, t, min, || c.mesh.isolate(None)).await;
+                let caught_up = c.wait_caught_up(m, Duration::from_secs(60)).await?;
+                (
+                    format!(
+                        "{} ({how}) cut off the other members for {held:.1?}, caught up {caught_up:.1?} after the heal",
+                        c.name(m)
+                    ),
+                    Recovered::Measured(r),
+                )
+            }
+            Fault::RollingRestart => {
+                let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
+                let (r, d) = roll(c, &shared, &members, None).await?;
+                (d, Recovered::Measured(r))
+            }
+            Fault::RollingUpgrade => {
+                let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
+                let mut worst = Some(Fresh {
+                    s: 0.0,
+                    etcd_write_s: 0.0,
+                });
+                let mut details = Vec::new();
+                for (n, bin) in p.etcd_upgrades.iter().enumerate() {
+                    if n > 0 {
+                        // etcd 3.7 reads no etcd 3.5 (v2) entry in a log it
+                        // replays (it panics): every member snapshots first.
+                        snapshot_every_member(&client).await?;
+                        details.push(format!("{} entries written", cluster::SNAPSHOT_COUNT + 100));
+                    }
+                    let (r, d) = roll(c, &shared, &members, Some(bin)).await?;
+                    worst = slower(worst, r);
+                    details.push(d);
+                    let v = c.wait_cluster_version(Duration::from_secs(60)).await?;
+                    details.push(format!("cluster version {v}"));
+                }
+                // Once: the cluster does not go back.
+                kinds.retain(|k| *k != Fault::RollingUpgrade);
+                (details.join("; "), Recovered::Measured(worst))
+            }
+        };
+        let recovery = match recovered {
+            Recovered::Since(t) => recovery(&shared, &members, t).await,
+            Recovered::Measured(r) => r,
         };
         // Recovered: the daemon serves again.
         api.wait_ready(Duration::from_secs(90))
             .await
             .with_context(|| format!("recovering from {fault:?}"))?;
-        eprintln!("chaos: {:6.1}s {fault:?}: {detail}", at_s);
+        let rec = recovery.map_or("not within 90 s".into(), |r| {
+            format!(
+                "{:.2} s (etcd took a write after {:.2} s)",
+                r.s, r.etcd_write_s
+            )
+        });
+        eprintln!("chaos: {at_s:6.1}s {fault:?}: {detail}; fresh data after {rec}");
         faults.push(FaultRecord {
             fault,
             at_s,
             took_s: t0.elapsed().as_secs_f64(),
+            recovery,
             detail,
         });
     }
@@ -451,9 +688,22 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         }
     };
     let history = recorder.finish().await?;
+    let mut etcd_version = None;
+    for ep in &endpoints {
+        etcd_version = crate::env::etcd_version(ep).await;
+        if etcd_version.is_some() {
+            break;
+        }
+    }
+    drop(cluster);
     drop(daemon);
-    drop(proxy);
+    drop(proxies);
 
+    logs.push(ClientLog {
+        name: "recovery-probe".into(),
+        selection: Selection::All,
+        obs: std::mem::take(&mut *shared.probe_log.lock()),
+    });
     let acks = std::mem::take(&mut *shared.acks.lock());
     let report = checker::check(
         &history,
@@ -475,6 +725,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         report,
         faults,
         json,
+        etcd_version,
     })
 }
 
@@ -498,8 +749,22 @@ fn report_json(
             )
             .or_insert(0) += 1;
     }
+    // Recovery per fault kind: the time until the daemon served fresh data.
+    let mut rec: BTreeMap<String, Vec<Option<Fresh>>> = BTreeMap::new();
+    for f in faults {
+        let k = serde_json::to_value(f.fault)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        rec.entry(k).or_default().push(f.recovery);
+    }
+    let recovery_by_kind: BTreeMap<String, Value> = rec
+        .into_iter()
+        .map(|(k, v)| (k, recovery_summary(&v)))
+        .collect();
     json!({
         "seed": p.seed,
+        "etcd_members": p.etcd_members.max(1),
         "duration_s": p.duration.as_secs_f64(),
         "elapsed_s": started.elapsed().as_secs_f64(),
         "watchers": p.watchers,
@@ -511,6 +776,7 @@ fn report_json(
         "lists_checked": r.lists_checked,
         "faults_injected": faults.len(),
         "faults_by_kind": by_kind,
+        "recovery_by_kind": recovery_by_kind,
         "faults": faults,
         "compactions": compactions,
         "writes_acknowledged": r.writes_acknowledged,
@@ -526,6 +792,28 @@ fn report_json(
         "violations": r.violations.len(),
         "violations_by_kind": r.counts(),
         "violation_list": r.violations.iter().take(100).collect::<Vec<_>>(),
+    })
+}
+
+/// The recoveries of one fault kind: how many faults, how many recovered
+/// within the timeout, the min, median and max seconds of those, and the
+/// most the daemon took after etcd had taken the probe's write.
+fn recovery_summary(v: &[Option<Fresh>]) -> Value {
+    let mut ok: Vec<f64> = v.iter().flatten().map(|f| f.s).collect();
+    ok.sort_by(f64::total_cmp);
+    let round = |x: f64| (x * 1000.0).round() / 1000.0;
+    let after_write = v
+        .iter()
+        .flatten()
+        .map(|f| f.s - f.etcd_write_s)
+        .reduce(f64::max);
+    json!({
+        "faults": v.len(),
+        "recovered": ok.len(),
+        "min_s": ok.first().map(|x| round(*x)),
+        "median_s": ok.get(ok.len() / 2).map(|x| round(*x)),
+        "max_s": ok.last().map(|x| round(*x)),
+        "max_after_etcd_write_s": after_write.map(round),
     })
 }
 
@@ -554,18 +842,234 @@ fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
     Ok(())
 }
 
+/// Where a fault's recovery time comes from.
+enum Recovered {
+    /// Measured by the run from this moment (the fault undone).
+    Since(Instant),
+    /// Measured by the fault itself (None: not within the timeout).
+    Measured(Option<Fresh>),
+}
+
+/// Seconds from `since` until the daemon serves fresh data: a write made
+/// straight to etcd after `since` is in a consistent List from the daemon
+/// (its resourceVersion is at least the write's revision) and every watcher
+/// of all objects has seen it (an event, bookmark or List at least as new).
+/// None if that takes longer than [`RECOVERY_TIMEOUT`].
+async fn recovery(s: &Shared, members: &[Client], since: Instant) -> Option<Fresh> {
+    let deadline = since + RECOVERY_TIMEOUT;
+    let key = format!("{}{PROBE}", s.prefix);
+    let rev = loop {
+        let id = format!("probe-{}", s.probes.fetch_add(1, Ordering::Relaxed));
+        let v = new_object(&s.namespace, PROBE, "a", &id).to_string();
+        // The same put to every member at once, each on its own connection:
+        // the first to answer gives the revision, so the bench's own client
+        // waits neither for a dead member nor for a connection to fail over.
+        let puts = members.iter().map(|c| {
+            let mut kv = c.kv_client();
+            let (key, v) = (key.clone(), v.clone());
+            Box::pin(async move {
+                match tokio::time::timeout(Duration::from_secs(2), kv.put(key, v, None)).await {
+                    Ok(Ok(r)) => r.header().map(|h| h.revision()).ok_or(()),
+                    _ => Err(()),
+                }
+            })
+        });
+        if let Ok((rev, _)) = futures::future::select_ok(puts).await {
+            s.acks.lock().push(Ack {
+                name: PROBE.into(),
+                rev,
+                write_id: Some(id),
+            });
+            break rev;
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let written = since.elapsed();
+    loop {
+        let list = s.api.list(&Selection::All, 0, None);
+        if let Ok(Ok((rv, items))) = tokio::time::timeout(Duration::from_secs(5), list).await {
+            s.probe_log.lock().push(Obs::List { rv, items });
+            if rv >= rev {
+                break;
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while s.positions.iter().any(|p| p.load(Ordering::Relaxed) < rev) {
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Some(Fresh {
+        s: since.elapsed().as_secs_f64(),
+        etcd_write_s: written.as_secs_f64(),
+    })
+}
+
+/// Holds a member fault begun at `since` until the daemon serves fresh data
+/// without the member (at least `min`, at most [`MEMBER_FAULT_HOLD`]), then
+/// undoes it. Returns the recovery time (see [`recovery`]; past the hold it
+/// includes the time after the undo) and how long the fault was held.
+async fn hold(
+    s: &Shared,
+    members: &[Client],
+    since: Instant,
+    min: Duration,
+    undo: impl FnOnce(),
+) -> (Option<Fresh>, Duration) {
+    let probe = recovery(s, members, since);
+    tokio::pin!(probe);
+    let mut undo = Some(undo);
+    let mut held = None;
+    let r = tokio::select! {
+        r = &mut probe => r,
+        _ = tokio::time::sleep(MEMBER_FAULT_HOLD) => {
+            if let Some(u) = undo.take() {
+                u();
+            }
+            held = Some(since.elapsed());
+            probe.await
+        }
+    };
+    tokio::time::sleep((since + min).saturating_duration_since(Instant::now())).await;
+    if let Some(u) = undo.take() {
+        u();
+    }
+    (r, held.unwrap_or_else(|| since.elapsed()))
+}
+
+/// The member holding the daemon's watch: the one whose client proxy moved
+/// the most bytes to the daemon in the last second (the watch's events), if
+/// it also has an etcd watch stream that is not the recorder's
+/// (`etcd_debugging_mvcc_watch_stream_total`). A member at random if none
+/// does; says which.
+async fn watch_member(
+    c: &Cluster,
+    proxies: &[TcpProxy],
+    recorder: &Recorder,
+    rng: &mut StdRng,
+) -> (usize, &'static str) {
+    let before: Vec<u64> = proxies.iter().map(TcpProxy::bytes_to_clients).collect();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut by_bytes: Vec<(u64, usize)> = proxies
+        .iter()
+        .zip(before)
+        .enumerate()
+        .map(|(i, (p, b))| (p.bytes_to_clients().saturating_sub(b), i))
+        .collect();
+    by_bytes.sort_unstable_by(|a, b| b.cmp(a));
+    let mine = recorder.member();
+    for (_, i) in by_bytes {
+        let streams = c.watch_streams(i).await.unwrap_or(0.0);
+        if streams - if i == mine { 1.0 } else { 0.0 } >= 1.0 {
+            return (i, "the daemon's watch member");
+        }
+    }
+    (
+        rng.random_range(0..c.len()),
+        "at random: no daemon watch seen",
+    )
+}
+
+/// Writes more entries than [`cluster::SNAPSHOT_COUNT`] (to a key outside
+/// the run's prefix), so that every member saves a raft snapshot past every
+/// entry written before: a restarted member replays nothing older.
+async fn snapshot_every_member(client: &Client) -> Result<()> {
+    let kv = client.kv_client();
+    let n = cluster::SNAPSHOT_COUNT + 100;
+    let results: Vec<Result<()>> = futures::stream::iter(0..n)
+        .map(|i| {
+            let kv = kv.clone();
+            async move {
+                retry(Duration::from_secs(30), || {
+                    let mut kv = kv.clone();
+                    async move {
+                        kv.put("/watchcache-bench-chaos/snapshot", i.to_string(), None)
+                            .await
+                            .map(|_| ())
+                            .context("writing the snapshot entries")
+                    }
+                })
+                .await
+            }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    results.into_iter().collect()
+}
+
+/// Restarts every member in turn, the leader last (SIGTERM, start, healthy),
+/// onto `binary` if given; measures the daemon's recovery after each step.
+/// Returns the longest recovery (None if one step did not recover) and a
+/// description.
+async fn roll(
+    c: &mut Cluster,
+    s: &Shared,
+    members: &[Client],
+    binary: Option<&std::path::Path>,
+) -> Result<(Option<Fresh>, String)> {
+    let l = c.wait_leader(Duration::from_secs(30)).await?;
+    let order: Vec<usize> = (0..c.len()).filter(|i| *i != l).chain([l]).collect();
+    let mut worst = Some(Fresh {
+        s: 0.0,
+        etcd_write_s: 0.0,
+    });
+    let mut steps = Vec::new();
+    for i in order {
+        let leader = c.leader().await == Some(i);
+        let name = c.name(i).to_string();
+        let t = Instant::now();
+        // The daemon's recovery is measured from the SIGTERM, while the
+        // member stops (etcd's graceful stop waits for open watch streams,
+        // 7 s per listener at most) and starts again.
+        let restart = async {
+            c.terminate(i).await;
+            let stopped = t.elapsed();
+            if let Some(b) = binary {
+                c.set_binary(i, b);
+            }
+            c.spawn(i)?;
+            let healthy = c.wait_healthy(i, Duration::from_secs(60)).await?;
+            Ok::<_, anyhow::Error>((stopped, healthy))
+        };
+        let (r, restarted) = tokio::join!(recovery(s, members, t), restart);
+        let (stopped, healthy) = restarted?;
+        worst = slower(worst, r);
+        steps.push(format!(
+            "{name}{}: stopped in {:.1}s, healthy {:.1}s after its start, fresh data after {}",
+            if leader { " (leader)" } else { "" },
+            stopped.as_secs_f64(),
+            healthy.as_secs_f64(),
+            r.map_or("-".into(), |r| format!("{:.2}s", r.s))
+        ));
+    }
+    let what = match binary {
+        Some(b) => format!("rolled onto {}", b.display()),
+        None => "rolling restart".into(),
+    };
+    Ok((worst, format!("{what}, leader last ({})", steps.join("; "))))
+}
+
 /// Cuts the daemon off etcd, writes to etcd directly, compacts everything
 /// the daemon missed, reconnects, and waits until the daemon has caught up.
 async fn compact_while_cut(
     s: &Shared,
-    px: &TcpProxy,
+    proxies: &[TcpProxy],
     recorder: &Recorder,
     client: &Client,
     rng: &mut StdRng,
 ) -> Result<Compaction> {
     let mut kv = client.kv_client();
     s.gate.close().await;
-    px.set(Mode::Cut);
+    proxies.iter().for_each(|px| px.set(Mode::Cut));
     // Changes the daemon cannot see: puts and a delete, on a few objects so
     // some are changed twice (a relist sees only the newest version).
     for i in 0..6 {
@@ -608,7 +1112,7 @@ async fn compact_while_cut(
         .compact(rev, Some(CompactionOptions::new().with_physical()))
         .await
         .context("compacting")?;
-    px.set(Mode::Forward);
+    proxies.iter().for_each(|px| px.set(Mode::Forward));
     // Caught up: a List not older than the compaction revision is served
     // (the cache answers 504 until it has relisted past it).
     let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
@@ -782,6 +1286,7 @@ async fn lister(s: Arc<Shared>, name: String, sel: Selection, mut rng: StdRng) -
 /// also hangs up by itself every 1-4 s.
 async fn watcher(
     s: Arc<Shared>,
+    index: usize,
     name: String,
     sel: Selection,
     resuming: bool,
@@ -789,12 +1294,23 @@ async fn watcher(
 ) -> ClientLog {
     let mut obs = Vec::new();
     let mut pos: Option<i64> = None;
+    // The recovery probe follows the watchers of all objects only.
+    let seen = |rv: i64| {
+        if let Some(p) = s.positions.get(index) {
+            p.store(
+                if sel == Selection::All { rv } else { i64::MAX },
+                Ordering::Relaxed,
+            );
+        }
+    };
+    seen(0);
     'outer: while !s.stop.is_cancelled() {
         let from = match pos {
             Some(p) => p,
             None => match list_into(&s, &sel, &mut rng, &mut obs).await {
                 Some(rv) => {
                     pos = Some(rv);
+                    seen(rv);
                     rv
                 }
                 None => {
@@ -865,6 +1381,7 @@ async fn watcher(
                     Line::Event(o) => {
                         if let Obs::Event { rv, .. } | Obs::Bookmark { rv } = &o {
                             pos = Some(*rv);
+                            seen(*rv);
                         }
                         obs.push(o);
                     }
@@ -937,5 +1454,44 @@ fn parse_line(line: &[u8]) -> Line {
             object,
         }),
         None => Line::Other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fresh(s: f64, etcd_write_s: f64) -> Option<Fresh> {
+        Some(Fresh { s, etcd_write_s })
+    }
+
+    #[test]
+    fn the_slower_recovery_wins_and_none_is_slowest() {
+        assert_eq!(
+            slower(fresh(1.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s),
+            Some(2.0)
+        );
+        assert_eq!(
+            slower(fresh(3.0, 0.5), fresh(2.0, 0.1)).map(|f| f.s),
+            Some(3.0)
+        );
+        assert!(slower(fresh(1.0, 0.5), None).is_none());
+        assert!(slower(None, fresh(1.0, 0.5)).is_none());
+    }
+
+    #[test]
+    fn recovery_summary_counts_and_orders() {
+        let v = [fresh(3.0, 2.5), None, fresh(1.0, 0.2), fresh(2.0, 0.5)];
+        let s = recovery_summary(&v);
+        assert_eq!(s["faults"], 4);
+        assert_eq!(s["recovered"], 3);
+        assert_eq!(s["min_s"], 1.0);
+        assert_eq!(s["median_s"], 2.0);
+        assert_eq!(s["max_s"], 3.0);
+        // The daemon's own share: the most time after etcd took the write.
+        assert_eq!(s["max_after_etcd_write_s"], 1.5);
+        let none = recovery_summary(&[None]);
+        assert_eq!(none["recovered"], 0);
+        assert!(none["max_s"].is_null());
     }
 }

@@ -2,20 +2,22 @@
 //! the base revision, then a plain etcd watch from the next revision, resumed
 //! from the last revision it saw whenever etcd is stopped, killed or
 //! restarted. It talks to etcd directly (never through the daemon or the
-//! bench's cuttable proxy) and shares no code with the cache.
+//! bench's cuttable proxy) and shares no code with the cache. With several
+//! members it watches one at a time and moves to the next when its stream
+//! breaks or stays silent (a stopped or cut-off member).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
-use etcd_client::{EventType, GetOptions, WatchOptions};
+use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
 use parking_lot::Mutex;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::checker::{Change, History, State};
-use crate::env::etcd_connect;
 
 #[derive(Default)]
 struct Shared {
@@ -33,6 +35,8 @@ pub struct Recorder {
     poke: Arc<tokio::sync::Notify>,
     cancel: CancellationToken,
     task: JoinHandle<()>,
+    /// The endpoint (index) the watch is on now.
+    member: Arc<AtomicUsize>,
 }
 
 /// An object's name below `prefix`, and its value as JSON.
@@ -48,8 +52,8 @@ fn parse_kv(prefix: &str, key: &[u8], value: &[u8]) -> Option<(String, Value)> {
 impl Recorder {
     /// Reads the state of `prefix` at `base_rev` and starts recording every
     /// change after it.
-    pub async fn start(endpoint: &str, prefix: &str, base_rev: i64) -> Result<Recorder> {
-        let client = etcd_connect(endpoint).await?;
+    pub async fn start(endpoints: &[String], prefix: &str, base_rev: i64) -> Result<Recorder> {
+        let client = crate::env::etcd_connect_all(endpoints).await?;
         let mut kv = client.kv_client();
         let r = kv
             .get(
@@ -75,19 +79,27 @@ impl Recorder {
         }));
         let poke = Arc::new(tokio::sync::Notify::new());
         let cancel = CancellationToken::new();
+        let member = Arc::new(AtomicUsize::new(0));
         let task = tokio::spawn(record(
-            endpoint.to_string(),
+            endpoints.to_vec(),
             prefix.to_string(),
             shared.clone(),
             poke.clone(),
             cancel.clone(),
+            member.clone(),
         ));
         Ok(Recorder {
             shared,
             poke,
             cancel,
             task,
+            member,
         })
+    }
+
+    /// The index of the endpoint the recorder watches now.
+    pub fn member(&self) -> usize {
+        self.member.load(Ordering::Relaxed)
     }
 
     /// Waits until every change up to `rev` is recorded.
@@ -129,14 +141,19 @@ impl Recorder {
 }
 
 async fn record(
-    endpoint: String,
+    endpoints: Vec<String>,
     prefix: String,
     shared: Arc<Mutex<Shared>>,
     poke: Arc<tokio::sync::Notify>,
     cancel: CancellationToken,
+    member: Arc<AtomicUsize>,
 ) {
+    let mut next = 0usize;
     loop {
         let from = shared.lock().progress + 1;
+        let i = next % endpoints.len().max(1);
+        member.store(i, Ordering::Relaxed);
+        let endpoint = endpoints.get(i).cloned().unwrap_or_default();
         let r = tokio::select! {
             _ = cancel.cancelled() => return,
             r = watch_once(&endpoint, &prefix, from, &shared, &poke) => r,
@@ -147,7 +164,7 @@ async fn record(
                 shared.lock().error = Some(e);
                 return;
             }
-            Err(WatchError::Retry(_)) => {}
+            Err(WatchError::Retry(_)) => next += 1,
         }
         tokio::select! {
             _ = cancel.cancelled() => return,
@@ -170,10 +187,18 @@ async fn watch_once(
     poke: &tokio::sync::Notify,
 ) -> Result<(), WatchError> {
     let retry = |e: String| WatchError::Retry(e);
-    let client = tokio::time::timeout(Duration::from_secs(5), etcd_connect(endpoint))
-        .await
-        .map_err(|_| retry("connect timed out".into()))?
-        .map_err(|e| retry(e.to_string()))?;
+    // Require a leader: a member cut off the others ends the watch (etcd's
+    // "no leader") rather than keeping it open with nothing new.
+    let opts = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_require_leader(true);
+    let client = tokio::time::timeout(
+        Duration::from_secs(5),
+        Client::connect([endpoint], Some(opts)),
+    )
+    .await
+    .map_err(|_| retry("connect timed out".into()))?
+    .map_err(|e| retry(e.to_string()))?;
     let mut wc = client
         .watch_client()
         .max_decoding_message_size(i32::MAX as usize);
@@ -185,9 +210,16 @@ async fn watch_once(
         .await
         .map_err(|_| retry("watch create timed out".into()))?
         .map_err(|e| retry(e.to_string()))?;
+    // A member that is stopped, or cut off the others, answers nothing or
+    // nothing new: leave it when it has said nothing for 6 s (progress is
+    // asked for every 2 s).
+    let mut last_msg = tokio::time::Instant::now();
     loop {
         let msg = tokio::select! {
             m = stream.message() => m,
+            _ = tokio::time::sleep_until(last_msg + Duration::from_secs(6)) => {
+                return Err(retry("watch silent".into()));
+            }
             _ = poke.notified() => {
                 stream.request_progress().await.map_err(|e| retry(e.to_string()))?;
                 continue;
@@ -199,7 +231,10 @@ async fn watch_once(
             }
         };
         let resp = match msg {
-            Ok(Some(r)) => r,
+            Ok(Some(r)) => {
+                last_msg = tokio::time::Instant::now();
+                r
+            }
             Ok(None) => return Err(retry("watch closed".into())),
             Err(e) => return Err(retry(e.to_string())),
         };

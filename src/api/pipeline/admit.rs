@@ -123,8 +123,17 @@ pub(crate) fn admit<'a>(
         m.denied.inc();
         audit_as(&user, requestor.as_deref(), &attrs, 403);
         let mut status = ApiStatus::forbidden(attrs.forbidden_message(&user, &decision.reason));
-        if attrs.is_resource_request && !attrs.name.is_empty() {
-            status = status.with_details(attrs.name.to_string(), attrs.resource.to_string());
+        // kube's NewForbidden(group/resource, name): the resource as the
+        // kind, the name and group when there are.
+        if attrs.is_resource_request {
+            status = if attrs.name.is_empty() {
+                status.with_kind(attrs.resource.to_string())
+            } else {
+                status.with_details(attrs.name.to_string(), attrs.resource.to_string())
+            }
+            .with_group(attrs.api_group);
+        } else {
+            status = status.with_empty_details();
         }
         return Err(status);
     }

@@ -13,6 +13,7 @@ use crate::api::status::ApiStatus;
 use crate::auth::{
     ANONYMOUS_USER, AUTHENTICATED_GROUP, Attributes, Authorizer, UNAUTHENTICATED_GROUP, UserInfo,
 };
+use crate::object::go_quote;
 use crate::object::validation::{is_dns1123_label, is_dns1123_subdomain};
 
 const USER: &str = "impersonate-user";
@@ -32,28 +33,6 @@ enum Wanted {
 }
 
 impl Wanted {
-    /// Go's `%v` of the `v1.ObjectReference` kube-apiserver builds (Kind,
-    /// Namespace, Name, UID, APIVersion, ResourceVersion, FieldPath), for
-    /// its error message.
-    fn go_string(&self) -> String {
-        let (kind, ns, name, api_version, field) = match self {
-            Wanted::User(n) => ("User", "", n.as_str(), "", ""),
-            Wanted::ServiceAccount { namespace, name } => {
-                ("ServiceAccount", namespace.as_str(), name.as_str(), "", "")
-            }
-            Wanted::Group(g) => ("Group", "", g.as_str(), "", ""),
-            Wanted::Extra { key, value } => (
-                "UserExtra",
-                "",
-                value.as_str(),
-                "authentication.k8s.io/v1",
-                key.as_str(),
-            ),
-            Wanted::Uid(u) => ("UID", "", u.as_str(), "authentication.k8s.io/v1", ""),
-        };
-        format!("{{{kind} {ns} {name}  {api_version}  {field}}}")
-    }
-
     /// The authorizer's question: may the requestor impersonate this?
     fn attributes(&self) -> Attributes<'_> {
         let base = Attributes {
@@ -154,13 +133,52 @@ fn wanted(headers: &HeaderMap) -> Result<Vec<Wanted>, ApiStatus> {
         out.push(Wanted::Uid(u.to_string()));
     }
     if others && user.is_none() {
-        let list: Vec<String> = out.iter().map(Wanted::go_string).collect();
         return Err(ApiStatus::bad_request(format!(
-            "requested [{}] without impersonating a user",
-            list.join(" ")
+            "requested {} without impersonating a user name",
+            go_default_info(&out)
         )));
     }
     Ok(out)
+}
+
+/// Go's `%#v` of the `*user.DefaultInfo` a user-less request asked for, as
+/// kube-apiserver 1.36+ prints it (its default constrained impersonation
+/// filter): `&user.DefaultInfo{Name:"", UID:"…", Groups:[]string{…},
+/// Extra:map[string][]string{…}}`, extras by key.
+fn go_default_info(wanted: &[Wanted]) -> String {
+    let strings = |v: &[&str]| {
+        let q: Vec<String> = v.iter().map(|s| go_quote(s)).collect();
+        format!("[]string{{{}}}", q.join(", "))
+    };
+    let mut uid = "";
+    let mut groups: Vec<&str> = Vec::new();
+    let mut extra: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for w in wanted {
+        match w {
+            Wanted::Uid(u) => uid = u,
+            Wanted::Group(g) => groups.push(g),
+            Wanted::Extra { key, value } => extra.entry(key).or_default().push(value),
+            Wanted::User(_) | Wanted::ServiceAccount { .. } => {}
+        }
+    }
+    let groups = if groups.is_empty() {
+        "[]string(nil)".to_string()
+    } else {
+        strings(&groups)
+    };
+    let extra = if extra.is_empty() {
+        "map[string][]string(nil)".to_string()
+    } else {
+        let pairs: Vec<String> = extra
+            .iter()
+            .map(|(k, v)| format!("{}:{}", go_quote(k), strings(v)))
+            .collect();
+        format!("map[string][]string{{{}}}", pairs.join(", "))
+    };
+    format!(
+        "&user.DefaultInfo{{Name:\"\", UID:{}, Groups:{groups}, Extra:{extra}}}",
+        go_quote(uid)
+    )
 }
 
 /// `%XX`-decoded, as Go's `url.PathUnescape`; the key as sent if malformed.
@@ -305,7 +323,7 @@ mod tests {
         assert_eq!(err.code, 400);
         assert_eq!(
             err.message,
-            "requested [{Group  devs    }] without impersonating a user"
+            r#"requested &user.DefaultInfo{Name:"", UID:"", Groups:[]string{"devs"}, Extra:map[string][]string(nil)} without impersonating a user name"#
         );
         assert!(wanted(&HeaderMap::new()).unwrap().is_empty());
     }

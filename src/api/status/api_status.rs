@@ -118,6 +118,18 @@ impl ApiStatus {
         self
     }
 
+    /// `details: {}`: kube's `NewForbidden` of a non-resource request.
+    pub fn with_empty_details(mut self) -> ApiStatus {
+        self.details.get_or_insert_with(Box::default);
+        self
+    }
+
+    /// `details.kind` alone (a collection: kube's `NewForbidden` with no name).
+    pub fn with_kind(mut self, kind: impl Into<String>) -> ApiStatus {
+        self.details.get_or_insert_with(Box::default).kind = Some(kind.into());
+        self
+    }
+
     /// `details.group`, for a resource outside the core group.
     pub fn with_group(mut self, group: &str) -> ApiStatus {
         if !group.is_empty() {
@@ -151,7 +163,7 @@ impl ApiStatus {
         details.retry_after_seconds = self
             .retry_after
             .map(|s| u32::try_from(s).unwrap_or(u32::MAX));
-        if details == StatusDetails::default() {
+        if self.details.is_none() && details == StatusDetails::default() {
             status
         } else {
             status.with_details(details)
