@@ -355,9 +355,11 @@ fn check_watch(replay: &Replay, compactions: &[GrpcCompaction], w: &WatchLog, r:
             .max_by_key(|c| c.rev)
     {
         let evs: usize = w.resps.iter().map(|x| x.events.len()).sum();
-        // A stream that broke before any answer (a fault) says nothing.
-        let unanswered = w.created_rev == 0 && evs == 0 && w.end.starts_with("broken");
-        if !unanswered && (w.compacted.is_none() || evs > 0) {
+        // A stream that broke (a fault) or was stopped before the cancel
+        // came (etcd sends it after `created`) says nothing, unless it
+        // carried events.
+        let cut_short = evs == 0 && (w.end.starts_with("broken") || w.end == "stopped");
+        if !cut_short && (w.compacted.is_none() || evs > 0) {
             v(
                 "Compacted",
                 format!(
@@ -720,6 +722,14 @@ mod tests {
         let r = check(&history(), &c, &[w.clone()], &[], &[]);
         assert_eq!(r.violations[0].kind, "Compacted");
         w.resps.clear();
+        w.created_rev = 20;
+        w.end = "canceled".into();
+        let r = check(&history(), &c, &[w.clone()], &[], &[]);
+        assert_eq!(r.violations[0].kind, "Compacted", "no cancel from etcd");
+        w.end = "broken: reset".into();
+        let r = check(&history(), &c, &[w.clone()], &[], &[]);
+        assert!(r.violations.is_empty(), "cut short: {:?}", r.violations);
+        w.end = "compacted".into();
         w.compacted = Some(14);
         let r = check(&history(), &c, &[w], &[], &[]);
         assert!(r.violations.is_empty(), "{:?}", r.violations);
