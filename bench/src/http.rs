@@ -307,6 +307,37 @@ impl Conn {
 }
 
 impl Conn {
+    /// `GET` and count the body's bytes (not unpacked) without keeping them,
+    /// but for its first `head` bytes: (bytes, the first bytes). Errors on
+    /// a non-2xx status.
+    pub async fn get_count_head(
+        &mut self,
+        path_and_query: &str,
+        head: usize,
+    ) -> Result<(u64, Vec<u8>)> {
+        let resp = self.get(path_and_query).await?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.into_body().collect().await?.to_bytes();
+            bail!(
+                "GET {path_and_query}: {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(300)])
+            );
+        }
+        let mut body = resp.into_body();
+        let (mut n, mut first) = (0u64, Vec::new());
+        while let Some(frame) = body.frame().await {
+            if let Ok(d) = frame?.into_data() {
+                n += d.len() as u64;
+                if first.len() < head {
+                    let take = (head - first.len()).min(d.len());
+                    first.extend_from_slice(&d[..take]);
+                }
+            }
+        }
+        Ok((n, first))
+    }
+
     /// Opens a WatchList (`sendInitialEvents=true`) of `path` and reads
     /// it, unpacking gzip as it comes, until the initial-events-end
     /// bookmark; then drops it (this connection is done with it):

@@ -9,7 +9,11 @@
 //! bearer tokens and RBAC; `--compare-secure` runs the proxy target plain and
 //! secure and prints the cost as ratios. `fanout --target grpc` / `--target
 //! grpc-proxy` put etcd watchers on watchcache's etcd gRPC front or on `etcd
-//! grpc-proxy`; `--compare-grpc` runs both and etcd direct. See
+//! grpc-proxy`; `--compare-grpc` runs both and etcd direct. `--target
+//! kube` measures a real kube-apiserver and its own watch cache;
+//! `--compare-kube` runs watchcache (`config/kubernetes.toml`) and
+//! kube-apiserver side by side on the same etcd (fanout, list, get, memory,
+//! idle), the objects written through kube-apiserver. See
 //! docs/BENCHMARKS.md.
 
 mod burst;
@@ -19,6 +23,7 @@ mod codec;
 mod env;
 mod floor;
 mod http;
+mod kube;
 mod procfs;
 mod repeat;
 mod report;
@@ -52,6 +57,13 @@ enum Scenario {
     Startup,
     /// M1: RSS per idle watcher.
     Idle,
+    /// K2: I client-go-like informers start at once on N objects (LIST
+    /// at resourceVersion=0 then WATCH, and WatchList), on the proxy,
+    /// kube-apiserver, or both with --compare-kube.
+    Informers,
+    /// K3: RSS of the server holding N objects in its cache, no watcher
+    /// (the proxy, kube-apiserver, or both with --compare-kube).
+    Memory,
     /// The protobuf codec's cost per object (encode for protobuf clients,
     /// decode of stored values), N objects of each shape; no etcd, no daemon.
     Codec,
@@ -90,6 +102,9 @@ enum TargetArg {
     Grpc,
     /// etcd watchers through `etcd grpc-proxy start` (fanout only).
     GrpcProxy,
+    /// A real kube-apiserver (1.37, from scripts/peers.sh) and its own
+    /// watch cache, on the bench's etcd; objects written through it.
+    Kube,
 }
 
 /// Load generator for watchcache: watch fan-out, lists, gets, start-up and
@@ -117,6 +132,21 @@ struct Cli {
     /// front, with the front/grpc-proxy and etcd-CPU ratios.
     #[arg(long)]
     compare_grpc: bool,
+    /// fanout, list, get, memory, idle: watchcache (serving
+    /// config/kubernetes.toml over TLS with a bearer token) and a real
+    /// kube-apiserver with its own watch cache, in turns on the same etcd,
+    /// the objects written through kube-apiserver; prints the
+    /// watchcache/kube-apiserver ratios (`*_over_kube`).
+    #[arg(long)]
+    compare_kube: bool,
+    /// The kube-apiserver binary of --target kube / --compare-kube
+    /// (default: $WATCHCACHE_KUBE_APISERVER_BIN, else what `scripts/peers.sh
+    /// --print kube-apiserver-1.37` names).
+    #[arg(long, value_name = "PATH")]
+    kube_apiserver_bin: Option<PathBuf>,
+    /// Start kube-apiserver with `--profiling=true` (its /debug/pprof).
+    #[arg(long)]
+    kube_profiling: bool,
     /// Serve the proxy the bench starts with TLS, bearer-token authentication
     /// and RBAC (the bench makes the CA, certificate, token file and policy);
     /// its client speaks TLS and sends the token on every request.
@@ -177,9 +207,11 @@ struct Cli {
     /// Clients paging through Lists (chaos).
     #[arg(long, default_value_t = 2)]
     listers: usize,
-    /// Object size in bytes (JSON).
-    #[arg(short = 's', long, default_value_t = 1024)]
-    size: usize,
+    /// Object size in bytes (JSON; default 1024, with kube-apiserver 3072:
+    /// a Pod as sent, which kube-apiserver stores with its defaults and
+    /// managed fields).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
     /// Distinct objects the writes cycle over (fanout: 100; chaos: 20).
     #[arg(long)]
     keys: Option<usize>,
@@ -187,9 +219,11 @@ struct Cli {
     /// connections to the proxy (at least; see --streams-per-conn).
     #[arg(short = 'c', long, default_value_t = 10)]
     connections: usize,
-    /// At most this many watch streams per HTTP/2 connection to the proxy.
-    #[arg(long, default_value_t = 1000)]
-    streams_per_conn: usize,
+    /// At most this many watch streams per HTTP/2 connection to the proxy
+    /// (default 1000; with kube-apiserver 100, the most it allows, for
+    /// both servers).
+    #[arg(long)]
+    streams_per_conn: Option<usize>,
     /// Talk HTTP/1.1 to the proxy (one connection per watcher or worker)
     /// instead of HTTP/2 with prior knowledge.
     #[arg(long)]
@@ -197,15 +231,20 @@ struct Cli {
     /// How etcd watchers use their connections.
     #[arg(long, value_enum, default_value = "mux")]
     etcd_watch_mode: EtcdWatchMode,
-    /// Concurrent writes in flight (fanout).
-    #[arg(long, default_value_t = 4)]
-    writers: usize,
+    /// Concurrent writes in flight (fanout; default 4, through
+    /// kube-apiserver 32: its writes take longer than etcd's, and the rate
+    /// must hold).
+    #[arg(long)]
+    writers: Option<usize>,
     /// Seconds to wait after the last write for every watcher to see it.
     #[arg(long, default_value_t = 60.0)]
     drain_timeout: f64,
     /// Objects in etcd (list: 10000, get: 1000, startup: 10000 by default).
     #[arg(short = 'n', long)]
     objects: Option<usize>,
+    /// Informers that start at once (informers).
+    #[arg(short = 'i', long, default_value_t = 100)]
+    informers: usize,
     /// Concurrent requests (get).
     #[arg(short = 'k', long, default_value_t = 64)]
     concurrency: usize,
@@ -253,6 +292,7 @@ struct Cli {
     /// application/vnd.kubernetes.protobuf`, as client-go does for built-in
     /// types) instead of JSON. The objects are then Pods that fit the Pod
     /// schema (the padding in an annotation); no paged Lists are timed.
+    /// fanout with kube-apiserver: protobuf watches (length-prefixed frames).
     #[arg(long)]
     protobuf: bool,
     /// list: send `Accept-Encoding: gzip` to the proxy, as kubectl and
@@ -352,8 +392,44 @@ fn main() -> Result<()> {
     if cli.repeat > 1 && cli.plot.is_some() {
         bail!("--plot draws one run: drop --repeat");
     }
-    if cli.protobuf && cli.scenario != Scenario::List {
-        bail!("--protobuf applies to list");
+    let kube_mode = cli.compare_kube || cli.target == TargetArg::Kube;
+    if kube_mode {
+        if !matches!(
+            cli.scenario,
+            Scenario::Fanout
+                | Scenario::List
+                | Scenario::Get
+                | Scenario::Memory
+                | Scenario::Idle
+                | Scenario::Informers
+        ) {
+            bail!(
+                "--target kube and --compare-kube apply to fanout, list, get, memory, idle and informers"
+            );
+        }
+        if cli.compare || grpc_target || cli.compare_secure || cli.secure || cli.proxy.is_some() {
+            bail!(
+                "--target kube and --compare-kube run their own servers: no --compare, --compare-grpc, --secure, --compare-secure or --proxy"
+            );
+        }
+        if cli.storage_media_type == PROTOBUF {
+            bail!("with kube-apiserver, it stores the objects itself (drop --storage-media-type)");
+        }
+        if cli.protobuf && cli.scenario == Scenario::List {
+            bail!("list with kube-apiserver times JSON and protobuf Lists both: drop --protobuf");
+        }
+    }
+    if matches!(cli.scenario, Scenario::Memory | Scenario::Informers)
+        && !kube_mode
+        && cli.target != TargetArg::Proxy
+    {
+        bail!("memory and informers measure the proxy or kube-apiserver");
+    }
+    if cli.protobuf
+        && cli.scenario != Scenario::List
+        && !(kube_mode && cli.scenario == Scenario::Fanout)
+    {
+        bail!("--protobuf applies to list, and to fanout with kube-apiserver");
     }
     if cli.watch_list && cli.scenario != Scenario::List {
         bail!("--watch-list applies to list");
@@ -378,7 +454,7 @@ fn main() -> Result<()> {
         bail!("--proxy needs --etcd: the etcd that proxy serves from (the bench writes there)");
     }
     if cli.scenario == Scenario::Codec {
-        let results = codec::run(cli.objects.unwrap_or(2000), cli.size)?;
+        let results = codec::run(cli.objects.unwrap_or(2000), cli.size.unwrap_or(1024))?;
         if let Some(path) = &cli.json {
             let report = json!({"scenario": "codec", "results": results});
             write_report(path, &report)?;
@@ -492,9 +568,9 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
             events: cli.events,
             duration_s: cli.duration.unwrap_or(10.0),
             reconnect_after_s: cli.reconnect_after,
-            size: cli.size,
+            size: cli.size.unwrap_or(1024),
             keys: cli.keys.unwrap_or(1000).max(1),
-            writers: cli.writers.max(1),
+            writers: cli.writers.unwrap_or(4).max(1),
             history_max_bytes: cli.history_max_bytes,
             namespace: cli.namespace.clone(),
             etcd_prefix: cli.etcd_prefix.clone(),
@@ -509,7 +585,12 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     }
     let duration = cli.duration.unwrap_or(10.0);
     let rate = cli.rate.unwrap_or(100.0);
-    let targets: Vec<Target> = if cli.compare_grpc {
+    let kube_mode = cli.compare_kube || cli.target == TargetArg::Kube;
+    let targets: Vec<Target> = if cli.compare_kube {
+        vec![Target::Proxy, Target::Kube]
+    } else if cli.target == TargetArg::Kube {
+        vec![Target::Kube]
+    } else if cli.compare_grpc {
         vec![Target::Etcd, Target::GrpcProxy, Target::Grpc]
     } else if cli.compare {
         let mut t = vec![Target::Proxy, Target::Etcd];
@@ -543,8 +624,10 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         .iter()
         .flat_map(|&t| match t {
             Target::Proxy if cli.compare_secure => vec![(t, false), (t, true)],
-            Target::Proxy => vec![(t, cli.secure)],
-            Target::Etcd | Target::Grpc | Target::GrpcProxy => vec![(t, false)],
+            // Beside kube-apiserver, watchcache serves TLS with a bearer
+            // token too.
+            Target::Proxy => vec![(t, cli.secure || kube_mode)],
+            Target::Etcd | Target::Grpc | Target::GrpcProxy | Target::Kube => vec![(t, false)],
         })
         .collect();
     let default_objects = match cli.scenario {
@@ -560,13 +643,16 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         watchers: cli.watchers.unwrap_or(100),
         rate,
         duration_s: duration,
-        size: cli.size,
+        size: cli.size.unwrap_or(if kube_mode { 3072 } else { 1024 }),
         keys: cli.keys.unwrap_or(100).max(1),
         connections: cli.connections.max(1),
-        streams_per_conn: cli.streams_per_conn.max(1),
+        streams_per_conn: cli
+            .streams_per_conn
+            .unwrap_or(if kube_mode { 100 } else { 1000 })
+            .max(1),
         http1: cli.http1,
         etcd_mux: cli.etcd_watch_mode == EtcdWatchMode::Mux,
-        writers: cli.writers.max(1),
+        writers: cli.writers.unwrap_or(if kube_mode { 32 } else { 4 }).max(1),
         drain_timeout_s: cli.drain_timeout,
         objects: cli.objects.unwrap_or(default_objects),
         concurrency: cli.concurrency.max(1),
@@ -582,6 +668,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         gzip: cli.gzip,
         watch_list: cli.watch_list,
         storage_protobuf: cli.storage_media_type == PROTOBUF,
+        informers: cli.informers,
     };
     let watchcache_bin = match &cli.watchcache_bin {
         Some(p) => p.clone(),
@@ -602,6 +689,8 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         daemon: None,
         grpc_proxy: None,
         tls: None,
+        kube: None,
+        kube_writer: None,
         watchcache_bin,
         mp: MultiProgress::new(),
         progress: !cli.no_progress,
@@ -610,13 +699,47 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     let own_daemon = needs_daemon && ctx.proxy_authority.is_none();
     // History large enough for every write of the run plus the setup.
     let history = ((rate * duration) as usize + ctx.p.objects + 1000).max(10_000);
-    let daemon_cfg = daemon_config(
-        std::slice::from_ref(&etcd_endpoint),
-        &ctx.p.etcd_prefix,
-        history,
-        ctx.p.list_page_size,
-        &ctx.p.daemon_server,
-    );
+    let daemon_cfg = if kube_mode {
+        kube::watchcache_kubernetes_config(
+            &etcd_endpoint,
+            &ctx.p.etcd_prefix,
+            &ctx.p.daemon_server,
+        )?
+    } else {
+        daemon_config(
+            std::slice::from_ref(&etcd_endpoint),
+            &ctx.p.etcd_prefix,
+            history,
+            ctx.p.list_page_size,
+            &ctx.p.daemon_server,
+        )
+    };
+    // kube-apiserver first: watchcache then starts on the etcd it has
+    // bootstrapped, as in front of a running cluster.
+    let mut kube_version = None;
+    if kube_mode {
+        let bin = match &cli.kube_apiserver_bin {
+            Some(p) => p.clone(),
+            None => kube::kube_apiserver_bin()?,
+        };
+        let k = kube::KubeApiserver::start(
+            &bin,
+            &etcd_endpoint,
+            &ctx.p.etcd_prefix,
+            cli.kube_profiling,
+        )
+        .await
+        .context("starting kube-apiserver")?;
+        kube_version = http::get_once_with(&k.authority, Some(k.tls.clone()), "/version")
+            .await
+            .ok()
+            .and_then(|(_, b)| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["gitVersion"].as_str().map(str::to_string));
+        let w = kube::KubeWriter::connect(&k, &ctx.p.namespace, 4).await?;
+        w.ensure_namespace().await?;
+        ctx.kube_writer = Some(w);
+        ctx.kube = Some(k);
+    }
     if own_daemon && targets.contains(&Target::Grpc) {
         let t = Instant::now();
         let mut d = Daemon::spawn_grpc(&ctx.watchcache_bin, &daemon_cfg)?;
@@ -652,8 +775,17 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
     );
 
     // Setup shared by both targets.
+    // memory: each server's RSS before the objects are written.
+    let rss_before_load: Vec<(Target, Option<u64>)> = targets
+        .iter()
+        .map(|&t| (t, scenarios::front_rss_kb(&ctx, t)))
+        .collect();
     let loaded_rev = match cli.scenario {
-        Scenario::List | Scenario::Get | Scenario::Startup => scenarios::load_for(&ctx).await?,
+        Scenario::List
+        | Scenario::Get
+        | Scenario::Startup
+        | Scenario::Memory
+        | Scenario::Informers => scenarios::load_for(&ctx).await?,
         _ => 0,
     };
 
@@ -671,6 +803,13 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
                 start_daemon(&mut ctx, &daemon_cfg, secure, cli.bearer_token.as_deref()).await?;
             }
             let variants: Vec<&str> = match (cli.scenario, t) {
+                (Scenario::List, Target::Proxy) if kube_mode => vec!["proxy", "proxy_protobuf"],
+                (Scenario::List, Target::Kube) => vec!["kube", "kube_protobuf"],
+                (Scenario::Get, Target::Proxy) if kube_mode => vec!["proxy"],
+                (Scenario::Informers, Target::Proxy) => {
+                    vec!["proxy_list_watch", "proxy_watch_list"]
+                }
+                (Scenario::Informers, Target::Kube) => vec!["kube_list_watch", "kube_watch_list"],
                 // The loopback floor of a List: plain TCP, so not beside TLS.
                 (Scenario::List, Target::Proxy) if !secure => {
                     vec!["proxy", "proxy_consistent", "loopback"]
@@ -693,6 +832,21 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
                     Scenario::Get => scenarios::get(&ctx, v, loaded_rev).await,
                     Scenario::Startup => scenarios::startup(&ctx, t).await,
                     Scenario::Idle => scenarios::idle(&ctx, t).await,
+                    Scenario::Informers => {
+                        let start = if v.ends_with("watch_list") {
+                            scenarios::InformerStart::WatchList
+                        } else {
+                            scenarios::InformerStart::ListWatch
+                        };
+                        scenarios::informers(&ctx, t, start, loaded_rev).await
+                    }
+                    Scenario::Memory => {
+                        let before = rss_before_load
+                            .iter()
+                            .find(|(x, _)| *x == t)
+                            .and_then(|(_, r)| *r);
+                        scenarios::memory(&ctx, t, loaded_rev, before).await
+                    }
                     Scenario::Chaos | Scenario::Codec | Scenario::Burst => {
                         bail!("{:?} runs on its own path", cli.scenario)
                     }
@@ -725,14 +879,19 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         }
         results.insert(key, value);
     }
-    // Shut the daemon and grpc-proxy down before reporting.
+    // Shut the daemon, grpc-proxy and kube-apiserver down before reporting.
     ctx.daemon.take();
     ctx.grpc_proxy.take();
+    ctx.kube_writer.take();
+    ctx.kube.take();
 
     let results = Value::Object(results);
     let (mut ratios, mut goals) = ratios_and_goals(cli.scenario, &results);
     if cli.compare_grpc {
         (ratios, goals) = grpc_ratios_and_goals(&results);
+    }
+    if cli.compare_kube {
+        (ratios, goals) = kube_ratios_and_goals(cli.scenario, &results);
     }
     if cli.compare_secure {
         let (r, g) = secure_ratios_and_goals(cli.scenario, &results);
@@ -744,6 +903,8 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         .any(|t| matches!(t, Target::Grpc | Target::GrpcProxy))
     {
         " (proxy cpu s / proxy MB: the front of the row: watchcache, or etcd grpc-proxy)"
+    } else if kube_mode {
+        " (proxy: watchcache, config/kubernetes.toml; kube: kube-apiserver; both TLS + bearer token; proxy cpu s / proxy MB: the server of the row)"
     } else if cli.compare_secure {
         " (rows *_secure: TLS + bearer token + RBAC)"
     } else if cli.secure {
@@ -764,6 +925,7 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
         "machine": procfs::machine_info(nofile),
         "etcd_version": etcd_version,
         "etcd_endpoint": etcd_endpoint,
+        "kube_apiserver_version": kube_version,
         // The proxy served TLS with bearer tokens and RBAC (in every proxy
         // run with --secure; in the `*_secure` runs with --compare-secure).
         "secure": cli.secure || cli.compare_secure,
@@ -772,6 +934,8 @@ async fn run(cli: Cli, keeper: Option<EtcdKeeper>, nofile: u64) -> Result<Option
             "secure": cli.secure,
             "compare_secure": cli.compare_secure,
             "compare_grpc": cli.compare_grpc,
+            "compare_kube": cli.compare_kube,
+            "protobuf": ctx.p.protobuf,
             "watchers": ctx.p.watchers,
             "rate_per_s": ctx.p.rate,
             "duration_s": ctx.p.duration_s,
@@ -950,9 +1114,12 @@ fn secure_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 json!({}),
             )
         }
-        Scenario::Startup | Scenario::Chaos | Scenario::Codec | Scenario::Burst => {
-            (json!({}), json!({}))
-        }
+        Scenario::Startup
+        | Scenario::Chaos
+        | Scenario::Codec
+        | Scenario::Burst
+        | Scenario::Memory
+        | Scenario::Informers => (json!({}), json!({})),
     }
 }
 
@@ -1030,6 +1197,170 @@ fn grpc_ratios_and_goals(r: &Value) -> (Value, Value) {
             "etcd_cpu_with_front_at_most_a_tenth": num(front, &etcd_cpu) <= num(etcd, &etcd_cpu) / 10.0,
         }),
     )
+}
+
+/// `--compare-kube`: watchcache (`proxy`, `proxy_protobuf`) over
+/// kube-apiserver (`kube`, `kube_protobuf`), same etcd, same objects, same
+/// clients, in turns; the goals are issue 35's.
+///
+/// fanout's CPU per delivery is each server's CPU in its own turn net of
+/// what the same writes cost it in the other server's turn, when it holds
+/// no watcher (kube-apiserver serves every write in both turns; both cache
+/// every write): the cost of the deliveries alone. The gross ratio, each
+/// server's whole CPU in its turn, is beside it.
+fn kube_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
+    let none = Value::Null;
+    let (wc, kube) = match (r.get("proxy"), r.get("kube")) {
+        (Some(a), Some(b)) => (a, b),
+        _ if s == Scenario::Informers => (&none, &none),
+        _ => return (json!({}), json!({})),
+    };
+    let over = |p: &[&str]| ratio(num(wc, p), num(kube, p));
+    match s {
+        Scenario::Fanout => {
+            let net_us = |x: &Value, other: &Value, idle_name: &str| {
+                let cpu = num(x, &["processes", "proxy", "cpu_s"])
+                    - num(other, &["processes", "idle_fronts", idle_name, "cpu_s"]);
+                cpu.max(0.0) * 1e6 / num(x, &["deliveries"])
+            };
+            let wc_net = net_us(wc, kube, "watchcache");
+            let kube_net = net_us(kube, wc, "kube_apiserver");
+            let cpu_ratio = ratio(wc_net, kube_net);
+            let p99 = over(&["latency_ms", "p99_ms"]);
+            let counts = |x: &Value| {
+                json!({
+                    "lost": num(x, &["lost"]),
+                    "duplicated": num(x, &["duplicated"]),
+                    "unexpected": num(x, &["unexpected"]),
+                    "out_of_order": num(x, &["out_of_order"]),
+                    "resumed_watches": num(x, &["resumed_watches"]),
+                })
+            };
+            let clean = ["lost", "duplicated", "unexpected", "out_of_order"]
+                .iter()
+                .all(|k| num(wc, &[k]) == 0.0 && num(kube, &[k]) == 0.0);
+            let established = [wc, kube]
+                .iter()
+                .all(|x| num(x, &["watchers_established"]) == num(x, &["watchers"]));
+            (
+                json!({
+                    "cpu_per_delivery_over_kube": cpu_ratio,
+                    "cpu_us_per_delivery_net_watchcache": (wc_net * 1000.0).round() / 1000.0,
+                    "cpu_us_per_delivery_net_kube": (kube_net * 1000.0).round() / 1000.0,
+                    "cpu_per_delivery_gross_over_kube": over(&["per_delivery", "holder_cpu_us_per_delivery"]),
+                    "p99_over_kube": p99,
+                    "p50_over_kube": over(&["latency_ms", "p50_ms"]),
+                    "deliveries_per_s_over_kube": over(&["deliveries_per_s"]),
+                    "rss_per_busy_watcher_over_kube": over(&["per_delivery", "holder_rss_per_busy_watcher_bytes"]),
+                    "watchcache": counts(wc),
+                    "kube": counts(kube),
+                }),
+                json!({
+                    "zero_lost_and_duplicated": clean,
+                    "every_watcher_established": established,
+                    "cpu_per_delivery_at_most_0_2_of_kube": cpu_ratio.as_f64().is_some_and(|v| v <= 0.2),
+                    "p99_at_most_half_of_kube": p99.as_f64().is_some_and(|v| v <= 0.5),
+                }),
+            )
+        }
+        Scenario::List => {
+            let full = ["full_list_ms", "p50_ms"];
+            let json_ratio = over(&full);
+            let pb = match (r.get("proxy_protobuf"), r.get("kube_protobuf")) {
+                (Some(a), Some(b)) => ratio(num(a, &full), num(b, &full)),
+                _ => Value::Null,
+            };
+            let met = |v: &Value| v.as_f64().is_some_and(|x| x <= 0.33);
+            (
+                json!({
+                    "full_list_p50_over_kube": json_ratio,
+                    "full_list_protobuf_p50_over_kube": pb,
+                    "paged_list_p50_over_kube": over(&["paged_list_ms", "p50_ms"]),
+                    "full_list_p99_over_kube": over(&["full_list_ms", "p99_ms"]),
+                }),
+                json!({
+                    "full_list_p50_at_most_0_33_of_kube": met(&json_ratio),
+                    "full_list_protobuf_p50_at_most_0_33_of_kube": met(&pb),
+                }),
+            )
+        }
+        Scenario::Get => {
+            let tput = over(&["gets_per_s"]);
+            (
+                json!({
+                    "throughput_over_kube": tput,
+                    "p50_over_kube": over(&["latency_ms", "p50_ms"]),
+                    "p99_over_kube": over(&["latency_ms", "p99_ms"]),
+                    "server_cpu_per_get_over_kube": over(&["server_cpu_us_per_get"]),
+                }),
+                json!({ "throughput_at_least_3x_kube": tput.as_f64().is_some_and(|v| v >= 3.0) }),
+            )
+        }
+        Scenario::Informers => {
+            let mut ratios = serde_json::Map::new();
+            let mut goals = serde_json::Map::new();
+            for (start, suffix) in [("list_watch", ""), ("watch_list", "_watch_list")] {
+                let (Some(a), Some(b)) = (
+                    r.get(format!("proxy_{start}")),
+                    r.get(format!("kube_{start}")),
+                ) else {
+                    continue;
+                };
+                let o = |p: &[&str]| ratio(num(a, p), num(b, p));
+                let (wall, cpu, rss) = (
+                    o(&["sync_wall_s"]),
+                    o(&["server_cpu_s"]),
+                    o(&["server_peak_rss_kb"]),
+                );
+                let at_most = |v: &Value, x: f64| json!(v.as_f64().is_some_and(|v| v <= x));
+                goals.insert(
+                    format!("sync_wall{suffix}_at_most_0_33_of_kube"),
+                    at_most(&wall, 0.33),
+                );
+                goals.insert(
+                    format!("server_cpu{suffix}_at_most_0_2_of_kube"),
+                    at_most(&cpu, 0.2),
+                );
+                goals.insert(
+                    format!("peak_rss{suffix}_at_most_0_25_of_kube"),
+                    at_most(&rss, 0.25),
+                );
+                ratios.insert(format!("sync_wall{suffix}_over_kube"), wall);
+                ratios.insert(format!("server_cpu{suffix}_over_kube"), cpu);
+                ratios.insert(format!("peak_rss{suffix}_over_kube"), rss);
+            }
+            goals.insert(
+                "every_informer_synced".into(),
+                json!(
+                    r.as_object()
+                        .is_some_and(|m| m.values().all(|x| num(x, &["errors"]) == 0.0))
+                ),
+            );
+            (Value::Object(ratios), Value::Object(goals))
+        }
+        Scenario::Memory => {
+            let rss = over(&["rss_kb"]);
+            (
+                json!({
+                    "rss_over_kube": rss,
+                    "rss_growth_over_kube": over(&["rss_growth_kb"]),
+                }),
+                json!({ "rss_at_most_0_25_of_kube": rss.as_f64().is_some_and(|v| v <= 0.25) }),
+            )
+        }
+        Scenario::Idle => {
+            let per = ["rss_per_watcher_bytes"];
+            let r = over(&per);
+            (
+                json!({ "rss_per_idle_watcher_over_kube": r }),
+                json!({
+                    "at_most_1kb_per_idle_watcher": num(wc, &per) <= 1024.0,
+                    "rss_per_idle_watcher_at_most_0_25_of_kube": r.as_f64().is_some_and(|v| v <= 0.25),
+                }),
+            )
+        }
+        _ => (json!({}), json!({})),
+    }
 }
 
 /// Issue 14's memory goal: RSS per busy watcher at most 4 KB, judged at
@@ -1153,7 +1484,11 @@ fn ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
             }),
             json!({}),
         ),
-        Scenario::Chaos | Scenario::Codec | Scenario::Burst => (json!({}), json!({})),
+        Scenario::Chaos
+        | Scenario::Codec
+        | Scenario::Burst
+        | Scenario::Memory
+        | Scenario::Informers => (json!({}), json!({})),
         Scenario::Idle => {
             let pp = num(proxy, &["rss_per_watcher_bytes"]);
             (
@@ -1379,6 +1714,72 @@ fn print_summary(s: Scenario, r: &Value, ratios: &Value, goals: &Value, security
             );
         }
         Scenario::Chaos | Scenario::Codec | Scenario::Burst => {}
+        Scenario::Informers => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["informers"]),
+                        s2(v, &["objects"]),
+                        s2(v, &["synced"]),
+                        s2(v, &["errors"]),
+                        s2(v, &["sync_wall_s"]),
+                        s2(v, &["sync_ms", "p50_ms"]),
+                        s2(v, &["sync_ms", "p99_ms"]),
+                        kb_to_mb(v, &["bytes_per_informer"]),
+                        s2(v, &["server_cpu_s"]),
+                        kb_to_mb(v, &["server_peak_rss_kb"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                &format!("K2 informers{security}"),
+                &[
+                    "target",
+                    "informers",
+                    "objects",
+                    "synced",
+                    "errors",
+                    "wall s",
+                    "sync p50 ms",
+                    "sync p99 ms",
+                    "KiB/informer",
+                    "server cpu s",
+                    "server peak MB",
+                ],
+                &rows,
+            );
+        }
+        Scenario::Memory => {
+            let rows: Vec<Vec<String>> = map
+                .iter()
+                .map(|(k, v)| {
+                    vec![
+                        k.clone(),
+                        s2(v, &["front"]),
+                        s2(v, &["objects"]),
+                        kb_to_mb(v, &["rss_before_load_kb"]),
+                        kb_to_mb(v, &["rss_kb"]),
+                        kb_to_mb(v, &["rss_growth_kb"]),
+                        s2(v, &["rss_growth_per_object_bytes"]),
+                    ]
+                })
+                .collect();
+            print_table(
+                &format!("K3 memory{security}"),
+                &[
+                    "target",
+                    "server",
+                    "objects",
+                    "RSS before MB",
+                    "RSS MB",
+                    "growth MB",
+                    "growth B/object",
+                ],
+                &rows,
+            );
+        }
         Scenario::Idle => {
             let rows: Vec<Vec<String>> = map
                 .iter()

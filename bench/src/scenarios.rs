@@ -20,6 +20,7 @@ use crate::env::{
     etcd_connect, etcd_metric, load_objects, ns_prefix, object_name,
 };
 use crate::http::{Conn, HttpTarget, JSON, PROTOBUF, Pool};
+use crate::kube::{KubeApiserver, KubeWriter};
 use crate::procfs::{ProcSample, reset_peak, sample, self_pid};
 use crate::report::{distribution, new_histogram, summarize};
 use crate::secure::ClientTls;
@@ -37,6 +38,8 @@ pub enum Target {
     Grpc,
     /// etcd watchers through `etcd grpc-proxy start` (etcd's own proxy).
     GrpcProxy,
+    /// kube-apiserver's REST API and its own watch cache ([`crate::kube`]).
+    Kube,
 }
 
 impl Target {
@@ -46,6 +49,7 @@ impl Target {
             Target::Etcd => "etcd",
             Target::Grpc => "grpc",
             Target::GrpcProxy => "grpc_proxy",
+            Target::Kube => "kube",
         }
     }
 
@@ -54,6 +58,7 @@ impl Target {
         match self {
             Target::Proxy | Target::Grpc => Some("watchcache"),
             Target::GrpcProxy => Some("etcd grpc-proxy"),
+            Target::Kube => Some("kube-apiserver"),
             Target::Etcd => None,
         }
     }
@@ -95,6 +100,8 @@ pub struct Params {
     pub gzip: bool,
     /// list: WatchList streams too (`--watch-list`).
     pub watch_list: bool,
+    /// informers: how many start at once.
+    pub informers: usize,
     /// list, get, startup: objects stored as kube-apiserver protobuf
     /// (`--storage-media-type application/vnd.kubernetes.protobuf`).
     pub storage_protobuf: bool,
@@ -112,6 +119,11 @@ pub struct Ctx {
     pub grpc_proxy: Option<GrpcProxy>,
     /// TLS and bearer token of the proxy under test (`--secure`), None: plain.
     pub tls: Option<Arc<ClientTls>>,
+    /// kube-apiserver (`--target kube`, `--compare-kube`).
+    pub kube: Option<KubeApiserver>,
+    /// Writes through kube-apiserver: set whenever it runs, so etcd holds
+    /// what it stores and both servers serve the same objects.
+    pub kube_writer: Option<KubeWriter>,
     pub watchcache_bin: std::path::PathBuf,
     pub mp: MultiProgress,
     pub progress: bool,
@@ -134,7 +146,30 @@ impl Ctx {
     fn front_pid(&self, target: Target) -> Option<u32> {
         match target {
             Target::GrpcProxy => self.grpc_proxy.as_ref().map(|g| g.pid),
+            Target::Kube => self.kube.as_ref().map(|k| k.pid),
             _ => self.proxy_pid(),
+        }
+    }
+
+    /// The servers in front of etcd the bench runs, by name: the ones not
+    /// under test in a phase are sampled as `idle_fronts`.
+    fn fronts(&self) -> [(&'static str, Option<u32>); 3] {
+        [
+            ("watchcache", self.proxy_pid()),
+            ("grpc_proxy", self.front_pid(Target::GrpcProxy)),
+            ("kube_apiserver", self.front_pid(Target::Kube)),
+        ]
+    }
+
+    /// The HTTP API of `target`: the proxy, or kube-apiserver.
+    fn http(&self, target: Target) -> Result<HttpTarget> {
+        match target {
+            Target::Kube => self
+                .kube
+                .as_ref()
+                .map(|k| k.target(self.p.http1))
+                .ok_or_else(|| anyhow!("no kube-apiserver (internal error)")),
+            _ => self.proxy(),
         }
     }
 
@@ -153,7 +188,7 @@ impl Ctx {
                 .as_ref()
                 .map(|g| format!("http://{}", g.authority))
                 .ok_or_else(|| anyhow!("no etcd grpc-proxy (internal error)")),
-            Target::Proxy => bail!("the proxy target speaks HTTP"),
+            Target::Proxy | Target::Kube => bail!("the {} target speaks HTTP", target.name()),
         }
     }
 
@@ -185,6 +220,8 @@ impl Ctx {
                 "grpc to etcd grpc-proxy, one watch stream per connection"
             }
             Target::GrpcProxy => "grpc to etcd grpc-proxy, one watch stream per watcher",
+            Target::Kube if p.http1 => "http/1.1 over TLS, bearer token (system:masters)",
+            Target::Kube => "h2 over TLS, bearer token (system:masters)",
         }
     }
 
@@ -239,17 +276,15 @@ impl Usage {
             sample(pid).map(|s| (pid, s))
         });
         let mut idle_fronts = Vec::new();
-        if target == Target::Etcd {
-            let fronts = [
-                ("watchcache", ctx.proxy_pid()),
-                ("grpc_proxy", ctx.front_pid(Target::GrpcProxy)),
-            ];
-            for (name, pid) in fronts {
-                if let Some(pid) = pid {
-                    reset_peak(pid);
-                    if let Some(s) = sample(pid) {
-                        idle_fronts.push((name, pid, s));
-                    }
+        let own = match target {
+            Target::Etcd => None,
+            _ => ctx.front_pid(target),
+        };
+        for (name, pid) in ctx.fronts() {
+            if let Some(pid) = pid.filter(|p| Some(*p) != own) {
+                reset_peak(pid);
+                if let Some(s) = sample(pid) {
+                    idle_fronts.push((name, pid, s));
                 }
             }
         }
@@ -290,7 +325,11 @@ impl Usage {
             if let Some(s1) = sample(*pid) {
                 idle.insert(
                     (*name).to_string(),
-                    json!({"pid": pid, "peak_growth_kb": (s1.hwm_kb as f64 - s0.rss_kb as f64).max(0.0)}),
+                    json!({
+                        "pid": pid,
+                        "peak_growth_kb": (s1.hwm_kb as f64 - s0.rss_kb as f64).max(0.0),
+                        "cpu_s": round3(s1.cpu_s - s0.cpu_s),
+                    }),
                 );
             }
         }
@@ -319,7 +358,7 @@ fn per_delivery_costs(
 ) -> Value {
     let get = |who: &str, k: &str| usage[who][k].as_f64();
     let holder = match target {
-        Target::Proxy | Target::Grpc | Target::GrpcProxy => "proxy",
+        Target::Proxy | Target::Grpc | Target::GrpcProxy | Target::Kube => "proxy",
         Target::Etcd => "etcd",
     };
     let us = |cpu: Option<f64>| -> Value {
@@ -412,19 +451,36 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
     let writer = etcd_connect(&ctx.etcd_endpoint).await?;
     let mut kv = writer.kv_client();
     clear_prefix(&mut kv, &prefix).await?;
+    // Through kube-apiserver, the writes are patches of Pods created here,
+    // before the watchers start.
+    if let Some(w) = &ctx.kube_writer {
+        let pb = ctx.bar(p.keys as u64, "creating pods");
+        pb.set_prefix(target.name());
+        w.create_many(p.keys, p.size, p.writers, &pb).await?;
+        pb.finish_and_clear();
+    }
     let r0 = current_revision(&mut kv).await?;
 
     let mut pool: Option<Pool> = None;
     let mut clients: Vec<Client> = Vec::new();
     let watch_target = match target {
-        Target::Proxy => {
-            let t = ctx.proxy()?;
+        Target::Proxy | Target::Kube => {
+            let t = ctx.http(target)?;
             let mut c = t.connect().await?;
             proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
+            let t = if p.protobuf {
+                t.with_accept(PROTOBUF)
+            } else {
+                t
+            };
             pool = Some(t.pool(proxy_connections(p, p.watchers)).await?);
             WatchTarget::Proxy {
                 pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
                 path: ctx.list_path(),
+                protobuf: p.protobuf,
+                // Beside kube-apiserver, watchers resume as client-go's do:
+                // both servers cut off a watcher that falls behind.
+                resume: ctx.kube.is_some(),
             }
         }
         Target::Etcd | Target::Grpc | Target::GrpcProxy => {
@@ -493,17 +549,27 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         let size = p.size;
         let pb = pb.clone();
         let shared = set.shared.clone();
+        let kube = ctx.kube_writer.clone();
         tokio::spawn(async move {
-            let value = make_object(&ns, &name, now_nanos(), size);
-            match kv.put(key, value, None).await {
-                Ok(r) => {
-                    if let Some(h) = r.header() {
-                        log.lock().push(WriteRecord { rev: h.revision() });
-                    }
+            let written = match kube {
+                Some(w) => w.touch(i as usize, &name, now_nanos()).await,
+                None => {
+                    let value = make_object(&ns, &name, now_nanos(), size);
+                    kv.put(key, value, None)
+                        .await
+                        .map_err(anyhow::Error::from)
+                        .and_then(|r| {
+                            r.header()
+                                .map(|h| h.revision())
+                                .ok_or_else(|| anyhow!("etcd put without header"))
+                        })
                 }
+            };
+            match written {
+                Ok(rev) => log.lock().push(WriteRecord { rev }),
                 Err(e) => {
                     errors.fetch_add(1, Ordering::Relaxed);
-                    first_err.lock().get_or_insert(e.to_string());
+                    first_err.lock().get_or_insert(format!("{e:#}"));
                 }
             }
             drop(permit);
@@ -603,7 +669,9 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         "watchers_failed": errors,
         "connections": connections,
         "transport": ctx.transport(target),
-        "secure": target == Target::Proxy && ctx.tls.is_some(),
+        "secure": (target == Target::Proxy && ctx.tls.is_some()) || target == Target::Kube,
+        "writes_through": if ctx.kube_writer.is_some() { "kube-apiserver (merge patches of Pods)" } else { "etcd (puts)" },
+        "media_type": if p.protobuf { PROTOBUF } else { JSON },
         "rate_per_s": p.rate,
         "duration_s": p.duration_s,
         "object_size": p.size,
@@ -617,6 +685,9 @@ pub async fn fanout(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogra
         "drain_s": round3(drain.as_secs_f64()),
         "drained": drained,
         "deliveries": deliveries,
+        // Streams the server ended that the watchers opened again from
+        // their last resourceVersion (beside kube-apiserver only).
+        "resumed_watches": shared.resumed.load(Ordering::Relaxed),
         "expected_deliveries": (revs.len() * established) as u64,
         "deliveries_per_s": round3(deliveries as f64 / elapsed.max(1e-9)),
         "latency_ms": lat,
@@ -643,6 +714,13 @@ async fn load(ctx: &Ctx) -> Result<i64> {
     let client = etcd_connect(&ctx.etcd_endpoint).await?;
     let mut kv = client.kv_client();
     clear_prefix(&mut kv, &ctx.prefix()).await?;
+    if let Some(w) = &ctx.kube_writer {
+        let pb = ctx.bar(p.objects as u64, "creating pods (kube-apiserver)");
+        pb.set_prefix("setup");
+        let rev = w.create_many(p.objects, p.size, 32, &pb).await?;
+        pb.finish_and_clear();
+        return Ok(rev.max(current_revision(&mut kv).await?));
+    }
     let pb = ctx.bar(p.objects as u64, "loading objects into etcd");
     pb.set_prefix("setup");
     let shape = if p.storage_protobuf {
@@ -670,8 +748,20 @@ pub async fn load_for(ctx: &Ctx) -> Result<i64> {
     load(ctx).await
 }
 
+/// The server of a list or get variant: kube-apiserver for `kube*`, else
+/// the proxy (etcd's rows do not ask).
+fn variant_target(variant: &str) -> Target {
+    if variant.starts_with("kube") {
+        Target::Kube
+    } else {
+        Target::Proxy
+    }
+}
+
 /// `variant` is "proxy" (resourceVersion=0: served from the cache as is),
-/// "proxy_consistent" (resourceVersion unset: a consistent read) or "etcd".
+/// "proxy_consistent" (resourceVersion unset: a consistent read), "etcd",
+/// or with kube-apiserver "kube" (resourceVersion=0, from its watch cache),
+/// and "proxy_protobuf" / "kube_protobuf" (the same in protobuf).
 pub async fn list(
     ctx: &Ctx,
     variant: &str,
@@ -690,6 +780,8 @@ pub async fn list(
     if variant == "loopback" {
         return list_loopback_floor(ctx).await;
     }
+    let served_by = variant_target(variant);
+    let protobuf = p.protobuf || variant.ends_with("_protobuf");
     let pb = ctx.bar((2 * p.iterations) as u64, "full and paged lists");
     pb.set_prefix(variant.to_string());
     if variant == "etcd" {
@@ -724,17 +816,17 @@ pub async fn list(
             pb.inc(1);
         }
     } else {
-        let target = ctx.proxy()?;
+        let target = ctx.http(served_by)?;
         let mut conn = target.connect().await?;
         let path = ctx.list_path();
         proxy_caught_up(&mut conn, &path, loaded_rev, Duration::from_secs(120)).await?;
-        if p.protobuf {
+        if protobuf {
             conn = target.with_accept(PROTOBUF).connect().await?;
         }
         if p.gzip {
             conn = conn.asking_gzip();
         }
-        let rv0 = variant == "proxy";
+        let rv0 = variant != "proxy_consistent";
         let full_q = if rv0 {
             format!("{path}?resourceVersion=0")
         } else {
@@ -746,7 +838,7 @@ pub async fn list(
         let t = Instant::now();
         let body = conn.get_body(&full_q).await?;
         first_ms = round3(t.elapsed().as_secs_f64() * 1000.0);
-        let v: Value = if p.protobuf {
+        let v: Value = if protobuf {
             watchcache::object::protobuf::decode(&body).context("list body is not protobuf")?
         } else {
             serde_json::from_slice(&body).context("list body is not JSON")?
@@ -754,7 +846,7 @@ pub async fn list(
         items = v["items"].as_array().map(|a| a.len()).unwrap_or(0);
         drop(v);
         drop(body);
-        usage = Usage::start(ctx, Target::Proxy);
+        usage = Usage::start(ctx, served_by);
         for _ in 0..p.iterations {
             let t = Instant::now();
             (full_wire_bytes, full_bytes) = conn.get_count(&full_q).await?;
@@ -763,7 +855,7 @@ pub async fn list(
         }
         // The continue token of a protobuf page would need a decode per
         // page on the bench's side: protobuf runs time full Lists only.
-        for _ in 0..(if p.protobuf { 0 } else { p.iterations }) {
+        for _ in 0..(if protobuf { 0 } else { p.iterations }) {
             let t = Instant::now();
             let mut tok: Option<String> = None;
             let mut np = 0usize;
@@ -799,10 +891,10 @@ pub async fn list(
     let result = json!({
         "watch_list": watch_list,
         "target": variant,
-        "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable range" },
+        "read": match variant { "etcd" => "linearizable range", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "resourceVersion=0 (from cache)" },
         "objects": p.objects,
         "object_size": p.size,
-        "media_type": if p.protobuf && variant != "etcd" { PROTOBUF } else { JSON },
+        "media_type": if protobuf && variant != "etcd" { PROTOBUF } else { JSON },
         "iterations": p.iterations,
         "items": items,
         "full_list_bytes": full_bytes,
@@ -951,7 +1043,8 @@ pub async fn get(
     let mut pool_keep: Option<Pool> = None;
     let mut clients_keep: Vec<Client> = Vec::new();
     let connections;
-    let rv0 = variant == "proxy";
+    let rv0 = variant != "proxy_consistent";
+    let served_by = variant_target(variant);
     let base = format!("/api/v1/namespaces/{}/pods/", p.namespace);
     // Every request target is built once, before the timed loop: it
     // measures the server, not the client formatting and parsing names.
@@ -964,7 +1057,7 @@ pub async fn get(
             .map(|i| format!("{}{}", ctx.prefix(), object_name(i)).into_bytes())
             .collect();
     } else {
-        let t = ctx.proxy()?;
+        let t = ctx.http(served_by)?;
         let mut c = t.connect().await?;
         proxy_caught_up(
             &mut c,
@@ -990,7 +1083,7 @@ pub async fn get(
     }
     let keys = Arc::new(keys);
     let uris = Arc::new(uris);
-    let usage = Usage::start(ctx, Target::Proxy);
+    let usage = Usage::start(ctx, served_by);
     let start = Instant::now();
     let deadline = start + dur;
     for w in 0..k {
@@ -1080,13 +1173,13 @@ pub async fn get(
     let done = ops.load(Ordering::Relaxed);
     let mut result = json!({
         "target": variant,
-        "read": match variant { "proxy" => "resourceVersion=0 (from cache)", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "linearizable get" },
+        "read": match variant { "etcd" => "linearizable get", "proxy_consistent" => "resourceVersion unset (consistent, from cache)", _ => "resourceVersion=0 (from cache)" },
         "objects": n,
         "object_size": p.size,
         "concurrency": k,
         "connections": connections,
-        "secure": variant != "etcd" && ctx.tls.is_some(),
-        "transport": ctx.transport(if variant == "etcd" { Target::Etcd } else { Target::Proxy }),
+        "secure": served_by == Target::Kube || (variant != "etcd" && ctx.tls.is_some()),
+        "transport": ctx.transport(if variant == "etcd" { Target::Etcd } else { served_by }),
         "duration_s": round3(elapsed),
         "gets": done,
         "errors": errors.load(Ordering::Relaxed),
@@ -1257,7 +1350,9 @@ pub async fn startup(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogr
                 "note": "etcd restarted on its data dir; time from spawn to /health ok",
             })
         }
-        Target::Grpc | Target::GrpcProxy => bail!("startup has no {} target", target.name()),
+        Target::Grpc | Target::GrpcProxy | Target::Kube => {
+            bail!("startup has no {} target", target.name())
+        }
     };
     pb.finish_and_clear();
     Ok((result, None))
@@ -1270,6 +1365,190 @@ fn median(v: &[f64]) -> f64 {
     let mut s = v.to_vec();
     s.sort_by(|a, b| a.total_cmp(b));
     round3(s[s.len() / 2])
+}
+
+// ---------------------------------------------------------------- K2 informers
+
+/// How a client-go-like informer starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InformerStart {
+    /// LIST at resourceVersion=0 (from the cache), then WATCH from the
+    /// List's resourceVersion with bookmarks: client-go before WatchList.
+    ListWatch,
+    /// One WATCH with `sendInitialEvents=true`, read to its
+    /// initial-events-end bookmark: client-go's WatchList (on by default
+    /// since 1.34's client-go).
+    WatchList,
+}
+
+impl InformerStart {
+    pub fn name(self) -> &'static str {
+        match self {
+            InformerStart::ListWatch => "list_watch",
+            InformerStart::WatchList => "watch_list",
+        }
+    }
+}
+
+/// `--informers` informers on `target` start at once, each over a share
+/// of `--connections` HTTP/2 connections (JSON, as the bench's client
+/// reads it): the wall time until every one has synced (its List read and
+/// its watch open, or its WatchList read to the bookmark), per informer
+/// times, and the server's CPU and peak RSS meanwhile. A synced informer's
+/// watch is closed (the scenario measures the sync).
+pub async fn informers(
+    ctx: &Ctx,
+    target: Target,
+    start: InformerStart,
+    loaded_rev: i64,
+) -> Result<Part> {
+    let p = &ctx.p;
+    if !matches!(target, Target::Proxy | Target::Kube) {
+        bail!("informers has no {} target", target.name());
+    }
+    let t = ctx.http(target)?;
+    let mut c = t.connect().await?;
+    let path = ctx.list_path();
+    proxy_caught_up(&mut c, &path, loaded_rev, Duration::from_secs(300)).await?;
+    drop(c);
+    let n = p.informers.max(1);
+    let pool = t.pool(p.connections).await?;
+    let hist = Arc::new(Mutex::new(new_histogram()));
+    let errors = Arc::new(AtomicU64::new(0));
+    let bytes = Arc::new(AtomicU64::new(0));
+    let first_error: Arc<Mutex<Option<String>>> = Arc::new(Mutex::new(None));
+    let pb = ctx.bar(n as u64, &format!("informers ({})", start.name()));
+    pb.set_prefix(target.name());
+    let usage = Usage::start(ctx, target);
+    let t0 = Instant::now();
+    let mut handles = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut conn = pool.conn(i).await?;
+        let (hist, errors, bytes, first_error, pb) = (
+            hist.clone(),
+            errors.clone(),
+            bytes.clone(),
+            first_error.clone(),
+            pb.clone(),
+        );
+        let path = path.clone();
+        handles.push(tokio::spawn(async move {
+            let r: Result<u64> = async {
+                match start {
+                    InformerStart::ListWatch => {
+                        let (n, head) = conn
+                            .get_count_head(&format!("{path}?resourceVersion=0"), 4096)
+                            .await?;
+                        let rv = extract_resource_version(&head)
+                            .ok_or_else(|| anyhow!("list without resourceVersion"))?;
+                        let resp = conn
+                            .get(&format!(
+                                "{path}?watch=1&resourceVersion={rv}&allowWatchBookmarks=true&timeoutSeconds=600"
+                            ))
+                            .await?;
+                        if !resp.status().is_success() {
+                            bail!("watch from {rv}: {}", resp.status());
+                        }
+                        Ok(n)
+                    }
+                    InformerStart::WatchList => Ok(conn.watch_list_count(&path).await?.0),
+                }
+            }
+            .await;
+            match r {
+                Ok(b) => {
+                    hist.lock().saturating_record(t0.elapsed().as_micros() as u64);
+                    bytes.fetch_add(b, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                    first_error.lock().get_or_insert(format!("{e:#}"));
+                }
+            }
+            pb.inc(1);
+        }));
+    }
+    for h in handles {
+        let _ = h.await;
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    pb.finish_and_clear();
+    let usage = usage.finish();
+    let h = hist.lock().clone();
+    let result = json!({
+        "target": target.name(),
+        "front": target.front(),
+        "start": start.name(),
+        "informers": n,
+        "objects": p.objects,
+        "object_size": p.size,
+        "connections": pool.len(),
+        "synced": h.len(),
+        "errors": errors.load(Ordering::Relaxed),
+        "first_error": *first_error.lock(),
+        "sync_wall_s": round3(wall),
+        "sync_ms": summarize(&h),
+        "bytes_per_informer": bytes.load(Ordering::Relaxed) / n as u64,
+        "server_cpu_s": usage["proxy"]["cpu_s"],
+        "server_peak_rss_kb": usage["proxy"]["peak_rss_kb"],
+        "processes": usage,
+    });
+    Ok((result, Some(h)))
+}
+
+// ---------------------------------------------------------------- K3 memory
+
+/// RSS now of the server of `target` (the proxy, kube-apiserver), KiB.
+pub fn front_rss_kb(ctx: &Ctx, target: Target) -> Option<u64> {
+    ctx.front_pid(target).and_then(sample).map(|s| s.rss_kb)
+}
+
+/// The memory of the server of `target` holding the loaded objects in its
+/// cache with no watcher: it is asked for a consistent List of one item
+/// until it has caught up with `loaded_rev`, then left `--settle` seconds.
+/// `rss_before_load_kb`: its RSS before the objects were written.
+pub async fn memory(
+    ctx: &Ctx,
+    target: Target,
+    loaded_rev: i64,
+    rss_before_load_kb: Option<u64>,
+) -> Result<Part> {
+    let p = &ctx.p;
+    if !matches!(target, Target::Proxy | Target::Kube) {
+        bail!("memory has no {} target", target.name());
+    }
+    let mut c = ctx.http(target)?.connect().await?;
+    proxy_caught_up(
+        &mut c,
+        &ctx.list_path(),
+        loaded_rev,
+        Duration::from_secs(600),
+    )
+    .await?;
+    drop(c);
+    tokio::time::sleep(Duration::from_secs_f64(p.settle_s)).await;
+    let pid = ctx
+        .front_pid(target)
+        .ok_or_else(|| anyhow!("memory: no pid for {} (pass --proxy-pid)", target.name()))?;
+    let s = sample(pid).ok_or_else(|| anyhow!("memory: process {pid} is gone"))?;
+    let growth = rss_before_load_kb.map(|b| s.rss_kb.saturating_sub(b));
+    let per_object = growth
+        .filter(|_| p.objects > 0)
+        .map(|g| (g as f64 * 1024.0 / p.objects as f64).round());
+    let result = json!({
+        "target": target.name(),
+        "front": target.front(),
+        "objects": p.objects,
+        "object_size": p.size,
+        "pid": pid,
+        "rss_kb": s.rss_kb,
+        "peak_rss_kb": s.hwm_kb,
+        "rss_before_load_kb": rss_before_load_kb,
+        "rss_growth_kb": growth,
+        "rss_growth_per_object_bytes": per_object,
+        "settle_s": p.settle_s,
+    });
+    Ok((result, None))
 }
 
 // ---------------------------------------------------------------- M1 idle
@@ -1285,8 +1564,8 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
         bail!("idle has no {} target", target.name());
     }
     let holder_pid = match target {
-        Target::Proxy | Target::Grpc | Target::GrpcProxy => ctx.proxy_pid(),
         Target::Etcd => ctx.etcd_pid(),
+        _ => ctx.front_pid(target),
     };
     let cycles = p.cycles.max(1);
     let mut result = Value::Null;
@@ -1299,22 +1578,29 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
         if cycle == 1 && target != Target::Etcd {
             // The front serves the ring from where the cache is: let it
             // reach r0 first.
-            let mut c = ctx.proxy()?.connect().await?;
+            let mut c = ctx.http(target)?.connect().await?;
             proxy_caught_up(&mut c, &ctx.list_path(), r0, Duration::from_secs(60)).await?;
         }
-        if target == Target::Proxy {
-            pool = Some(ctx.proxy()?.pool(proxy_connections(p, p.watchers)).await?);
+        if matches!(target, Target::Proxy | Target::Kube) {
+            pool = Some(
+                ctx.http(target)?
+                    .pool(proxy_connections(p, p.watchers))
+                    .await?,
+            );
         } else {
             clients = etcd_clients(&ctx.grpc_endpoint(target)?, p.connections).await?;
         }
         tokio::time::sleep(settle).await;
+        let front = ctx.front_pid(target);
         let before_etcd = ctx.etcd_pid().and_then(sample);
-        let before_proxy = ctx.proxy_pid().and_then(sample);
+        let before_proxy = front.and_then(sample);
         let before_bench = sample(self_pid());
         let wt = match target {
-            Target::Proxy => WatchTarget::Proxy {
+            Target::Proxy | Target::Kube => WatchTarget::Proxy {
                 pool: pool.as_ref().ok_or_else(|| anyhow!("no pool"))?,
                 path: ctx.list_path(),
+                protobuf: false,
+                resume: false,
             },
             Target::Etcd | Target::Grpc | Target::GrpcProxy => WatchTarget::Etcd {
                 clients: &clients,
@@ -1329,7 +1615,7 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
         pb.finish_and_clear();
         tokio::time::sleep(settle).await;
         let after_etcd = ctx.etcd_pid().and_then(sample);
-        let after_proxy = ctx.proxy_pid().and_then(sample);
+        let after_proxy = front.and_then(sample);
         let after_bench = sample(self_pid());
         let etcd_watchers =
             etcd_metric(&ctx.etcd_endpoint, "etcd_debugging_mvcc_watcher_total").await;
@@ -1367,8 +1653,8 @@ pub async fn idle(ctx: &Ctx, target: Target) -> Result<(Value, Option<Histogram<
             }
         };
         let holder = match target {
-            Target::Proxy | Target::Grpc | Target::GrpcProxy => per(before_proxy, after_proxy),
             Target::Etcd => per(before_etcd, after_etcd),
+            _ => per(before_proxy, after_proxy),
         };
         result = json!({
             "target": target.name(),

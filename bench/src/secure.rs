@@ -104,6 +104,17 @@ impl SecureSetup {
         daemon_args.extend(["--authorization-mode".into(), "RBAC".into()]);
         daemon_args.extend(arg("--rbac-policy-file", "rbac.yaml"));
 
+        let sent = token_override.unwrap_or(&token);
+        Ok(SecureSetup {
+            daemon_args,
+            client: ClientTls::trusting(ca_der, sent)?,
+        })
+    }
+}
+
+impl ClientTls {
+    /// A client trusting the CA `ca_der` that sends `Bearer token`.
+    pub fn trusting(ca_der: CertificateDer<'static>, token: &str) -> Result<Arc<ClientTls>> {
         let mut roots = rustls::RootCertStore::empty();
         roots.add(ca_der).context("trusting the bench CA")?;
         let connector = |alpn: &[u8]| -> Result<tokio_rustls::TlsConnector> {
@@ -117,22 +128,18 @@ impl SecureSetup {
             cfg.alpn_protocols = vec![alpn.to_vec()];
             Ok(tokio_rustls::TlsConnector::from(Arc::new(cfg)))
         };
-        let sent = token_override.unwrap_or(&token);
-        let authorization = HeaderValue::from_str(&format!("Bearer {sent}"))
+        let authorization = HeaderValue::from_str(&format!("Bearer {token}"))
             .map_err(|_| anyhow!("the bearer token must be visible ASCII"))?;
-        Ok(SecureSetup {
-            daemon_args,
-            client: Arc::new(ClientTls {
-                h2: connector(b"h2")?,
-                h1: connector(b"http/1.1")?,
-                authorization: Some(authorization),
-            }),
-        })
+        Ok(Arc::new(ClientTls {
+            h2: connector(b"h2")?,
+            h1: connector(b"http/1.1")?,
+            authorization: Some(authorization),
+        }))
     }
 }
 
 /// (CA PEM, CA DER, serving certificate PEM, serving key PEM).
-fn pki() -> Result<(String, CertificateDer<'static>, String, String)> {
+pub fn pki() -> Result<(String, CertificateDer<'static>, String, String)> {
     let mut ca = CertificateParams::new(Vec::<String>::new())?;
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name
@@ -157,7 +164,7 @@ fn pki() -> Result<(String, CertificateDer<'static>, String, String)> {
 }
 
 /// 32 random hex digits.
-fn random_token() -> String {
+pub fn random_token() -> String {
     let a: u128 = rand::random();
     format!("{a:032x}")
 }

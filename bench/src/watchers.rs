@@ -18,7 +18,10 @@ use watchcache::object::wire::EventType;
 
 use crate::http::{Conn, Pool};
 use crate::report::new_histogram;
-use crate::wire::{LineSplitter, extract_write_ts, now_nanos, parse_watch_line};
+use crate::wire::{
+    EventInfo, FrameSplitter, LineSplitter, extract_write_ts, now_nanos, parse_watch_frame,
+    parse_watch_line,
+};
 
 const SHARDS: usize = 16;
 const FLUSH_EVERY: usize = 256;
@@ -28,6 +31,8 @@ pub struct Shared {
     pub established: AtomicUsize,
     pub failed: AtomicUsize,
     pub deliveries: AtomicU64,
+    /// Streams the server ended that a resuming watcher opened again.
+    pub resumed: AtomicU64,
     /// Last revision each watcher has seen.
     pub last_rev: Vec<AtomicI64>,
     hist: Vec<Mutex<Histogram<u64>>>,
@@ -87,8 +92,17 @@ pub struct WatcherSet {
 
 /// Where the watchers connect.
 pub enum WatchTarget<'a> {
-    /// HTTP watch on the proxy, watchers spread over the pool's connections.
-    Proxy { pool: &'a Pool, path: String },
+    /// HTTP watch on the proxy (or kube-apiserver), watchers spread over
+    /// the pool's connections; `protobuf`: the pool asks for protobuf and
+    /// the stream is read as length-prefixed frames.
+    Proxy {
+        pool: &'a Pool,
+        path: String,
+        protobuf: bool,
+        /// Open a stream the server ends again from the last
+        /// resourceVersion seen (client-go's reflector).
+        resume: bool,
+    },
     /// etcd watches, spread over these clients (one connection each): one
     /// gRPC watch stream per watcher, or (`mux`) one stream per connection
     /// carrying all its watchers, as Go's clientv3 does.
@@ -106,6 +120,7 @@ impl WatcherSet {
             established: AtomicUsize::new(0),
             failed: AtomicUsize::new(0),
             deliveries: AtomicU64::new(0),
+            resumed: AtomicU64::new(0),
             last_rev: (0..n).map(|_| AtomicI64::new(r0)).collect(),
             hist: (0..SHARDS).map(|_| Mutex::new(new_histogram())).collect(),
             cancel: CancellationToken::new(),
@@ -118,18 +133,22 @@ impl WatcherSet {
         let mut handles = Vec::with_capacity(n);
         let connections;
         match target {
-            WatchTarget::Proxy { pool, path } => {
+            WatchTarget::Proxy {
+                pool,
+                path,
+                protobuf,
+                resume,
+            } => {
                 connections = if pool.len() == 0 { n } else { pool.len() };
-                let url = format!(
-                    "{path}?watch=1&resourceVersion={r0}&allowWatchBookmarks=false&timeoutSeconds=3600"
-                );
                 for i in 0..n {
                     let conn = pool.conn(i).await?;
                     let shared = shared.clone();
                     let flags = failed_flags.clone();
-                    let url = url.clone();
+                    let path = path.clone();
                     handles.push(tokio::spawn(async move {
-                        let out = proxy_watcher(i, conn, url, shared.clone()).await;
+                        let out =
+                            proxy_watcher(i, conn, path, r0, protobuf, resume, shared.clone())
+                                .await;
                         vec![(i, finish(i, out, &shared, &flags))]
                     }));
                 }
@@ -250,55 +269,122 @@ fn finish(
     out
 }
 
-async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared>) -> Outcome {
-    let mut out = Outcome::default();
-    let resp = tokio::select! {
-        _ = shared.cancel.cancelled() => return out,
-        r = conn.get(&url) => r,
-    };
-    let resp = match resp {
-        Ok(r) => r,
-        Err(e) => {
-            out.error = Some(format!("watch request: {e:#}"));
-            return out;
+/// A watch stream's events: JSON lines, or length-prefixed protobuf frames.
+enum Splitter {
+    Lines(LineSplitter),
+    Frames(FrameSplitter),
+}
+
+impl Splitter {
+    fn feed(&mut self, data: &[u8], mut f: impl FnMut(Result<EventInfo, String>)) {
+        match self {
+            Splitter::Lines(s) => s.feed(data, |line| f(parse_watch_line(line))),
+            Splitter::Frames(s) => s.feed(data, |frame| f(parse_watch_frame(frame))),
         }
-    };
-    if !resp.status().is_success() {
-        let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
-        out.error = Some(format!(
-            "watch: {status}: {}",
-            String::from_utf8_lossy(&body[..body.len().min(300)])
-        ));
-        return out;
     }
-    out.established = true;
-    shared.established.fetch_add(1, Ordering::Relaxed);
-    let mut body = resp.into_body();
-    let mut splitter = LineSplitter::default();
+}
+
+/// One HTTP watcher: watches `path` from `r0`; with `resume`, a stream the
+/// server ends (a watcher it cut off as unresponsive, a timeout) is opened
+/// again from the last resourceVersion seen, as client-go's reflector does
+/// (counted in [`Shared::resumed`]); an ERROR event ends it.
+async fn proxy_watcher(
+    i: usize,
+    mut conn: Conn,
+    path: String,
+    r0: i64,
+    protobuf: bool,
+    resume: bool,
+    shared: Arc<Shared>,
+) -> Outcome {
+    let mut out = Outcome::default();
+    let mut last_seen = r0;
     let mut lat_us: Vec<u64> = Vec::with_capacity(FLUSH_EVERY * 2);
+    loop {
+        let url = format!(
+            "{path}?watch=1&resourceVersion={last_seen}&allowWatchBookmarks=false&timeoutSeconds=3600"
+        );
+        let resp = tokio::select! {
+            _ = shared.cancel.cancelled() => break,
+            r = conn.get(&url) => r,
+        };
+        let resp = match resp {
+            Ok(r) => r,
+            Err(e) => {
+                out.error = Some(format!("watch request: {e:#}"));
+                break;
+            }
+        };
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .unwrap_or_default();
+            out.error = Some(format!(
+                "watch: {status}: {}",
+                String::from_utf8_lossy(&body[..body.len().min(300)])
+            ));
+            break;
+        }
+        if !out.established {
+            out.established = true;
+            shared.established.fetch_add(1, Ordering::Relaxed);
+        }
+        let ended = read_watch(
+            i,
+            resp.into_body(),
+            protobuf,
+            &shared,
+            &mut out,
+            &mut lat_us,
+            &mut last_seen,
+        )
+        .await;
+        if !(ended && resume) || out.error.is_some() || shared.cancel.is_cancelled() {
+            if ended && out.error.is_none() && !shared.cancel.is_cancelled() {
+                out.error = Some("watch stream ended".into());
+            }
+            break;
+        }
+        shared.resumed.fetch_add(1, Ordering::Relaxed);
+    }
+    shared.record(i, &mut lat_us);
+    out
+}
+
+/// Reads one watch stream into `out` until it ends (true), fails (false,
+/// the reason in `out.error`) or the set is stopped (false).
+async fn read_watch(
+    i: usize,
+    mut body: hyper::body::Incoming,
+    protobuf: bool,
+    shared: &Shared,
+    out: &mut Outcome,
+    lat_us: &mut Vec<u64>,
+    last_seen: &mut i64,
+) -> bool {
+    let mut splitter = if protobuf {
+        Splitter::Frames(FrameSplitter::default())
+    } else {
+        Splitter::Lines(LineSplitter::default())
+    };
     // One cancellation future for the whole loop, not one per frame.
     let cancelled = shared.cancel.cancelled();
     tokio::pin!(cancelled);
     loop {
         let frame = tokio::select! {
             biased;
-            _ = &mut cancelled => break,
+            _ = &mut cancelled => return false,
             f = body.frame() => f,
         };
         let data = match frame {
-            None => {
-                out.error = Some("watch stream ended".into());
-                break;
-            }
+            None => return true,
             Some(Err(e)) => {
                 out.error = Some(format!("watch stream: {e}"));
-                break;
+                return false;
             }
             Some(Ok(fr)) => match fr.into_data() {
                 Ok(d) => d,
@@ -309,7 +395,7 @@ async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared
         let mut n = 0u64;
         let mut last = 0i64;
         let mut err: Option<String> = None;
-        splitter.feed(&data, |line| match parse_watch_line(line) {
+        splitter.feed(&data, |ev| match ev {
             Ok(ev) => match ev.kind {
                 Some(EventType::Added | EventType::Modified | EventType::Deleted) => {
                     out.revs.push(ev.rv);
@@ -331,17 +417,16 @@ async fn proxy_watcher(i: usize, mut conn: Conn, url: String, shared: Arc<Shared
         if n > 0 {
             shared.deliveries.fetch_add(n, Ordering::Relaxed);
             shared.last_rev[i].fetch_max(last, Ordering::Relaxed);
+            *last_seen = (*last_seen).max(last);
         }
         if lat_us.len() >= FLUSH_EVERY {
-            shared.record(i, &mut lat_us);
+            shared.record(i, lat_us);
         }
         if err.is_some() {
             out.error = err;
-            break;
+            return false;
         }
     }
-    shared.record(i, &mut lat_us);
-    out
 }
 
 async fn etcd_watcher(
