@@ -25,7 +25,7 @@ test: lint test-peers
 test-peers:
 	bash scripts/peers.sh kube-apiserver-1.34 kube-apiserver-1.37
 	bash scripts/peers.sh etcdctl-3.6 etcdctl-3.7
-	bash scripts/clients.sh informer informer-latest etcdclient-3.6 etcdclient-3.7
+	bash scripts/clients.sh informer informer-latest etcdclient-3.6 etcdclient-3.7 porcupine
 
 # Real kube-apiserver and etcd built from their Go modules, cached outside the
 # clone (README, "Peers"); `scripts/peers.sh --print NAME` gives a binary's path.
@@ -46,7 +46,8 @@ test-etcd-matrix: setup
 # CI's chaos runs (docs/RELIABILITY.md), 2 minutes each on a fixed seed, with
 # the binaries `make test` built: against one etcd, then against a 3-member
 # cluster with the member faults and a rolling upgrade onto etcd 3.6 and 3.7
-# (built by scripts/peers.sh). A violation fails the target.
+# (built by scripts/peers.sh), then etcd clients through the gRPC front
+# (`--front grpc`, 90 s). A violation fails the target.
 CHAOS_SEED ?= 1
 chaos: setup
 	bash scripts/peers.sh etcd-3.6 etcd-3.7
@@ -56,3 +57,5 @@ chaos: setup
 	  --etcd-upgrade $$(bash scripts/peers.sh --print etcd-3.6) \
 	  --etcd-upgrade $$(bash scripts/peers.sh --print etcd-3.7) \
 	  --json target/chaos-cluster.json --no-progress
+	target/debug/watchcache-bench chaos --front grpc --duration 90s --seed $(CHAOS_SEED) \
+	  --json target/chaos-grpc.json --no-progress

@@ -14,6 +14,8 @@
 #                    the Go module proxy serves: `go list -m -versions k8s.io/client-go`)
 #   etcdclient-3.6   tests/clients/go/etcdclient  go.mod      go.etcd.io/etcd/client/v3 (v3.6)
 #   etcdclient-3.7   tests/clients/go/etcdclient  go.37.mod   go.etcd.io/etcd/client/v3 (v3.7)
+#   porcupine        tests/clients/go/porcupine   go.mod      github.com/anishathalye/porcupine
+#                    (the linearizability checker of `watchcache-bench chaos --front grpc`)
 # One main.go per program, built against each modfile with `go build -modfile`.
 #
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/watchcache/clients/
@@ -26,7 +28,7 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/watchcache/clients"
-CLIENTS="informer informer-latest etcdclient-3.6 etcdclient-3.7"
+CLIENTS="informer informer-latest etcdclient-3.6 etcdclient-3.7 porcupine"
 
 log() { printf '%s clients: %s\n' "$(date -u +%H:%M:%S)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -36,6 +38,7 @@ bin_of() {
   case $1 in
     informer | informer-latest) echo informer ;;
     etcdclient-3.6 | etcdclient-3.7) echo etcdclient ;;
+    porcupine) echo porcupine ;;
     *) die "unknown client: $1" ;;
   esac
 }
@@ -50,6 +53,7 @@ mod_of() {
 module_of() {
   case $1 in
     informer*) echo k8s.io/client-go ;;
+    porcupine) echo github.com/anishathalye/porcupine ;;
     *) echo go.etcd.io/etcd/client/v3 ;;
   esac
 }

@@ -1943,3 +1943,101 @@ async fn sub_range_permissions_are_enforced_on_every_range_shape_as_etcd_does() 
         shapes.len()
     );
 }
+
+/// A progress request waits for etcd's current revision; while etcd does
+/// not answer (SIGSTOP), the stream's other requests go on: a cancel sent
+/// after the progress request is answered first, and the progress answer
+/// follows once etcd's revision is given up on. (Found by `watchcache-bench
+/// chaos --front grpc`: a watch's cancel went unanswered for seconds while
+/// etcd was silent, behind its stream's progress requests.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_progress_request_does_not_hold_up_its_stream_while_etcd_is_silent() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("progress-silent");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    let mut s = fc
+        .watch(p.as_str(), Some(WatchOptions::new().with_prefix()))
+        .await
+        .expect("watch");
+    s.watch(format!("{p}k"), None).await.expect("watch");
+    let created = read_created(&mut s, 2).await;
+    let first = created
+        .iter()
+        .find(|r| r.created())
+        .map(|r| r.watch_id())
+        .expect("a created watch");
+    let pid = etcd.pid().expect("pid") as libc::pid_t;
+    // SAFETY: signalling the etcd process this test started.
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    s.request_progress().await.expect("progress");
+    s.cancel(first).await.expect("cancel");
+    let got = read_until(&mut s, is_progress).await;
+    // SAFETY: as above.
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    let order: Vec<&str> = got
+        .iter()
+        .filter_map(|r| {
+            if r.canceled() && r.watch_id() == first {
+                Some("canceled")
+            } else if is_progress(r) {
+                Some("progress")
+            } else {
+                None
+            }
+        })
+        .collect();
+    assert_eq!(order, ["canceled", "progress"], "{got:?}");
+    drop(etcd);
+}
+
+/// A watch from a revision still in the front's ring but compacted in etcd
+/// is left to etcd when etcd does not answer the front's compaction check
+/// (it was served from the ring, compacted history and all, when the check
+/// failed instead of answering), and etcd cancels it as compacted once it
+/// is back. (Found by `watchcache-bench chaos --front grpc`: watches from
+/// compacted revisions streamed events after etcd was cut off and back.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_compacted_revision_is_not_served_while_etcd_is_down() {
+    let mut etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("compact-down");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut revs = Vec::new();
+    for i in 0..5 {
+        revs.push(put(&mut ec, &format!("{p}k{i}"), format!("{i}")).await);
+    }
+    front.wait_rev(revs[4]).await;
+    ec.compact(revs[3], None).await.expect("compact");
+    let mut fc = front.client().await;
+    etcd.kill();
+    let opts = || {
+        WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revs[1])
+    };
+    // While etcd is down: no event (none of the compacted history).
+    let mut events = 0;
+    if let Ok(Ok(mut s)) =
+        tokio::time::timeout(Duration::from_secs(5), fc.watch(p.as_str(), Some(opts()))).await
+    {
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            while let Ok(Some(r)) = s.message().await {
+                events += r.events().len();
+            }
+        })
+        .await;
+    }
+    assert_eq!(events, 0, "no event from a compacted revision");
+    etcd.restart().await.expect("etcd back");
+    // Back: etcd's answer, a cancel with its compaction revision.
+    let mut fc = front.client().await;
+    let mut s = fc.watch(p.as_str(), Some(opts())).await.expect("watch");
+    let got = read_until(&mut s, |r| r.canceled()).await;
+    assert!(got.iter().all(|r| r.events().is_empty()), "{got:?}");
+    assert_eq!(got.last().map(|r| r.compact_revision()), Some(revs[3]));
+}

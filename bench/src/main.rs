@@ -77,6 +77,15 @@ enum Scenario {
     Chaos,
 }
 
+/// Which API the chaos run's clients use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum ChaosFront {
+    /// Kubernetes REST clients (CAS writers, watchers, listers).
+    Rest,
+    /// etcd clients through the etcd v3 gRPC front (docs/RELIABILITY.md).
+    Grpc,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum EtcdWatchMode {
     /// All watchers of a connection share one gRPC watch stream (as Go's clientv3 does).
@@ -191,6 +200,10 @@ struct Cli {
     /// Seed of the chaos run's fault schedule and client choices.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The API the chaos run's clients use: `rest`, or `grpc` (etcd clients
+    /// through the daemon's etcd gRPC front).
+    #[arg(long, value_enum, default_value = "rest")]
+    front: ChaosFront,
     /// Clients paging through Lists (chaos).
     #[arg(long, default_value_t = 2)]
     listers: usize,
@@ -1943,6 +1956,33 @@ async fn run_chaos(
         eprintln!(
             "chaos: no rolling upgrade (no etcd 3.6/3.7: scripts/peers.sh etcd-3.6 etcd-3.7, or --etcd-upgrade BIN)"
         );
+    }
+    if cli.front == ChaosFront::Grpc {
+        if p.etcd_members > 1 {
+            bail!("chaos --front grpc runs against one etcd (--etcd-members 1)");
+        }
+        let out = chaos::grpc::run(&p, keeper.as_ref()).await?;
+        chaos::grpc::print(&out, cli.seed);
+        if let Some(path) = &cli.json {
+            let argv: Vec<String> = std::env::args().collect();
+            let report = json!({
+                "tool": "watchcache-bench",
+                "version": env!("CARGO_PKG_VERSION"),
+                "scenario": "chaos",
+                "command": argv.join(" "),
+                "started_at": started.to_rfc3339(),
+                "finished_at": chrono::Utc::now().to_rfc3339(),
+                "machine": procfs::machine_info(nofile),
+                "etcd_version": env::etcd_version(&etcd_endpoint).await,
+                "etcd_endpoint": etcd_endpoint,
+                "results": out.json,
+            });
+            write_report(path, &report)?;
+        }
+        if out.violations() > 0 {
+            bail!("{} consistency violations", out.violations());
+        }
+        return Ok(());
     }
     let out = chaos::run(p, keeper.as_ref()).await?;
     let r = &out.report;

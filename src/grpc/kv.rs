@@ -127,18 +127,14 @@ impl Front {
         Ok(resp.into_inner().header.unwrap_or_default())
     }
 
-    /// Whether etcd has compacted `revision` away (its own check, as a
-    /// watch from there would meet it). Any other answer, or none, is no.
+    /// Whether a watch from `revision` must be left to etcd: etcd compacted
+    /// it away (its own check, as a watch from there would meet it), or etcd
+    /// did not answer, so it is not known not to be (as a Range at a past
+    /// revision, etcd then answers the request itself).
     pub(crate) async fn compacted(&self, key: &[u8], revision: i64, md: &MetadataMap) -> bool {
-        match self.probe_revision(key, revision, true, md).await {
-            Err(s) => s.code() == tonic::Code::OutOfRange && s.message().contains(COMPACTED),
-            Ok(_) => false,
-        }
+        self.probe_revision(key, revision, true, md).await.is_err()
     }
 }
-
-/// etcd's `ErrCompacted` message.
-const COMPACTED: &str = "required revision has been compacted";
 
 fn invalid_sort(r: &PbRangeRequest) -> bool {
     !(SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)

@@ -20,6 +20,8 @@
 pub mod api;
 pub mod checker;
 pub mod cluster;
+pub mod grpc;
+pub mod grpc_checker;
 pub mod proxy;
 pub mod recorder;
 

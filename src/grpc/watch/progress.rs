@@ -10,7 +10,7 @@ use tonic::Status;
 
 use etcd_client::proto::*;
 
-use super::state::{CatchUp, ClientStream, PendingProgress};
+use super::state::{CatchUp, ClientStream, PendingProgress, RevisionFetch};
 use super::{INVALID_WATCH_ID, MAX_PENDING};
 use crate::grpc::kv_cache::{KvCache, Read};
 
@@ -35,7 +35,18 @@ impl ClientStream {
             self.send_upstream(request.clone()).await?;
             Some(None)
         };
-        let catch_up = self.catch_up().await;
+        // etcd's revision is fetched off this task: the stream's other
+        // requests and events go on meanwhile (while etcd is unreachable,
+        // for up to the consistent-read timeout).
+        if !self.watches.is_empty() {
+            match &mut self.revision_fetch {
+                Some(f) => f.again = true,
+                None => {
+                    let deadline = Instant::now() + self.front.consistent_read_timeout;
+                    self.fetch_revision(deadline);
+                }
+            }
+        }
         // A second request before the first is answered is answered
         // with it (etcd, asked again, may answer now: it ignores a
         // request while one of its watches catches up), at etcd's
@@ -45,42 +56,67 @@ impl ClientStream {
                 if !matches!(pp.upstream, Some(Some(_))) {
                     pp.upstream = upstream;
                 }
-                if let Some(new) = catch_up {
-                    pp.catch_up = Some(match pp.catch_up {
-                        Some(old) => CatchUp {
-                            revision: old.revision.max(new.revision),
-                            ..old
-                        },
-                        None => new,
-                    });
-                }
             }
             None => {
                 self.progress = Some(PendingProgress {
                     upstream,
                     request,
-                    catch_up,
+                    catch_up: None,
                 })
             }
         }
         Ok(())
     }
 
+    /// Starts fetching etcd's current revision, given up at `deadline`.
+    fn fetch_revision(&mut self, deadline: Instant) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let front = Arc::clone(&self.front);
+        tokio::spawn(async move {
+            let rev = tokio::time::timeout_at(deadline, front.storage.fresh_revision())
+                .await
+                .ok()
+                .and_then(Result::ok);
+            let _ = tx.send(rev);
+        });
+        self.revision_fetch = Some(RevisionFetch {
+            rx,
+            again: false,
+            deadline,
+        });
+    }
+
+    /// etcd's revision for the pending progress request came (`None`: not
+    /// in time; the answer is then what the caches reached, as before).
+    pub(super) fn fetched_revision(&mut self, revision: Option<i64>) {
+        let Some(fetch) = self.revision_fetch.take() else {
+            return;
+        };
+        if let Some(revision) = revision {
+            if let Some(new) = self.catch_up(revision, fetch.deadline)
+                && let Some(pp) = &mut self.progress
+            {
+                pp.catch_up = Some(match pp.catch_up {
+                    Some(old) => CatchUp {
+                        revision: old.revision.max(new.revision),
+                        ..old
+                    },
+                    None => new,
+                });
+            }
+            if fetch.again && Instant::now() < fetch.deadline {
+                self.fetch_revision(fetch.deadline);
+            }
+        }
+    }
+
     /// What the cached watches of a progress request wait for: etcd's
     /// current revision, each of their caches asked for progress so an
-    /// idle prefix gets there too. `None` without cached watches, or when
-    /// etcd's revision is not known in time (the answer is then what the
-    /// caches reached, as before).
-    async fn catch_up(&self) -> Option<CatchUp> {
+    /// idle prefix gets there too. `None` without cached watches.
+    fn catch_up(&self, revision: i64, deadline: Instant) -> Option<CatchUp> {
         if self.watches.is_empty() {
             return None;
         }
-        let timeout = self.front.consistent_read_timeout;
-        let deadline = Instant::now() + timeout;
-        let revision = tokio::time::timeout(timeout, self.front.storage.fresh_revision())
-            .await
-            .ok()?
-            .ok()?;
         let mut asked: Vec<&Arc<KvCache>> = Vec::new();
         for w in &self.watches {
             if w.cache.revision() < revision && !asked.iter().any(|c| Arc::ptr_eq(c, &w.cache)) {
@@ -122,6 +158,9 @@ impl ClientStream {
     /// behind an event already sent (else the caches are asked for
     /// progress, or etcd asked again: `Some(request)` to send it).
     pub(super) fn answer_progress(&mut self) -> Option<PbWatchRequest> {
+        if self.revision_fetch.is_some() {
+            return None; // etcd's revision is on its way (bounded)
+        }
         let p = self.progress.as_mut()?;
         if self.forwarded.is_empty() && p.upstream == Some(None) {
             p.upstream = None; // no forwarded watch left to wait for
@@ -260,6 +299,11 @@ mod tests {
         // Two requests back to back: etcd is asked (and answers) twice.
         s.handle(progress_request()).await.expect("handled");
         s.handle(progress_request()).await.expect("handled");
+        // etcd's revision, fetched off the stream (the harness's etcd is
+        // not there: the answer is what the caches reached).
+        assert!(s.answer_progress().is_none(), "waits for etcd's revision");
+        let rev = super::super::stream::recv_revision(&mut s.revision_fetch).await;
+        s.fetched_revision(rev);
         for _ in 0..2 {
             assert!(matches!(
                 h.to_etcd.try_recv().map(|r| r.request_union),

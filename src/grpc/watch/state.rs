@@ -54,6 +54,9 @@ pub(super) struct ClientStream {
     pub(super) upstream: Option<UpstreamWatch>,
     pub(super) next_id: i64,
     pub(super) progress: Option<PendingProgress>,
+    /// etcd's current revision being fetched for a progress request (off
+    /// the stream's task: the stream goes on meanwhile).
+    pub(super) revision_fetch: Option<RevisionFetch>,
     /// A creation forwarded to etcd and not answered yet: later requests
     /// wait, so `created` answers keep the order of the requests (clients
     /// such as clientv3 match them in order).
@@ -112,6 +115,17 @@ pub(super) struct PendingProgress {
     pub(super) request: PbWatchRequest,
     /// The revision the cached watches wait for before the answer.
     pub(super) catch_up: Option<CatchUp>,
+}
+
+/// A fetch of etcd's current revision for the pending progress request.
+pub(super) struct RevisionFetch {
+    /// etcd's revision, or `None` when etcd did not answer by `deadline`.
+    pub(super) rx: tokio::sync::oneshot::Receiver<Option<i64>>,
+    /// Another progress request came meanwhile: fetch again (its answer is
+    /// at etcd's revision at the later request).
+    pub(super) again: bool,
+    /// The first waiting request's deadline (see [`CatchUp`]).
+    pub(super) deadline: Instant,
 }
 
 /// etcd answers a progress request with its current revision; cached

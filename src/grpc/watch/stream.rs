@@ -36,6 +36,8 @@ enum Step {
     Tick,
     /// A progress answer's catch-up took too long.
     CatchUpExpired,
+    /// etcd's revision for a progress request (`None`: not in time).
+    Revision(Option<i64>),
 }
 
 /// Why a client stream's task ends: the client or the front went away, or
@@ -83,6 +85,7 @@ impl ClientStream {
             upstream: None,
             next_id: 0,
             progress: None,
+            revision_fetch: None,
             awaiting_created: None,
             open_fragment: None,
             max_sent: 0,
@@ -171,6 +174,7 @@ impl ClientStream {
             _ = inputs.changes.changed() => Step::Continue,
             _ = inputs.notify_tick.tick() => Step::Tick,
             _ = sleep_until_some(catch_up_deadline) => Step::CatchUpExpired,
+            rev = recv_revision(&mut self.revision_fetch) => Step::Revision(rev),
         }
     }
 
@@ -203,6 +207,7 @@ impl ClientStream {
             }
             Step::Tick if held => {} // due again at the next tick
             Step::Tick => self.progress_notify(),
+            Step::Revision(rev) => self.fetched_revision(rev),
             Step::CatchUpExpired => {
                 if let Some(p) = &mut self.progress {
                     p.catch_up = None;
@@ -369,6 +374,14 @@ impl ClientStream {
 }
 
 /// Sleeps until `deadline`; never without one.
+/// The answer of the revision fetch in flight; never without one.
+pub(super) async fn recv_revision(fetch: &mut Option<super::state::RevisionFetch>) -> Option<i64> {
+    match fetch {
+        Some(f) => (&mut f.rx).await.ok().flatten(),
+        None => std::future::pending().await,
+    }
+}
+
 async fn sleep_until_some(deadline: Option<Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
