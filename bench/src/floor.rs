@@ -112,7 +112,10 @@ mod tests {
         // clamped at the histogram's ceiling (a busy machine may stretch
         // the call around them, so no lower bound against the wall time).
         let recorded_us = h.mean() * h.len() as f64;
-        assert!(recorded_us <= wall_us, "recorded {recorded_us} us of {wall_us} us");
+        assert!(
+            recorded_us <= wall_us,
+            "recorded {recorded_us} us of {wall_us} us"
+        );
         assert!(h.min() > 0, "a transfer took no time: {}", h.min());
         assert!(h.max() < h.high(), "clamped at {}", h.high());
     }
