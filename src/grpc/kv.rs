@@ -130,11 +130,19 @@ impl Front {
     /// Whether a watch from `revision` must be left to etcd: etcd compacted
     /// it away (its own check, as a watch from there would meet it), or etcd
     /// did not answer, so it is not known not to be (as a Range at a past
-    /// revision, etcd then answers the request itself).
+    /// revision, etcd then answers the request itself). A revision etcd
+    /// has not reached yet (a watch from the next one) is not compacted:
+    /// the cache serves it.
     pub(crate) async fn compacted(&self, key: &[u8], revision: i64, md: &MetadataMap) -> bool {
-        self.probe_revision(key, revision, true, md).await.is_err()
+        match self.probe_revision(key, revision, true, md).await {
+            Ok(_) => false,
+            Err(s) => !(s.code() == tonic::Code::OutOfRange && s.message().contains(FUTURE_REV)),
+        }
     }
 }
+
+/// etcd's `ErrFutureRev` message.
+const FUTURE_REV: &str = "required revision is a future revision";
 
 fn invalid_sort(r: &PbRangeRequest) -> bool {
     !(SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
