@@ -26,7 +26,7 @@ use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 /// configmaps and pods, with this history capacity and bookmark interval.
 fn config(endpoint: &str, prefix: &str, history: usize, bookmark_ms: u64) -> String {
     let mut text = format!(
-        "listen = \"127.0.0.1:0\"\n[etcd]\nendpoints = [\"{endpoint}\"]\nprefix = \"{prefix}\"\nrequest_timeout_ms = 2000\ndial_timeout_ms = 1000\n[server]\nbookmark_interval_ms = {bookmark_ms}\n"
+        "listen = \"127.0.0.1:0\"\n[etcd]\nendpoints = [\"{endpoint}\"]\nprefix = \"{prefix}\"\nrequest_timeout_ms = 10000\ndial_timeout_ms = 1000\n[server]\nbookmark_interval_ms = {bookmark_ms}\n"
     );
     for (kind, plural) in [("ConfigMap", "configmaps"), ("Pod", "pods")] {
         text.push_str(&format!(
@@ -1129,7 +1129,11 @@ fn handled(log: &str) -> BTreeMap<String, Vec<String>> {
 /// and converges, no version handled twice or out of order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn informers_behind_a_load_balancer_survive_a_replica_restart() {
-    let endpoint = common::etcd();
+    // An etcd of its own: three replicas and their writes beside the
+    // other tests' daemons on the shared one would slow them all.
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let endpoint = etcd.endpoint();
+    let endpoint = endpoint.as_str();
     for client in [Client::ListWatch, Client::Latest] {
         let prefix = common::unique_prefix(&format!("client-go-lb-{client:?}"));
         let text = config(endpoint, &prefix, 30, 1000);
