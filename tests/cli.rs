@@ -10,6 +10,21 @@ fn watchcache() -> Command {
 }
 
 /// Runs the daemon with `config_text` and returns (exit code, stderr).
+/// SIGTERM to a dev-mode daemon the test started; its exit status and
+/// what it logged.
+fn sigterm_and_wait(child: &mut std::process::Child) -> (std::process::ExitStatus, String) {
+    // SAFETY: SIGTERM to our own child.
+    unsafe {
+        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let status = child.wait().unwrap();
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_string(&mut stderr).unwrap();
+    }
+    (status, stderr)
+}
+
 fn run_with_config(config_text: &str) -> (Option<i32>, String) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bad.toml");
@@ -133,18 +148,7 @@ async fn dev_mode_serves_healthz_and_cleans_up() {
         async move { matches!(reqwest::get(&url).await, Ok(r) if r.status().is_success()) }
     })
     .await;
-    // SAFETY: SIGTERM to our own child.
-    unsafe {
-        libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let status = child.wait().unwrap();
-    let mut stderr = String::new();
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut stderr)
-        .unwrap();
+    let (status, stderr) = sigterm_and_wait(&mut child);
     assert!(up, "dev mode answered /healthz; log:\n{stderr}");
     assert!(
         status.success(),
@@ -207,18 +211,7 @@ async fn jemalloc_purges_freed_pages_from_a_background_thread() {
             .filter_map(|t| std::fs::read_to_string(t.join("comm")).ok())
             .filter(|name| name.trim() == "jemalloc_bg_thd")
             .count();
-        // SAFETY: SIGTERM to our own child.
-        unsafe {
-            libc::kill(child.id() as libc::pid_t, libc::SIGTERM);
-        }
-        let status = child.wait().unwrap();
-        let mut stderr = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut stderr)
-            .unwrap();
+        let (status, stderr) = sigterm_and_wait(&mut child);
         assert!(up, "dev mode answered /healthz; log:\n{stderr}");
         assert!(status.success(), "clean exit: {status:?}\n{stderr}");
         (bg, stderr)

@@ -267,7 +267,9 @@ impl IndexedWatchers {
                 }
             }
             // An object keeps its uid and namespace: either side hashes alike.
-            if let Some(o) = ev.object.as_deref().or(ev.prev.as_deref()) {
+            if !shards.is_empty()
+                && let Some(o) = ev.object.as_deref().or(ev.prev.as_deref())
+            {
                 Self::dispatch_shards(&shards, o, ev.seq, first_retained, &mut woken);
             }
         }
