@@ -16,10 +16,11 @@
 #   etcdclient-3.7   tests/clients/go/etcdclient  go.37.mod   go.etcd.io/etcd/client/v3 (v3.7)
 #   porcupine        tests/clients/go/porcupine   go.mod      github.com/anishathalye/porcupine
 #                    (the linearizability checker of `watchcache-bench chaos --front grpc`)
-# One main.go per program, built against each modfile with `go build -modfile`.
+# One program (main.go, and chaos.go for etcdclient) per directory, built
+# against each modfile with `go build -modfile`.
 #
 # Cache: ${XDG_CACHE_HOME:-$HOME/.cache}/watchcache/clients/
-#   <name>-<module version>-<sha256 of main.go + mod + sum, 12 hex>/<binary>
+#   <name>-<module version>-<sha256 of *.go + mod + sum, 12 hex>/<binary>
 # so a change to the program or its dependencies builds a new binary. A build
 # goes to a temporary directory beside it, renamed into place when done; a
 # flock keeps two runs from building the same one. Go runs under `nice -n 10`
@@ -66,7 +67,7 @@ path_of() { # name -> cached binary path
   [ -f "$src/$mod" ] || die "$1: no $src/$mod"
   version=$(awk -v m="$module" '$1 == m { print $2; exit }' "$src/$mod")
   [ -n "$version" ] || die "$1: no $module in $mod"
-  sha=$(cat "$src/main.go" "$src/$mod" "$src/${mod%.mod}.sum" | sha256sum | cut -c1-12)
+  sha=$(cat "$src"/*.go "$src/$mod" "$src/${mod%.mod}.sum" | sha256sum | cut -c1-12)
   echo "$CACHE/$1-$version-$sha/$(bin_of "$1")"
 }
 

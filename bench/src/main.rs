@@ -532,16 +532,19 @@ fn write_report(path: &std::path::Path, report: &Value) -> Result<()> {
     Ok(())
 }
 
-/// `30`, `30s`, `1.5s`, `2m`: seconds.
+/// `30`, `30s`, `1.5s`, `2m`, `1h`: seconds.
 fn parse_seconds(s: &str) -> Result<f64, String> {
-    let (num, mul) = match s.strip_suffix('m') {
-        Some(n) => (n, 60.0),
-        None => (s.strip_suffix('s').unwrap_or(s), 1.0),
+    let (num, mul) = if let Some(n) = s.strip_suffix('h') {
+        (n, 3600.0)
+    } else if let Some(n) = s.strip_suffix('m') {
+        (n, 60.0)
+    } else {
+        (s.strip_suffix('s').unwrap_or(s), 1.0)
     };
     num.trim()
         .parse::<f64>()
         .map(|v| v * mul)
-        .map_err(|_| format!("{s:?} is not a duration (e.g. 30, 30s, 2m)"))
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 30, 30s, 2m, 1h)"))
 }
 
 /// One run of the scenario; its report (`None` for chaos, which writes its
@@ -1958,9 +1961,6 @@ async fn run_chaos(
         );
     }
     if cli.front == ChaosFront::Grpc {
-        if p.etcd_members > 1 {
-            bail!("chaos --front grpc runs against one etcd (--etcd-members 1)");
-        }
         let out = chaos::grpc::run(&p, keeper.as_ref()).await?;
         chaos::grpc::print(&out, cli.seed);
         if let Some(path) = &cli.json {
@@ -1973,14 +1973,22 @@ async fn run_chaos(
                 "started_at": started.to_rfc3339(),
                 "finished_at": chrono::Utc::now().to_rfc3339(),
                 "machine": procfs::machine_info(nofile),
-                "etcd_version": env::etcd_version(&etcd_endpoint).await,
+                "etcd_version": out.etcd_version,
                 "etcd_endpoint": etcd_endpoint,
                 "results": out.json,
             });
             write_report(path, &report)?;
         }
         if out.violations() > 0 {
-            bail!("{} consistency violations", out.violations());
+            let first = match (out.report.violations.first(), out.illegal_keys.first()) {
+                (Some(v), _) => format!("{} {}: {}", v.kind, v.client, v.detail),
+                (None, Some(k)) => format!("porcupine: key {k} not linearizable"),
+                (None, None) => String::new(),
+            };
+            bail!(
+                "{} consistency violations; the first: {first}",
+                out.violations()
+            );
         }
         return Ok(());
     }
@@ -1991,24 +1999,8 @@ async fn run_chaos(
     for (k, v) in out.json["faults_by_kind"].as_object().into_iter().flatten() {
         println!("    {k:<20} {v}");
     }
-    let recovery = out.json["recovery_by_kind"].as_object();
-    if recovery.is_some_and(|m| !m.is_empty()) {
-        println!(
-            "  fresh data after a fault (s): min / median / max; of which after etcd took a write, max; recovered/faults"
-        );
-    }
-    for (k, v) in recovery.into_iter().flatten() {
-        let s = |f: &str| v[f].as_f64().map_or("-".into(), |x| format!("{x:.2}"));
-        println!(
-            "    {k:<20} {} / {} / {}; {}; {}/{}",
-            s("min_s"),
-            s("median_s"),
-            s("max_s"),
-            s("max_after_etcd_write_s"),
-            v["recovered"],
-            v["faults"]
-        );
-    }
+    chaos::print_recovery(&out.json["recovery_by_kind"]);
+    chaos::print_memory(&out.json["daemon_memory"]);
     println!("  writes acknowledged   {}", r.writes_acknowledged);
     println!(
         "    (409 retried {}, failed during faults {})",
@@ -2039,8 +2031,14 @@ async fn run_chaos(
         });
         write_report(path, &report)?;
     }
-    if !r.violations.is_empty() {
-        bail!("{} consistency violations", r.violations.len());
+    if let Some(v) = r.violations.first() {
+        bail!(
+            "{} consistency violations; the first: {:?} {}: {}",
+            r.violations.len(),
+            v.kind,
+            v.client,
+            v.detail
+        );
     }
     Ok(())
 }
@@ -2048,6 +2046,15 @@ async fn run_chaos(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_take_seconds_minutes_and_hours() {
+        assert_eq!(parse_seconds("30"), Ok(30.0));
+        assert_eq!(parse_seconds("1.5s"), Ok(1.5));
+        assert_eq!(parse_seconds("2m"), Ok(120.0));
+        assert_eq!(parse_seconds("1h"), Ok(3600.0));
+        assert!(parse_seconds("1d").is_err());
+    }
 
     fn column(peak_kb: f64, start_kb: f64, idle: Value) -> Value {
         json!({

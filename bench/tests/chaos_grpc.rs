@@ -41,6 +41,22 @@ fn a_short_grpc_chaos_run_finds_no_violation() {
     assert!(n(&r["events_checked"]) > 0, "{r:#}");
     assert!(n(&r["watches_checked"]) > 0, "{r:#}");
     assert!(n(&r["serializable_reads_checked"]) > 0, "{r:#}");
+    // etcd's Go client ran through the front too, and its operations are in
+    // porcupine's history.
+    assert!(n(&r["clientv3"]["kv_ops"]) > 0, "{r:#}");
+    assert!(n(&r["clientv3"]["watches"]) > 0, "{r:#}");
+    assert!(
+        n(&r["linearizability"]["ops_checked"]) > n(&r["clientv3"]["kv_ops"]),
+        "{r:#}"
+    );
+    // Every fault's recovery was measured, and the daemon's memory sampled.
+    assert!(
+        r["recovery_by_kind"]
+            .as_object()
+            .is_some_and(|m| !m.is_empty()),
+        "{r:#}"
+    );
+    assert!(n(&r["daemon_memory"]["peak_rss_kb"]) > 0, "{r:#}");
     assert!(
         stdout.contains(&format!("events checked        {}", r["events_checked"])),
         "{stdout}"

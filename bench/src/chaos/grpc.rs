@@ -5,7 +5,8 @@
 //! by porcupine (tests/clients/go/porcupine, built by scripts/clients.sh).
 //!
 //! Keys live under [`PREFIX`], which the daemon's front caches
-//! (`grpc_cache_prefixes`). Clients: KV workers (Put, Delete, Txn "if
+//! (`grpc_cache_prefixes`). Clients, in Rust and in Go (etcd's own clientv3,
+//! [`clientv3_driver`]): KV workers (Put, Delete, Txn "if
 //! mod_revision == the last one seen then Put else Get", linearizable,
 //! serializable and past-revision Ranges), a lease worker (Grant, Put of
 //! keys with the lease, KeepAlive, Revoke: all its keys deleted in one
@@ -14,7 +15,10 @@
 //! requests; canceled and re-created, resumed after a break from the last
 //! revision seen). Faults on a schedule drawn from `--seed`: SIGSTOP and
 //! SIGKILL of etcd, compaction, the daemon cut off etcd or silenced past its
-//! watch timeout (the bench's proxy), SIGKILL of the daemon.
+//! watch timeout (the bench's proxy), SIGKILL of the daemon. With
+//! `--etcd-members 3` the run starts its own cluster and adds the REST run's
+//! member faults ([`super::member_fault`]). After every fault the run
+//! measures the time until the front serves fresh data again ([`recovery`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -36,14 +40,19 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::cluster::Cluster;
 use super::grpc_checker::{
     self, Ev, GrpcCompaction, GrpcReport, Resp, RevRead, SerialRead, WatchLog,
 };
 use super::proxy::{Mode, TcpProxy};
 use super::recorder::Recorder;
-use super::{ChaosParams, DAEMON_WATCH_TIMEOUT, signal};
+use super::{
+    ChaosParams, DAEMON_WATCH_TIMEOUT, Fresh, MemberCtx, MemberFault, RECOVERY_TIMEOUT,
+    member_fault, signal,
+};
 use crate::env::{
-    Daemon, EtcdKeeper, clear_prefix, current_revision, daemon_config, etcd_connect, wait_grpc,
+    Daemon, EtcdKeeper, clear_prefix, current_revision, daemon_config, etcd_connect,
+    etcd_connect_all, wait_grpc,
 };
 
 /// The etcd prefix the run's clients use (cached by the front).
@@ -67,6 +76,12 @@ pub enum GrpcFault {
     EtcdSilent,
     /// SIGKILL the daemon (and so its front) and start it again.
     DaemonKill,
+    /// The REST run's member faults ([`super::Fault`]), with 3 members.
+    LeaderKill,
+    MemberStop,
+    MemberPartition,
+    RollingRestart,
+    RollingUpgrade,
 }
 
 impl GrpcFault {
@@ -74,8 +89,23 @@ impl GrpcFault {
         match self {
             GrpcFault::EtcdSilent => DAEMON_WATCH_TIMEOUT + Duration::from_secs(5),
             GrpcFault::Compact => Duration::from_secs(2),
+            GrpcFault::MemberStop => Duration::from_secs(16),
+            GrpcFault::MemberPartition => Duration::from_secs(9),
+            GrpcFault::RollingRestart => Duration::from_secs(6),
+            GrpcFault::RollingUpgrade => Duration::from_secs(30),
             _ => Duration::from_secs(5),
         }
+    }
+
+    fn member(self) -> Option<MemberFault> {
+        Some(match self {
+            GrpcFault::LeaderKill => MemberFault::LeaderKill,
+            GrpcFault::MemberStop => MemberFault::MemberStop,
+            GrpcFault::MemberPartition => MemberFault::MemberPartition,
+            GrpcFault::RollingRestart => MemberFault::RollingRestart,
+            GrpcFault::RollingUpgrade => MemberFault::RollingUpgrade,
+            _ => return None,
+        })
     }
 }
 
@@ -84,6 +114,8 @@ pub struct GrpcFaultRecord {
     pub fault: GrpcFault,
     pub at_s: f64,
     pub took_s: f64,
+    /// When the front served fresh data again; None if not within 90 s.
+    pub recovery: Option<Fresh>,
     pub detail: String,
 }
 
@@ -111,6 +143,8 @@ struct G {
     rev_reads: Mutex<Vec<RevRead>>,
     watches: Mutex<Vec<WatchLog>>,
     counters: Counters,
+    /// The recovery probe's writes so far.
+    probes: AtomicU64,
 }
 
 impl G {
@@ -135,6 +169,8 @@ pub struct GrpcOutcome {
     pub unknown_keys: Vec<String>,
     pub faults: Vec<GrpcFaultRecord>,
     pub json: Value,
+    /// etcd's version at the end of the run (after an upgrade, the newest).
+    pub etcd_version: Option<String>,
 }
 
 impl GrpcOutcome {
@@ -168,24 +204,47 @@ fn is_compacted(e: &etcd_client::Error) -> bool {
 /// Runs the gRPC-front chaos scenario (see the module doc).
 pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOutcome> {
     let started = Instant::now();
-    let client = etcd_connect(&p.etcd_endpoint).await?;
+    let mut cluster = match p.etcd_members {
+        0 | 1 => None,
+        n => Some(
+            Cluster::start(n, &p.etcd_bin)
+                .await
+                .with_context(|| format!("starting a {n}-member etcd cluster"))?,
+        ),
+    };
+    let endpoints = match &cluster {
+        Some(c) => c.endpoints(),
+        None => vec![p.etcd_endpoint.clone()],
+    };
+    let client = etcd_connect_all(&endpoints).await?;
     let mut kv = client.kv_client();
     let base = clear_prefix(&mut kv, PREFIX).await?;
-    let recorder = Recorder::start(std::slice::from_ref(&p.etcd_endpoint), PREFIX, base).await?;
+    let recorder = Recorder::start(&endpoints, PREFIX, base).await?;
+    // A client per member, for the recovery probe's writes.
+    let mut members = Vec::new();
+    for ep in &endpoints {
+        members.push(etcd_connect(ep).await?);
+    }
     let mut rng = StdRng::seed_from_u64(p.seed);
 
-    let target: SocketAddr = p
-        .etcd_endpoint
-        .trim_start_matches("http://")
-        .trim_end_matches('/')
-        .parse()
-        .with_context(|| format!("etcd endpoint {} is not http://IP:PORT", p.etcd_endpoint))?;
-    let proxy = TcpProxy::start(target).await?;
+    // The daemon, given every member's endpoint, each behind our proxy.
+    let mut proxies = Vec::new();
+    for ep in &endpoints {
+        let target: SocketAddr = ep
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .with_context(|| format!("etcd endpoint {ep} is not http://IP:PORT"))?;
+        proxies.push(TcpProxy::start(target).await?);
+    }
+    let set_proxies = |m: Mode| proxies.iter().for_each(|px| px.set(m));
+    let via: Vec<String> = proxies.iter().map(TcpProxy::endpoint).collect();
     let cfg = format!(
         "grpc_cache_prefixes = [\"{PREFIX}\"]\n{}",
-        daemon_config(&[proxy.endpoint()], &p.etcd_prefix, 10_000, None, &[])
+        daemon_config(&via, &p.etcd_prefix, 10_000, None, &[])
     );
     let mut daemon = Daemon::spawn_grpc(&p.watchcache_bin, &cfg)?;
+    let rss = super::memory::RssSampler::start(daemon.pid, started);
     daemon
         .wait_ready(Instant::now(), Duration::from_secs(120))
         .await
@@ -206,6 +265,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         rev_reads: Mutex::new(Vec::new()),
         watches: Mutex::new(Vec::new()),
         counters: Counters::default(),
+        probes: AtomicU64::new(0),
     });
     let seeded = |salt: u64, i: u64| {
         StdRng::seed_from_u64(p.seed.wrapping_mul(1_000_003).wrapping_add(salt * 1000 + i))
@@ -220,6 +280,12 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     for i in 0..p.watchers as u64 {
         tasks.push(tokio::spawn(watcher(g.clone(), i, seeded(3, i))));
     }
+    let go_driver = tokio::spawn(clientv3_driver(
+        g.clone(),
+        format!("http://{grpc}"),
+        p.duration,
+        p.seed,
+    ));
 
     // Faults, on the seeded schedule.
     let mut kinds = vec![
@@ -228,11 +294,22 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         GrpcFault::EtcdSilent,
         GrpcFault::DaemonKill,
     ];
-    if keeper.is_some() || p.etcd_pid.is_some() {
+    if keeper.is_some() || p.etcd_pid.is_some() || cluster.is_some() {
         kinds.push(GrpcFault::EtcdStop);
     }
-    if keeper.is_some() {
+    if keeper.is_some() || cluster.is_some() {
         kinds.push(GrpcFault::EtcdKill);
+    }
+    if cluster.as_ref().is_some_and(|c| c.len() >= 3) {
+        kinds.extend([
+            GrpcFault::LeaderKill,
+            GrpcFault::MemberStop,
+            GrpcFault::MemberPartition,
+            GrpcFault::RollingRestart,
+        ]);
+        if !p.etcd_upgrades.is_empty() {
+            kinds.push(GrpcFault::RollingUpgrade);
+        }
     }
     eprintln!("chaos --front grpc: faults available: {kinds:?}");
     let etcd_pid = || p.etcd_pid.or_else(|| keeper.map(|k| k.pid()));
@@ -253,20 +330,47 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         };
         let fault = order.remove(pos);
         let t = Instant::now();
+        // The recovery the fault measured itself, if it did.
+        let mut measured = None;
         let detail = match fault {
             GrpcFault::EtcdStop => {
-                let pid = etcd_pid().ok_or_else(|| anyhow!("no etcd pid"))?;
+                let pids: Vec<u32> = match &cluster {
+                    Some(c) => (0..c.len()).filter_map(|i| c.pid(i)).collect(),
+                    None => vec![etcd_pid().ok_or_else(|| anyhow!("no etcd pid"))?],
+                };
                 let ms = rng.random_range(1000..4000);
-                signal(pid, libc::SIGSTOP)?;
+                for pid in &pids {
+                    signal(*pid, libc::SIGSTOP)?;
+                }
                 tokio::time::sleep(Duration::from_millis(ms)).await;
-                signal(pid, libc::SIGCONT)?;
-                format!("etcd (pid {pid}) stopped for {ms} ms")
+                for pid in &pids {
+                    signal(*pid, libc::SIGCONT)?;
+                }
+                format!("etcd (pid {pids:?}) stopped for {ms} ms")
             }
-            GrpcFault::EtcdKill => {
-                let k = keeper.ok_or_else(|| anyhow!("no etcd keeper"))?;
-                let took = k.restart().await?;
-                format!("etcd killed and restarted, healthy after {took:?}")
-            }
+            GrpcFault::EtcdKill => match cluster.as_mut() {
+                Some(c) => {
+                    for i in 0..c.len() {
+                        c.kill(i);
+                    }
+                    let t = Instant::now();
+                    for i in 0..c.len() {
+                        c.spawn(i)?;
+                    }
+                    for i in 0..c.len() {
+                        c.wait_healthy(i, Duration::from_secs(60)).await?;
+                    }
+                    format!(
+                        "every etcd member killed and restarted, healthy after {:?}",
+                        t.elapsed()
+                    )
+                }
+                None => {
+                    let k = keeper.ok_or_else(|| anyhow!("no etcd keeper"))?;
+                    let took = k.restart().await?;
+                    format!("etcd killed and restarted, healthy after {took:?}")
+                }
+            },
             GrpcFault::Compact => {
                 let rev = super::retry(Duration::from_secs(30), || async {
                     current_revision(&mut client.kv_client()).await
@@ -296,16 +400,16 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
             }
             GrpcFault::EtcdCut => {
                 let ms = rng.random_range(1000..3000);
-                proxy.set(Mode::Cut);
+                set_proxies(Mode::Cut);
                 tokio::time::sleep(Duration::from_millis(ms)).await;
-                proxy.set(Mode::Forward);
+                set_proxies(Mode::Forward);
                 format!("daemon cut off etcd for {ms} ms")
             }
             GrpcFault::EtcdSilent => {
                 let silent = DAEMON_WATCH_TIMEOUT + Duration::from_secs(2);
-                proxy.set(Mode::Blackhole);
+                set_proxies(Mode::Blackhole);
                 tokio::time::sleep(silent).await;
-                proxy.set(Mode::Forward);
+                set_proxies(Mode::Forward);
                 format!("etcd silent to the daemon for {silent:?}")
             }
             GrpcFault::DaemonKill => {
@@ -313,6 +417,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
                 daemon.kill();
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 daemon.restart()?;
+                rss.set_pid(daemon.pid);
                 daemon
                     .wait_ready(Instant::now(), Duration::from_secs(60))
                     .await
@@ -322,11 +427,48 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
                     daemon.pid
                 )
             }
+            GrpcFault::LeaderKill
+            | GrpcFault::MemberStop
+            | GrpcFault::MemberPartition
+            | GrpcFault::RollingRestart
+            | GrpcFault::RollingUpgrade => {
+                let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
+                let mf = fault
+                    .member()
+                    .ok_or_else(|| anyhow!("{fault:?} is no member fault"))?;
+                let ctx = MemberCtx {
+                    proxies: &proxies,
+                    recorder: &recorder,
+                    client: &client,
+                    upgrades: &p.etcd_upgrades,
+                };
+                let (d, r) =
+                    member_fault(mf, c, &ctx, &mut rng, |t| recovery(&g, &members, t)).await?;
+                if mf == MemberFault::RollingUpgrade {
+                    // Once: the cluster does not go back.
+                    kinds.retain(|k| *k != GrpcFault::RollingUpgrade);
+                }
+                measured = Some(r);
+                d
+            }
         };
+        let recovery = match measured {
+            Some(r) => r,
+            None => recovery(&g, &members, Instant::now()).await,
+        };
+        let at_s = t.duration_since(started).as_secs_f64();
+        let rec = recovery.map_or("not within 90 s".into(), |r| {
+            format!(
+                "{:.2} s (etcd took a write after {:.2} s)",
+                r.s, r.etcd_write_s
+            )
+        });
+        eprintln!("chaos --front grpc: {at_s:6.1}s {fault:?}: {detail}; fresh data after {rec}");
         faults.push(GrpcFaultRecord {
             fault,
-            at_s: t.duration_since(started).as_secs_f64(),
+            at_s,
             took_s: t.elapsed().as_secs_f64(),
+            recovery,
             detail,
         });
     }
@@ -337,14 +479,27 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     for t in tasks {
         let _ = t.await;
     }
+    // The Go driver stops by itself after the run's duration.
+    let go = tokio::time::timeout(Duration::from_secs(60), go_driver)
+        .await
+        .context("the Go driver did not stop")?
+        .context("the Go driver panicked")??;
     let end_rev = super::retry(Duration::from_secs(60), || async {
         current_revision(&mut client.kv_client()).await
     })
     .await?;
     recorder.wait_for(end_rev, Duration::from_secs(60)).await?;
     let history = recorder.finish().await?;
+    let mut etcd_version = None;
+    for ep in &endpoints {
+        etcd_version = crate::env::etcd_version(ep).await;
+        if etcd_version.is_some() {
+            break;
+        }
+    }
     drop(daemon);
-    drop(proxy);
+    drop(proxies);
+    drop(cluster);
 
     let watches = std::mem::take(&mut *g.watches.lock());
     let serial = std::mem::take(&mut *g.serial.lock());
@@ -396,15 +551,22 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         Some(path)
     };
     let mut by_kind: BTreeMap<GrpcFault, u64> = BTreeMap::new();
+    let mut rec: BTreeMap<GrpcFault, Vec<Option<Fresh>>> = BTreeMap::new();
     for f in &faults {
         *by_kind.entry(f.fault).or_insert(0) += 1;
+        rec.entry(f.fault).or_default().push(f.recovery);
     }
+    let recovery_by_kind: BTreeMap<GrpcFault, Value> = rec
+        .into_iter()
+        .map(|(k, v)| (k, super::recovery_summary(&v)))
+        .collect();
     let c = &g.counters;
     let ld = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let violations = report.violations.len() + illegal_keys.len();
     let json = json!({
         "front": "grpc",
         "seed": p.seed,
+        "etcd_members": p.etcd_members.max(1),
         "duration_s": p.duration.as_secs_f64(),
         "elapsed_s": started.elapsed().as_secs_f64(),
         "watchers": p.watchers,
@@ -433,13 +595,22 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         "watch_break_reasons": break_reasons,
         "cancels_unanswered": unanswered,
         "progress_requests": ld(&c.progress_requests),
+        "clientv3": {
+            "driver": "tests/clients/go/etcdclient (chaos.go), go.etcd.io/etcd/client/v3 v3.7",
+            "kv_ops": go.ops,
+            "serializable_reads": go.serializable,
+            "watches": go.watches,
+            "events": go.events,
+        },
         "events_checked": report.events_checked,
         "progress_notifications_checked": report.progress_checked,
         "etcd_history_changes": history.changes.len(),
         "faults_injected": faults.len(),
         "faults_by_kind": by_kind,
+        "recovery_by_kind": recovery_by_kind,
         "faults": faults,
         "compactions": compactions,
+        "daemon_memory": rss.report(),
         "violations": violations,
         "violations_by_kind": report.counts(),
         "violation_list": report.violations.iter().take(100).collect::<Vec<_>>(),
@@ -450,25 +621,85 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         unknown_keys,
         faults,
         json,
+        etcd_version,
     })
 }
 
-/// The porcupine checker's binary: `$WATCHCACHE_PORCUPINE`, or the one
-/// scripts/clients.sh builds and caches.
-fn porcupine_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("WATCHCACHE_PORCUPINE") {
+/// The key the recovery probe writes (no client's key).
+const PROBE: &str = "probe";
+
+/// Seconds from `since` until the front serves fresh data: a write made
+/// straight to etcd after `since` (to every member at once; the first to
+/// answer gives its revision) is in a serializable Range through the front,
+/// which the front answers from its cache. None if that takes longer than
+/// [`RECOVERY_TIMEOUT`].
+async fn recovery(g: &G, members: &[Client], since: Instant) -> Option<Fresh> {
+    let deadline = since + RECOVERY_TIMEOUT;
+    let key = format!("{PREFIX}{PROBE}");
+    let rev = loop {
+        let v = encode(&format!(
+            "probe-{}",
+            g.probes.fetch_add(1, Ordering::Relaxed)
+        ));
+        let puts = members.iter().map(|c| {
+            let mut kv = c.kv_client();
+            let (key, v) = (key.clone(), v.clone());
+            Box::pin(async move {
+                match tokio::time::timeout(Duration::from_secs(2), kv.put(key, v, None)).await {
+                    Ok(Ok(r)) => r.header().map(|h| h.revision()).ok_or(()),
+                    _ => Err(()),
+                }
+            })
+        });
+        if let Ok((rev, _)) = futures::future::select_ok(puts).await {
+            break rev;
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let written = since.elapsed();
+    let mut front: Option<Client> = None;
+    loop {
+        if front.is_none() {
+            front = g.connect().await;
+        }
+        if let Some(c) = front.as_mut() {
+            let get = c.get(key.as_str(), Some(GetOptions::new().with_serializable()));
+            match tokio::time::timeout(Duration::from_secs(2), get).await {
+                Ok(Ok(r)) if r.kvs().first().is_some_and(|kv| kv.mod_revision() >= rev) => break,
+                Ok(Ok(_)) => {}
+                _ => front = None,
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Some(Fresh {
+        s: since.elapsed().as_secs_f64(),
+        etcd_write_s: written.as_secs_f64(),
+    })
+}
+
+/// A Go program of tests/clients/go: `$env`, or the one scripts/clients.sh
+/// builds and caches as `name`.
+fn client_bin(name: &str, env: &str) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os(env) {
         return Ok(PathBuf::from(p));
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/clients.sh");
     let out = std::process::Command::new("bash")
         .arg(&script)
-        .arg("porcupine")
+        .arg(name)
         .stdin(std::process::Stdio::null())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
     if !out.status.success() {
         bail!(
-            "{} porcupine: {}",
+            "{} {name}: {}",
             script.display(),
             String::from_utf8_lossy(&out.stderr)
         );
@@ -477,7 +708,152 @@ fn porcupine_bin() -> Result<PathBuf> {
     text.split_whitespace()
         .nth(1)
         .map(PathBuf::from)
-        .ok_or_else(|| anyhow!("scripts/clients.sh porcupine printed no path"))
+        .ok_or_else(|| anyhow!("scripts/clients.sh {name} printed no path"))
+}
+
+/// The porcupine checker (`$WATCHCACHE_PORCUPINE` overrides).
+fn porcupine_bin() -> Result<PathBuf> {
+    client_bin("porcupine", "WATCHCACHE_PORCUPINE")
+}
+
+/// The first porcupine client id of the Go driver (the Rust workers are
+/// 0..4).
+const CLIENTV3_ID: u64 = 100;
+
+/// What etcd's Go client (clientv3) did through the front.
+#[derive(Default)]
+struct GoCounts {
+    ops: u64,
+    serializable: u64,
+    watches: u64,
+    events: u64,
+}
+
+/// Runs etcd's Go client through the front for `d`: the chaos driver of
+/// tests/clients/go/etcdclient (chaos.go), built against clientv3 3.7 by
+/// scripts/clients.sh (`$WATCHCACHE_ETCDCLIENT` overrides). Its KV
+/// operations join porcupine's history, its serializable reads and watches
+/// the checker's, under their own client names.
+async fn clientv3_driver(g: Arc<G>, front: String, d: Duration, seed: u64) -> Result<GoCounts> {
+    let bin = tokio::task::spawn_blocking(|| client_bin("etcdclient-3.7", "WATCHCACHE_ETCDCLIENT"))
+        .await??;
+    // The bench's clock: `Instant` is CLOCK_MONOTONIC on Linux.
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    if unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) } != 0 {
+        bail!("clock_gettime: {}", std::io::Error::last_os_error());
+    }
+    let t0 = ts.tv_sec * 1_000_000_000 + ts.tv_nsec - g.now();
+    let stderr = tempfile::NamedTempFile::new()?;
+    let mut child = tokio::process::Command::new(&bin)
+        .arg(format!("--endpoint={front}"))
+        .arg(format!("--prefix={PREFIX}"))
+        .arg(format!("--chaos={}ms", d.as_millis()))
+        .arg(format!("--keys={}", g.keys))
+        .arg(format!("--client-id={CLIENTV3_ID}"))
+        .arg(format!("--t0={t0}"))
+        .arg(format!("--seed={seed}"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr.reopen()?)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("spawning {}", bin.display()))?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow!("no stdout from {}", bin.display()))?;
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let mut n = GoCounts::default();
+    while let Some(line) = lines.next_line().await? {
+        let v: Value = serde_json::from_str(&line)
+            .with_context(|| format!("the Go driver printed {line:?}"))?;
+        if let Some(op) = v.get("op") {
+            n.ops += 1;
+            g.ops.lock().push(op.clone());
+        } else if let Some(r) = v.get("serial") {
+            n.serializable += 1;
+            g.serial.lock().push(go_serial(r));
+        } else if let Some(w) = v.get("watch") {
+            let w = go_watch(w);
+            n.watches += 1;
+            n.events += w.resps.iter().map(|r| r.events.len() as u64).sum::<u64>();
+            g.watches.lock().push(w);
+        }
+    }
+    let status = child.wait().await?;
+    if !status.success() {
+        let err = std::fs::read_to_string(stderr.path()).unwrap_or_default();
+        bail!("the Go driver ({}) failed: {status}: {err}", bin.display());
+    }
+    Ok(n)
+}
+
+fn go_str(v: &Value, k: &str) -> String {
+    v[k].as_str().unwrap_or_default().to_string()
+}
+
+fn go_i64(v: &Value, k: &str) -> i64 {
+    v[k].as_i64().unwrap_or(0)
+}
+
+/// A `{"serial": ...}` record of the Go driver.
+fn go_serial(r: &Value) -> SerialRead {
+    SerialRead {
+        client: go_str(r, "client"),
+        key: go_str(r, "key"),
+        floor: go_i64(r, "floor"),
+        rev: go_i64(r, "rev"),
+        kv: r["value"]
+            .as_str()
+            .map(|v| (v.to_string(), go_i64(r, "mod_rev"))),
+    }
+}
+
+/// A `{"watch": ...}` record of the Go driver.
+fn go_watch(w: &Value) -> WatchLog {
+    let pair = |p: &Value| Some((p[0].as_str()?.to_string(), p[1].as_i64()?));
+    let resps = w["resps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| Resp {
+            rev: go_i64(r, "rev"),
+            progress: r["progress"].as_bool().unwrap_or(false),
+            events: r["events"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| Ev {
+                    delete: e["delete"].as_bool().unwrap_or(false),
+                    key: go_str(e, "key"),
+                    value: go_str(e, "value"),
+                    mod_rev: go_i64(e, "mod_rev"),
+                    create_rev: go_i64(e, "create_rev"),
+                    version: go_i64(e, "version"),
+                    prev: pair(&e["prev"]),
+                })
+                .collect(),
+        })
+        .collect();
+    WatchLog {
+        client: go_str(w, "client"),
+        key: go_str(w, "key"),
+        prefix: w["prefix"].as_bool().unwrap_or(false),
+        start_rev: go_i64(w, "start_rev"),
+        created_rev: go_i64(w, "created_rev"),
+        sent_at: go_i64(w, "sent_at"),
+        prev_kv: w["prev_kv"].as_bool().unwrap_or(false),
+        no_put: false,
+        no_delete: false,
+        resps,
+        compacted: w["compacted"].as_i64(),
+        end: go_str(w, "end"),
+        ended_at: go_i64(w, "ended_at"),
+    }
 }
 
 /// Writes the history and has porcupine check it; returns its verdict.
@@ -981,6 +1357,8 @@ pub fn print(out: &GrpcOutcome, seed: u64) {
     for (k, v) in j["faults_by_kind"].as_object().into_iter().flatten() {
         println!("    {k:<20} {v}");
     }
+    super::print_recovery(&j["recovery_by_kind"]);
+    super::print_memory(&j["daemon_memory"]);
     println!(
         "  kv ops                {} ok, {} failed during faults",
         j["kv_ops_ok"], j["kv_ops_failed"]
@@ -995,6 +1373,11 @@ pub fn print(out: &GrpcOutcome, seed: u64) {
         r.rev_reads_checked, r.compacted_answers
     );
     println!("  lease cycles          {}", j["lease_ops"]);
+    let go = &j["clientv3"];
+    println!(
+        "  clientv3 (Go)         {} kv ops, {} serializable reads, {} watches, {} events",
+        go["kv_ops"], go["serializable_reads"], go["watches"], go["events"]
+    );
     println!("  watches checked       {}", r.watches_checked);
     println!("  events checked        {}", r.events_checked);
     println!("  progress checked      {}", r.progress_checked);
@@ -1007,5 +1390,48 @@ pub fn print(out: &GrpcOutcome, seed: u64) {
     }
     for v in r.violations.iter().take(20) {
         println!("    {} {}: {}", v.kind, v.client, v.detail);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_go_drivers_records_become_the_checkers() {
+        let w = json!({
+            "client": "clientv3-watch-100", "key": "k", "prefix": true,
+            "start_rev": 7, "created_rev": 9, "sent_at": 5, "prev_kv": true,
+            "resps": [
+                {"rev": 10, "progress": false, "events": [
+                    {"delete": false, "key": "k01", "value": "g100-1", "mod_rev": 10,
+                     "create_rev": 8, "version": 2, "prev": ["g100-0", 8]},
+                    {"delete": true, "key": "k02", "value": "", "mod_rev": 10,
+                     "create_rev": 0, "version": 0},
+                ]},
+                {"rev": 12, "progress": true, "events": []},
+            ],
+            "compacted": 3, "end": "compacted", "ended_at": 99,
+        });
+        let l = go_watch(&w);
+        assert_eq!(
+            (l.start_rev, l.created_rev, l.sent_at, l.ended_at),
+            (7, 9, 5, 99)
+        );
+        assert!(l.prefix && l.prev_kv && !l.no_put && !l.no_delete);
+        assert_eq!(l.compacted, Some(3));
+        assert_eq!(l.end, "compacted");
+        assert_eq!(l.resps.len(), 2);
+        let e = &l.resps[0].events;
+        assert_eq!(e[0].prev, Some(("g100-0".to_string(), 8)));
+        assert!(e[1].delete && e[1].prev.is_none());
+        assert_eq!((e[0].mod_rev, e[0].create_rev, e[0].version), (10, 8, 2));
+        assert!(l.resps[1].progress && l.resps[1].events.is_empty());
+
+        let r = go_serial(&json!({"client": "clientv3-100", "key": "k03",
+            "floor": 4, "rev": 6, "value": "v", "mod_rev": 5}));
+        assert_eq!((r.floor, r.rev, r.kv), (4, 6, Some(("v".to_string(), 5))));
+        let r = go_serial(&json!({"client": "clientv3-100", "key": "k03", "floor": 4, "rev": 6}));
+        assert_eq!(r.kv, None);
     }
 }

@@ -22,6 +22,7 @@ pub mod checker;
 pub mod cluster;
 pub mod grpc;
 pub mod grpc_checker;
+pub mod memory;
 pub mod proxy;
 pub mod recorder;
 
@@ -311,6 +312,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
     // (or one that is already running).
     let mut proxies: Vec<TcpProxy> = Vec::new();
     let mut daemon = None;
+    let rss = memory::RssSampler::start(0, started);
     let authority = match &p.daemon_authority {
         Some(a) => a.clone(),
         None => {
@@ -330,6 +332,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 .await
                 .context("starting watchcache")?;
             let a = d.authority.clone();
+            rss.set_pid(d.pid);
             daemon = Some(d);
             a
         }
@@ -552,86 +555,38 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                 d.kill();
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 d.restart()?;
+                rss.set_pid(d.pid);
                 (
                     format!("daemon killed, restarted after {ms} ms (pid {})", d.pid),
                     Recovered::Since(Instant::now()),
                 )
             }
-            Fault::LeaderKill => {
+            Fault::LeaderKill
+            | Fault::MemberStop
+            | Fault::MemberPartition
+            | Fault::RollingRestart
+            | Fault::RollingUpgrade => {
                 let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
-                let l = c.wait_leader(Duration::from_secs(30)).await?;
-                let t = Instant::now();
-                c.kill(l);
-                let r = recovery(&shared, &members, t).await;
-                let took = c.restart(l).await?;
-                (
-                    format!(
-                        "leader {} killed; started again once the daemon served fresh data, healthy after {took:?}",
-                        c.name(l)
-                    ),
-                    Recovered::Measured(r),
-                )
-            }
-            Fault::MemberStop => {
-                let c = cluster.as_ref().ok_or_else(|| anyhow!("no cluster"))?;
-                let (m, how) = watch_member(c, &proxies, &recorder, &mut rng).await;
-                let pid = c.pid(m).ok_or_else(|| anyhow!("member {m} not running"))?;
-                let min = Duration::from_millis(rng.random_range(2000..5000));
-                let t = Instant::now();
-                signal(pid, libc::SIGSTOP)?;
-                let (r, held) = hold(&shared, &members, t, min, || {
-                    let _ = signal(pid, libc::SIGCONT);
-                })
-                .await;
-                (
-                    format!("{} ({how}) stopped for {held:.1?}", c.name(m)),
-                    Recovered::Measured(r),
-                )
-            }
-            Fault::MemberPartition => {
-                let c = cluster.as_ref().ok_or_else(|| anyhow!("no cluster"))?;
-                let (m, how) = watch_member(c, &proxies, &recorder, &mut rng).await;
-                let min = Duration::from_millis(rng.random_range(3000..6000));
-                let t = Instant::now();
-                c.mesh.isolate(Some(m));
-                let (r, held) = hold(&shared, &members, t, min, || c.mesh.isolate(None)).await;
-                let caught_up = c.wait_caught_up(m, Duration::from_secs(60)).await?;
-                (
-                    format!(
-                        "{} ({how}) cut off the other members for {held:.1?}, caught up {caught_up:.1?} after the heal",
-                        c.name(m)
-                    ),
-                    Recovered::Measured(r),
-                )
-            }
-            Fault::RollingRestart => {
-                let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
-                let (r, d) = roll(c, &shared, &members, None).await?;
-                (d, Recovered::Measured(r))
-            }
-            Fault::RollingUpgrade => {
-                let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
-                let mut worst = Some(Fresh {
-                    s: 0.0,
-                    etcd_write_s: 0.0,
-                });
-                let mut details = Vec::new();
-                for (n, bin) in p.etcd_upgrades.iter().enumerate() {
-                    if n > 0 {
-                        // etcd 3.7 reads no etcd 3.5 (v2) entry in a log it
-                        // replays (it panics): every member snapshots first.
-                        snapshot_every_member(&client).await?;
-                        details.push(format!("{} entries written", cluster::SNAPSHOT_COUNT + 100));
-                    }
-                    let (r, d) = roll(c, &shared, &members, Some(bin)).await?;
-                    worst = slower(worst, r);
-                    details.push(d);
-                    let v = c.wait_cluster_version(Duration::from_secs(60)).await?;
-                    details.push(format!("cluster version {v}"));
+                let mf = match fault {
+                    Fault::LeaderKill => MemberFault::LeaderKill,
+                    Fault::MemberStop => MemberFault::MemberStop,
+                    Fault::MemberPartition => MemberFault::MemberPartition,
+                    Fault::RollingRestart => MemberFault::RollingRestart,
+                    _ => MemberFault::RollingUpgrade,
+                };
+                let ctx = MemberCtx {
+                    proxies: &proxies,
+                    recorder: &recorder,
+                    client: &client,
+                    upgrades: &p.etcd_upgrades,
+                };
+                let (d, r) =
+                    member_fault(mf, c, &ctx, &mut rng, |t| recovery(&shared, &members, t)).await?;
+                if mf == MemberFault::RollingUpgrade {
+                    // Once: the cluster does not go back.
+                    kinds.retain(|k| *k != Fault::RollingUpgrade);
                 }
-                // Once: the cluster does not go back.
-                kinds.retain(|k| *k != Fault::RollingUpgrade);
-                (details.join("; "), Recovered::Measured(worst))
+                (d, Recovered::Measured(r))
             }
         };
         let recovery = match recovered {
@@ -712,7 +667,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         &acks,
         Some((final_list.0, &final_list.1)),
     );
-    let json = report_json(
+    let mut json = report_json(
         &p,
         &report,
         &faults,
@@ -721,6 +676,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         &shared.counters,
         started,
     );
+    json["daemon_memory"] = rss.report();
     Ok(ChaosOutcome {
         report,
         faults,
@@ -793,6 +749,43 @@ fn report_json(
         "violations_by_kind": r.counts(),
         "violation_list": r.violations.iter().take(100).collect::<Vec<_>>(),
     })
+}
+
+/// Prints a run's `daemon_memory` ([`memory::RssSampler::report`]).
+pub fn print_memory(m: &Value) {
+    let mb = |k: &str| {
+        m[k].as_u64()
+            .map_or("-".into(), |kb| format!("{:.1}", kb as f64 / 1024.0))
+    };
+    println!(
+        "  daemon RSS (MB)       {} peak; first quarter {}, last quarter {}; {} daemon processes",
+        mb("peak_rss_kb"),
+        mb("first_quarter_peak_rss_kb"),
+        mb("last_quarter_peak_rss_kb"),
+        m["daemon_lifetimes"].as_array().map_or(0, Vec::len)
+    );
+}
+
+/// Prints a run's `recovery_by_kind` (see [`recovery_summary`]).
+pub fn print_recovery(by_kind: &Value) {
+    let recovery = by_kind.as_object();
+    if recovery.is_some_and(|m| !m.is_empty()) {
+        println!(
+            "  fresh data after a fault (s): min / median / max; of which after etcd took a write, max; recovered/faults"
+        );
+    }
+    for (k, v) in recovery.into_iter().flatten() {
+        let s = |f: &str| v[f].as_f64().map_or("-".into(), |x| format!("{x:.2}"));
+        println!(
+            "    {k:<20} {} / {} / {}; {}; {}/{}",
+            s("min_s"),
+            s("median_s"),
+            s("max_s"),
+            s("max_after_etcd_write_s"),
+            v["recovered"],
+            v["faults"]
+        );
+    }
 }
 
 /// The recoveries of one fault kind: how many faults, how many recovered
@@ -913,18 +906,17 @@ async fn recovery(s: &Shared, members: &[Client], since: Instant) -> Option<Fres
     })
 }
 
-/// Holds a member fault begun at `since` until the daemon serves fresh data
-/// without the member (at least `min`, at most [`MEMBER_FAULT_HOLD`]), then
-/// undoes it. Returns the recovery time (see [`recovery`]; past the hold it
-/// includes the time after the undo) and how long the fault was held.
+/// Holds a member fault begun at `since` until `probe` (the daemon's
+/// recovery from `since`) sees fresh data without the member (at least
+/// `min`, at most [`MEMBER_FAULT_HOLD`]), then undoes it. Returns the
+/// recovery time (past the hold it includes the time after the undo) and how
+/// long the fault was held.
 async fn hold(
-    s: &Shared,
-    members: &[Client],
+    probe: impl std::future::Future<Output = Option<Fresh>>,
     since: Instant,
     min: Duration,
     undo: impl FnOnce(),
 ) -> (Option<Fresh>, Duration) {
-    let probe = recovery(s, members, since);
     tokio::pin!(probe);
     let mut undo = Some(undo);
     let mut held = None;
@@ -1010,12 +1002,15 @@ async fn snapshot_every_member(client: &Client) -> Result<()> {
 /// onto `binary` if given; measures the daemon's recovery after each step.
 /// Returns the longest recovery (None if one step did not recover) and a
 /// description.
-async fn roll(
+async fn roll<F, Fut>(
     c: &mut Cluster,
-    s: &Shared,
-    members: &[Client],
     binary: Option<&std::path::Path>,
-) -> Result<(Option<Fresh>, String)> {
+    measure: &F,
+) -> Result<(Option<Fresh>, String)>
+where
+    F: Fn(Instant) -> Fut,
+    Fut: std::future::Future<Output = Option<Fresh>>,
+{
     let l = c.wait_leader(Duration::from_secs(30)).await?;
     let order: Vec<usize> = (0..c.len()).filter(|i| *i != l).chain([l]).collect();
     let mut worst = Some(Fresh {
@@ -1040,7 +1035,7 @@ async fn roll(
             let healthy = c.wait_healthy(i, Duration::from_secs(60)).await?;
             Ok::<_, anyhow::Error>((stopped, healthy))
         };
-        let (r, restarted) = tokio::join!(recovery(s, members, t), restart);
+        let (r, restarted) = tokio::join!(measure(t), restart);
         let (stopped, healthy) = restarted?;
         worst = slower(worst, r);
         steps.push(format!(
@@ -1056,6 +1051,112 @@ async fn roll(
         None => "rolling restart".into(),
     };
     Ok((worst, format!("{what}, leader last ({})", steps.join("; "))))
+}
+
+/// The faults on the members of a cluster of three or more, the same for
+/// both fronts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemberFault {
+    LeaderKill,
+    MemberStop,
+    MemberPartition,
+    RollingRestart,
+    RollingUpgrade,
+}
+
+/// What a member fault needs of the run besides the cluster.
+pub struct MemberCtx<'a> {
+    /// The daemon's proxies to the members (which member holds its watch).
+    pub proxies: &'a [TcpProxy],
+    pub recorder: &'a Recorder,
+    /// The bench's own client (the upgrade's snapshot entries).
+    pub client: &'a Client,
+    /// The rolling upgrade's binaries, oldest first.
+    pub upgrades: &'a [std::path::PathBuf],
+}
+
+/// Injects `fault` (see [`Fault`]'s variants of the same names); `measure`
+/// is the daemon's recovery from a moment (None: not within the timeout).
+/// Returns what was done and the recovery (a rolling fault's slowest step).
+pub async fn member_fault<F, Fut>(
+    fault: MemberFault,
+    c: &mut Cluster,
+    ctx: &MemberCtx<'_>,
+    rng: &mut StdRng,
+    measure: F,
+) -> Result<(String, Option<Fresh>)>
+where
+    F: Fn(Instant) -> Fut,
+    Fut: std::future::Future<Output = Option<Fresh>>,
+{
+    Ok(match fault {
+        MemberFault::LeaderKill => {
+            let l = c.wait_leader(Duration::from_secs(30)).await?;
+            let t = Instant::now();
+            c.kill(l);
+            let r = measure(t).await;
+            let took = c.restart(l).await?;
+            (
+                format!(
+                    "leader {} killed; started again once the daemon served fresh data, healthy after {took:?}",
+                    c.name(l)
+                ),
+                r,
+            )
+        }
+        MemberFault::MemberStop => {
+            let (m, how) = watch_member(c, ctx.proxies, ctx.recorder, rng).await;
+            let pid = c.pid(m).ok_or_else(|| anyhow!("member {m} not running"))?;
+            let min = Duration::from_millis(rng.random_range(2000..5000));
+            let t = Instant::now();
+            signal(pid, libc::SIGSTOP)?;
+            let (r, held) = hold(measure(t), t, min, || {
+                let _ = signal(pid, libc::SIGCONT);
+            })
+            .await;
+            (format!("{} ({how}) stopped for {held:.1?}", c.name(m)), r)
+        }
+        MemberFault::MemberPartition => {
+            let (m, how) = watch_member(c, ctx.proxies, ctx.recorder, rng).await;
+            let min = Duration::from_millis(rng.random_range(3000..6000));
+            let t = Instant::now();
+            c.mesh.isolate(Some(m));
+            let (r, held) = hold(measure(t), t, min, || c.mesh.isolate(None)).await;
+            let caught_up = c.wait_caught_up(m, Duration::from_secs(60)).await?;
+            (
+                format!(
+                    "{} ({how}) cut off the other members for {held:.1?}, caught up {caught_up:.1?} after the heal",
+                    c.name(m)
+                ),
+                r,
+            )
+        }
+        MemberFault::RollingRestart => {
+            let (r, d) = roll(c, None, &measure).await?;
+            (d, r)
+        }
+        MemberFault::RollingUpgrade => {
+            let mut worst = Some(Fresh {
+                s: 0.0,
+                etcd_write_s: 0.0,
+            });
+            let mut details = Vec::new();
+            for (n, bin) in ctx.upgrades.iter().enumerate() {
+                if n > 0 {
+                    // etcd 3.7 reads no etcd 3.5 (v2) entry in a log it
+                    // replays (it panics): every member snapshots first.
+                    snapshot_every_member(ctx.client).await?;
+                    details.push(format!("{} entries written", cluster::SNAPSHOT_COUNT + 100));
+                }
+                let (r, d) = roll(c, Some(bin), &measure).await?;
+                worst = slower(worst, r);
+                details.push(d);
+                let v = c.wait_cluster_version(Duration::from_secs(60)).await?;
+                details.push(format!("cluster version {v}"));
+            }
+            (details.join("; "), worst)
+        }
+    })
 }
 
 /// Cuts the daemon off etcd, writes to etcd directly, compacts everything

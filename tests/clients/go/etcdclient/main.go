@@ -104,7 +104,15 @@ func main() {
 	endpoint := flag.String("endpoint", "", "etcd or front endpoint")
 	prefix := flag.String("prefix", "", "a prefix the front caches, ending in /")
 	other := flag.String("other", "", "a prefix outside the cached ones, ending in /")
+	chaosFor := flag.Duration("chaos", 0, "run the chaos driver (chaos.go) this long instead of the scenario")
+	keys := flag.Int("keys", 20, "chaos: the keys k00.. under --prefix")
+	id := flag.Int("client-id", 100, "chaos: the first porcupine client id")
+	t0 := flag.Int64("t0", 0, "chaos: CLOCK_MONOTONIC ns of the run's start (times are ns since)")
+	seed := flag.Int64("seed", 1, "chaos: the seed of the operation mix")
 	flag.Parse()
+	if *chaosFor > 0 && *endpoint != "" && *prefix != "" {
+		os.Exit(chaos(*endpoint, *prefix, *keys, *id, *t0, *seed, *chaosFor))
+	}
 	if *endpoint == "" || *prefix == "" || *other == "" {
 		fmt.Fprintln(os.Stderr, "usage: etcdclient --endpoint URL --prefix P/ --other O/")
 		os.Exit(2)
