@@ -601,6 +601,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
             "serializable_reads": go.serializable,
             "watches": go.watches,
             "events": go.events,
+            "big_revisions": go.big_revisions,
         },
         "events_checked": report.events_checked,
         "progress_notifications_checked": report.progress_checked,
@@ -727,6 +728,8 @@ struct GoCounts {
     serializable: u64,
     watches: u64,
     events: u64,
+    /// Revisions of 4 x 300 KiB written (fragmented for its watch).
+    big_revisions: u64,
 }
 
 /// Runs etcd's Go client through the front for `d`: the chaos driver of
@@ -777,6 +780,8 @@ async fn clientv3_driver(g: Arc<G>, front: String, d: Duration, seed: u64) -> Re
         } else if let Some(r) = v.get("serial") {
             n.serializable += 1;
             g.serial.lock().push(go_serial(r));
+        } else if v.get("big").is_some() {
+            n.big_revisions += 1;
         } else if let Some(w) = v.get("watch") {
             let w = go_watch(w);
             n.watches += 1;
@@ -1375,8 +1380,8 @@ pub fn print(out: &GrpcOutcome, seed: u64) {
     println!("  lease cycles          {}", j["lease_ops"]);
     let go = &j["clientv3"];
     println!(
-        "  clientv3 (Go)         {} kv ops, {} serializable reads, {} watches, {} events",
-        go["kv_ops"], go["serializable_reads"], go["watches"], go["events"]
+        "  clientv3 (Go)         {} kv ops, {} serializable reads, {} watches, {} events, {} revisions of 1.2 MB",
+        go["kv_ops"], go["serializable_reads"], go["watches"], go["events"], go["big_revisions"]
     );
     println!("  watches checked       {}", r.watches_checked);
     println!("  events checked        {}", r.events_checked);

@@ -1168,35 +1168,44 @@ async fn compact_while_cut(
     client: &Client,
     rng: &mut StdRng,
 ) -> Result<Compaction> {
-    let mut kv = client.kv_client();
+    let kv = client.kv_client();
     s.gate.close().await;
     proxies.iter().for_each(|px| px.set(Mode::Cut));
     // Changes the daemon cannot see: puts and a delete, on a few objects so
-    // some are changed twice (a relist sees only the newest version).
+    // some are changed twice (a relist sees only the newest version). Each
+    // is retried while a member restarts (the client may still pick it);
+    // an attempt that did land unacknowledged is a write like any other.
     for i in 0..6 {
         let name = object_name(rng.random_range(0..s.keys.min(3)));
         let key = format!("{}{name}", s.prefix);
-        let r = if i == 2 {
-            kv.delete(key, None).await.map(|r| {
-                (
-                    r.deleted() > 0,
-                    r.header().map(|h| h.revision()).unwrap_or(0),
-                    None,
-                )
-            })
-        } else {
+        let put = (i != 2).then(|| {
             let id = format!("cut-{}", rng.random::<u32>());
             let group = if rng.random_bool(0.5) { "a" } else { "b" };
-            let v = new_object(&s.namespace, &name, group, &id);
-            kv.put(key, v.to_string(), None).await.map(|r| {
-                (
-                    true,
-                    r.header().map(|h| h.revision()).unwrap_or(0),
-                    Some(id),
-                )
-            })
+            (id.clone(), new_object(&s.namespace, &name, group, &id).to_string())
+        });
+        let write = || {
+            let (mut kv, key, put) = (kv.clone(), key.clone(), put.clone());
+            async move {
+                let r = match put {
+                    None => kv.delete(key, None).await.map(|r| {
+                        (
+                            r.deleted() > 0,
+                            r.header().map(|h| h.revision()).unwrap_or(0),
+                            None,
+                        )
+                    }),
+                    Some((id, v)) => kv.put(key, v, None).await.map(|r| {
+                        (
+                            true,
+                            r.header().map(|h| h.revision()).unwrap_or(0),
+                            Some(id),
+                        )
+                    }),
+                };
+                r.context("writing while the daemon is cut off")
+            }
         };
-        let (done, rev, write_id) = r.context("writing while the daemon is cut off")?;
+        let (done, rev, write_id) = retry(Duration::from_secs(30), write).await?;
         if done {
             s.acks.lock().push(Ack {
                 name,
@@ -1205,14 +1214,28 @@ async fn compact_while_cut(
             });
         }
     }
-    let rev = current_revision(&mut kv).await?;
+    let rev = retry(Duration::from_secs(30), || {
+        let mut kv = kv.clone();
+        async move { current_revision(&mut kv).await }
+    })
+    .await?;
     // The recorder must hold the history before etcd drops it.
     recorder.wait_for(rev, Duration::from_secs(30)).await?;
-    client
-        .clone()
-        .compact(rev, Some(CompactionOptions::new().with_physical()))
-        .await
-        .context("compacting")?;
+    retry(Duration::from_secs(30), || {
+        let mut c = client.clone();
+        async move {
+            match c
+                .compact(rev, Some(CompactionOptions::new().with_physical()))
+                .await
+            {
+                Ok(_) => Ok(()),
+                // An attempt whose answer was lost may have compacted.
+                Err(e) if e.to_string().contains("compacted") => Ok(()),
+                Err(e) => Err(anyhow!(e).context("compacting")),
+            }
+        }
+    })
+    .await?;
     proxies.iter().for_each(|px| px.set(Mode::Forward));
     // Caught up: a List not older than the compaction revision is served
     // (the cache answers 504 until it has relisted past it).
@@ -1231,7 +1254,11 @@ async fn compact_while_cut(
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }
-    let caught_up = current_revision(&mut kv).await?;
+    let caught_up = retry(Duration::from_secs(30), || {
+        let mut kv = kv.clone();
+        async move { current_revision(&mut kv).await }
+    })
+    .await?;
     s.gate.reopen();
     Ok(Compaction { rev, caught_up })
 }

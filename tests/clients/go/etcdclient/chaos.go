@@ -9,6 +9,9 @@
 //	{"serial": ...}  a serializable get: the highest revision seen before,
 //	                 the answer's revision and the key's value and mod_revision
 //	{"watch": ...}   one watch and every response it got (at its end)
+//	{"big": ...}     a revision of 4 x 300 KiB (keys kbig0..3, not in
+//	                 porcupine's history), which the front must fragment for
+//	                 a watch that asks for fragments (this one's does)
 //
 // Times are nanoseconds since --t0 on CLOCK_MONOTONIC, the bench's clock.
 // Values are JSON strings, as the bench writes them. The watches are
@@ -82,7 +85,7 @@ func chaos(endpoint, prefix string, keys, id int, t0, seed int64, d time.Duratio
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			c.kvWorker(ctx, cli, id+w, keys, rand.New(rand.NewSource(seed*1000+int64(w))))
+			c.kvWorker(ctx, cli, id+w, keys, w == 0, rand.New(rand.NewSource(seed*1000+int64(w))))
 		}(w)
 	}
 	wg.Add(1)
@@ -100,14 +103,20 @@ func op(client int, call, ret int64, input, output map[string]any) map[string]an
 
 // kvWorker: Put, Delete, Txn (put if mod_revision is the last one seen,
 // else get), linearizable and serializable gets, about 5 a second.
-func (c *chaosRun) kvWorker(ctx context.Context, cli *clientv3.Client, id, keys int, rng *rand.Rand) {
+func (c *chaosRun) kvWorker(ctx context.Context, cli *clientv3.Client, id, keys int, big bool, rng *rand.Rand) {
 	seen := int64(0)
 	lastMod := map[string]int64{}
+	nextBig := time.Now().Add(time.Duration(5+rng.Intn(10)) * time.Second)
 	for n := 1; ; n++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(time.Duration(100+rng.Intn(200)) * time.Millisecond):
+		}
+		if big && time.Now().After(nextBig) {
+			nextBig = time.Now().Add(time.Duration(20+rng.Intn(20)) * time.Second)
+			c.bigRevision(ctx, cli, id, n)
+			continue
 		}
 		name := fmt.Sprintf("k%02d", rng.Intn(keys))
 		key := c.prefix + name
@@ -194,15 +203,31 @@ func (c *chaosRun) kvWorker(ctx context.Context, cli *clientv3.Client, id, keys 
 	}
 }
 
+// bigRevision writes kbig0..3 (300 KiB each) in one revision: with prev_kv
+// about 2.4 MiB of events, over etcd's 1.5 MiB request limit.
+func (c *chaosRun) bigRevision(ctx context.Context, cli *clientv3.Client, id, n int) {
+	octx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	fill := strings.Repeat("x", 300*1024)
+	ops := []clientv3.Op{}
+	for i := 0; i < 4; i++ {
+		ops = append(ops, clientv3.OpPut(fmt.Sprintf("%skbig%d", c.prefix, i), encodeValue(fmt.Sprintf("g%d-%d-%s", id, n, fill))))
+	}
+	if r, err := cli.Txn(octx).Then(ops...).Commit(); err == nil {
+		c.emit("big", map[string]any{"rev": r.Header.Revision})
+	}
+}
+
 // watcher: a prefix watch with prev_kv, progress notifications and
-// requests, re-created every 5-15 s from the revision after the last one it
-// got; clientv3 resumes it by itself after a broken stream.
+// requests, and fragments (clientv3 joins them), re-created every 5-15 s
+// from the revision after the last one it got; clientv3 resumes it by
+// itself after a broken stream.
 func (c *chaosRun) watcher(ctx context.Context, cli *clientv3.Client, name string, rng *rand.Rand) {
 	next := int64(0)
 	for ctx.Err() == nil {
 		wctx, wcancel := context.WithTimeout(ctx, time.Duration(5+rng.Intn(10))*time.Second)
 		wctx = clientv3.WithRequireLeader(wctx)
-		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify()}
+		opts := []clientv3.OpOption{clientv3.WithPrefix(), clientv3.WithPrevKV(), clientv3.WithProgressNotify(), clientv3.WithCreatedNotify(), clientv3.WithFragment()}
 		if next > 0 {
 			opts = append(opts, clientv3.WithRev(next))
 		}
