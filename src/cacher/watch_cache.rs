@@ -905,6 +905,56 @@ mod tests {
         ));
     }
 
+    /// Initial events of large objects come in chunks of about
+    /// `INITIAL_CHUNK_BYTES`, however many objects a page may hold, every
+    /// object once and in order.
+    #[tokio::test(start_paused = true)]
+    async fn initial_events_come_in_chunks_bounded_by_bytes() {
+        use crate::cacher::watcher::INITIAL_CHUNK_BYTES;
+        let c = codec();
+        let pad = "x".repeat(20_000);
+        let objects: Vec<Arc<Object>> = (0..60)
+            .map(|i| {
+                let name = format!("p{i:02}");
+                let key = c.key(Some("ns"), &name);
+                let v = format!(
+                    r#"{{"metadata":{{"name":"{name}","namespace":"ns","annotations":{{"pad":"{pad}"}}}}}}"#
+                );
+                Arc::new(c.decode(&key, v.as_bytes(), 5, 5).expect("decode"))
+            })
+            .collect();
+        let cache = Arc::new(WatchCache::new(codec(), "pods".into(), 100));
+        cache.init(objects, 10);
+        let mut p = params(true, None);
+        p.initial_chunk = 500;
+        let mut w = watch(&cache, "", WatchStart::Initial { end_bookmark: true }, p);
+        let (mut names, mut chunks) = (Vec::new(), 0);
+        while names.len() < 60 {
+            let Some(WatchChunk::Data(b)) = w.next().await else {
+                panic!("initial events ended after {}", names.len());
+            };
+            assert!(b.len() <= INITIAL_CHUNK_BYTES + 21_000, "{} bytes", b.len());
+            chunks += 1;
+            for l in String::from_utf8_lossy(&b).lines() {
+                let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                if v["type"] == "ADDED" {
+                    names.push(
+                        v["object"]["metadata"]["name"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string(),
+                    );
+                }
+            }
+        }
+        let want: Vec<String> = (0..60).map(|i| format!("p{i:02}")).collect();
+        assert_eq!(names, want);
+        assert!(
+            chunks >= 60 * 20_000 / INITIAL_CHUNK_BYTES,
+            "{chunks} chunks"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn periodic_and_final_bookmarks() {
         let cache = new_cache(100);

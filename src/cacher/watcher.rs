@@ -66,6 +66,23 @@ fn convert(pred: &SelectionPredicate, ev: &HistoryEvent, selected: bool) -> Opti
 /// connection's other streams' responses go out.
 pub(crate) const INITIAL_WALK_MAX: usize = 512;
 
+/// About how many bytes of initial events one chunk carries. The HTTP/2
+/// layer takes a whole chunk while the client reads it, so with many
+/// WatchList streams starting at once this, not the cache, bounds their
+/// memory (docs/BENCHMARKS.md, "Against kube-apiserver", K2).
+pub(crate) const INITIAL_CHUNK_BYTES: usize = 256 * 1024;
+
+/// Objects in the next initial chunk: [`INITIAL_CHUNK_BYTES`] at the
+/// average size seen so far (a few objects first), never more than `max`.
+fn initial_count(avg_bytes: usize, max: usize) -> usize {
+    let n = if avg_bytes == 0 {
+        4
+    } else {
+        INITIAL_CHUNK_BYTES / avg_bytes
+    };
+    n.clamp(1, max.max(1))
+}
+
 /// Per-watch settings the Cacher passes in.
 pub(crate) struct WatcherParams {
     pub(crate) api_version: Arc<str>,
@@ -81,6 +98,8 @@ struct InitialState {
     /// Where the next page of initial events starts (inclusive).
     next_key: Option<String>,
     end_bookmark: bool,
+    /// Average bytes of an initial event so far (0: none sent yet).
+    avg_bytes: usize,
 }
 
 /// One watch stream.
@@ -180,6 +199,7 @@ impl Watcher {
                     snapshot,
                     next_key: None,
                     end_bookmark,
+                    avg_bytes: 0,
                 }));
             }
             WatchStart::Now => {}
@@ -442,7 +462,7 @@ impl Watcher {
         let page = self.predicate.initial_step(
             &init.snapshot,
             init.next_key.as_deref(),
-            self.params.initial_chunk,
+            initial_count(init.avg_bytes, self.params.initial_chunk),
             INITIAL_WALK_MAX,
         );
         let mut lines = BytesMut::new();
@@ -472,6 +492,9 @@ impl Watcher {
             }
         }
         let init = self.initial.as_mut()?;
+        if !page.items.is_empty() {
+            init.avg_bytes = (lines.len() + frames.len()) / page.items.len();
+        }
         match page.resume_after {
             Some(k) => init.next_key = Some(format!("{k}\0")),
             None => {

@@ -1181,7 +1181,10 @@ async fn compact_while_cut(
         let put = (i != 2).then(|| {
             let id = format!("cut-{}", rng.random::<u32>());
             let group = if rng.random_bool(0.5) { "a" } else { "b" };
-            (id.clone(), new_object(&s.namespace, &name, group, &id).to_string())
+            (
+                id.clone(),
+                new_object(&s.namespace, &name, group, &id).to_string(),
+            )
         });
         let write = || {
             let (mut kv, key, put) = (kv.clone(), key.clone(), put.clone());
