@@ -75,12 +75,10 @@ pub(crate) const INITIAL_CHUNK_BYTES: usize = 256 * 1024;
 /// Objects in the next initial chunk: [`INITIAL_CHUNK_BYTES`] at the
 /// average size seen so far (a few objects first), never more than `max`.
 fn initial_count(avg_bytes: usize, max: usize) -> usize {
-    let n = if avg_bytes == 0 {
-        4
-    } else {
-        INITIAL_CHUNK_BYTES / avg_bytes
-    };
-    n.clamp(1, max.max(1))
+    INITIAL_CHUNK_BYTES
+        .checked_div(avg_bytes)
+        .unwrap_or(4)
+        .clamp(1, max.max(1))
 }
 
 /// Per-watch settings the Cacher passes in.
