@@ -306,7 +306,7 @@ struct Cli {
     /// report bytes on the wire and the proxy's CPU per stream.
     #[arg(long)]
     watch_list: bool,
-    /// list, get, startup: how the bench stores its objects in etcd, named
+    /// list, get, startup, memory: how the bench stores its objects in etcd, named
     /// like kube-apiserver's flag: `application/json`, or
     /// `application/vnd.kubernetes.protobuf` (Pods that fit the Pod schema,
     /// in kube-apiserver's `k8s\0` envelope, as a real cluster stores them).
@@ -440,10 +440,10 @@ fn main() -> Result<()> {
     if cli.storage_media_type == PROTOBUF
         && !matches!(
             cli.scenario,
-            Scenario::List | Scenario::Get | Scenario::Startup
+            Scenario::List | Scenario::Get | Scenario::Startup | Scenario::Memory
         )
     {
-        bail!("--storage-media-type applies to list, get and startup");
+        bail!("--storage-media-type applies to list, get, startup and memory");
     }
     if (cli.etcd_members > 1 || !cli.etcd_upgrade.is_empty())
         && (cli.scenario != Scenario::Chaos || cli.etcd.is_some() || cli.proxy.is_some())
