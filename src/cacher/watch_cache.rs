@@ -54,6 +54,10 @@ pub(crate) struct Registration {
     pub(crate) cursor: Result<u64, Gone>,
 }
 
+/// How many history events may lie between two snapshots kept for Exact
+/// reads and continue tokens ([`WatchCache::snapshot_at`] replays them).
+pub const SNAPSHOT_EVERY_EVENTS: u64 = 64;
+
 pub struct WatchCache {
     codec: Arc<ObjectCodec>,
     resource: String,
@@ -194,20 +198,43 @@ impl WatchCache {
     }
 
     /// The state at exactly `rv`: the newest retained snapshot not newer than
-    /// it (no event lies between). `None` if `rv` is older than what is kept.
+    /// it, with the history's events after it up to `rv` applied to a copy
+    /// (at most [`SNAPSHOT_EVERY_EVENTS`]). `None` if `rv` is older than what
+    /// is kept, or those events have left the history.
     pub fn snapshot_at(&self, rv: i64) -> Option<Arc<Snapshot>> {
         let cur = self.current();
         if rv > cur.rv {
             return None;
         }
-        let recent = self.recent.lock();
-        // The newest retained snapshot holds the current objects (progress
-        // only moves `current`'s RV), so the search covers every RV up to now.
-        let idx = recent.partition_point(|s| s.rv <= rv);
-        if idx == 0 {
-            return None;
+        let base = {
+            let recent = self.recent.lock();
+            let idx = recent.partition_point(|s| s.rv <= rv);
+            if idx == 0 {
+                return None;
+            }
+            Arc::clone(recent.get(idx - 1)?)
+        };
+        // Every event of a revision up to `cur.rv` is in the history (an
+        // apply pushes its events before it publishes); events of a later,
+        // unpublished revision stop the replay.
+        let hist = self.history.read();
+        let mut replayed: Option<Snapshot> = None;
+        let mut seq = base.next_seq;
+        while seq < hist.next_seq() {
+            let Some(e) = hist.get(seq) else {
+                // Left the history: the state in between is gone.
+                return None;
+            };
+            if e.rv > rv {
+                break;
+            }
+            let s = replayed.get_or_insert_with(|| (*base).clone());
+            s.apply(&e.key, e.object.clone(), &self.index_paths);
+            s.rv = s.rv.max(e.rv);
+            s.next_seq = seq + 1;
+            seq += 1;
         }
-        recent.get(idx - 1).cloned()
+        Some(replayed.map_or(base, Arc::new))
     }
 
     /// The oldest RV an Exact read can use.
@@ -286,27 +313,12 @@ impl WatchCache {
         let _g = self.apply_lock.lock();
         let cur = self.current.load_full();
         let mut snap = (*cur).clone();
-        // Only apply() pushes to the history and it holds `apply_lock`, so
-        // the next sequence number is stable while the batch is prepared
-        // outside the history lock (watchers keep draining meanwhile).
-        let base_seq = self.history.read().next_seq();
+        // Only apply() pushes to the history and it holds `apply_lock`: the
+        // batch is prepared outside the history lock (watchers keep draining
+        // meanwhile).
         let mut pending: Vec<(EventKind, Change, Option<Arc<Object>>)> =
             Vec::with_capacity(changes.len());
-        // A batch may span several revisions: keep the state at each one for
-        // Exact reads (clones are cheap), publishing only the last.
-        let mut intermediate: Vec<Arc<Snapshot>> = Vec::new();
-        let mut group_rv: Option<i64> = None;
         for ch in changes {
-            if let Some(g) = group_rv
-                && g != ch.rv
-                && !pending.is_empty()
-            {
-                let mut s = snap.clone();
-                s.rv = s.rv.max(g);
-                s.next_seq = base_seq + pending.len() as u64;
-                intermediate.push(Arc::new(s));
-            }
-            group_rv = Some(ch.rv);
             let prev = snap.apply(&ch.key, ch.new.clone(), &self.index_paths);
             let kind = match (&prev, &ch.new) {
                 (None, Some(_)) => EventKind::Added,
@@ -349,10 +361,15 @@ impl WatchCache {
             if relist {
                 // States between the old RV and the relist are unknown.
                 recent.clear();
-            } else {
-                recent.extend(intermediate);
             }
-            if !events.is_empty() || recent.is_empty() {
+            // One snapshot per SNAPSHOT_EVERY_EVENTS events: a read between
+            // two replays the events after the older one (`snapshot_at`).
+            // One per revision would keep each revision's copied map nodes
+            // (kilobytes) for the history's whole window.
+            let due = recent.back().is_none_or(|last| {
+                snap.next_seq.saturating_sub(last.next_seq) >= SNAPSHOT_EVERY_EVENTS
+            });
+            if due {
                 recent.push_back(Arc::clone(&snap));
             }
             // Keep the newest snapshot at or before the history start (the
@@ -385,8 +402,9 @@ impl WatchCache {
         let snap = Arc::new(snap);
         self.current.store(Arc::clone(&snap));
         let mut recent = self.recent.lock();
-        if let Some(last) = recent.back_mut() {
-            *last = snap;
+        match recent.back_mut() {
+            Some(last) if last.next_seq == snap.next_seq => *last = snap,
+            _ => recent.push_back(snap),
         }
     }
 
@@ -1119,5 +1137,46 @@ mod tests {
             c2.advance(14);
         });
         assert!(cache.wait_for_rv(14, Duration::from_secs(3), &cancel).await);
+    }
+
+    /// One revision per write (as kube-apiserver writes): one snapshot is
+    /// kept per `SNAPSHOT_EVERY_EVENTS` events, and every revision of the
+    /// history still reads exactly (the events after the kept one replayed,
+    /// labels index included); revisions whose events left the history
+    /// read as gone.
+    #[tokio::test(start_paused = true)]
+    async fn sparse_snapshots_still_read_every_revision_exactly() {
+        let cache = new_cache(500);
+        let c = codec();
+        // Revisions 11..=310: p0..p99 created, then p0..p199 mod 100 moved
+        // to node n2 (the field index changes).
+        for rv in 11..=310 {
+            let i = (rv - 11) % 100;
+            let node = if rv <= 110 { "n1" } else { "n2" };
+            cache.apply(vec![put(&c, &format!("p{i}"), node, rv)], rv, false);
+        }
+        let kept = cache.recent.lock().len() as u64;
+        assert!(
+            kept <= 300 / SNAPSHOT_EVERY_EVENTS + 2,
+            "{kept} snapshots kept"
+        );
+        let n2 = IndexKey::Field("spec.nodeName".into(), "n2".into());
+        for rv in 10..=310i64 {
+            let s = cache.snapshot_at(rv).expect("in the history");
+            let want_len = (rv - 10).clamp(0, 100) as usize;
+            let want_n2 = (rv - 110).clamp(0, 100) as usize;
+            assert_eq!(s.len(), want_len, "objects at {rv}");
+            let in_n2 = s.index_lookup(&n2).map_or(0, |set| set.len());
+            assert_eq!(in_n2, want_n2, "n2 index at {rv}");
+            assert_eq!(s.rv, rv.max(10), "rv of the state at {rv}");
+        }
+        // A small history (capacity 50): older revisions are gone.
+        let small = new_cache(50);
+        for rv in 11..=310 {
+            let i = (rv - 11) % 100;
+            small.apply(vec![put(&c, &format!("p{i}"), "n1", rv)], rv, false);
+        }
+        assert!(small.snapshot_at(100).is_none());
+        assert_eq!(small.snapshot_at(300).map(|s| s.len()), Some(100));
     }
 }
