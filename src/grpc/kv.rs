@@ -58,11 +58,12 @@ impl Front {
         let mut etcd_header = None;
         let (map, current) = if r.revision > 0 {
             let held = cache.snapshot(r.revision)?;
-            etcd_header = Some(
-                self.probe_revision(&r.key, r.revision, r.serializable, md)
-                    .await
-                    .ok()?,
-            );
+            let header = self
+                .probe_revision(&r.key, r.revision, r.serializable, md)
+                .await
+                .ok()?;
+            self.note_seen(header.revision);
+            etcd_header = Some(header);
             held
         } else if r.serializable {
             // May be stale, but not behind a write through this front (a
@@ -257,10 +258,15 @@ impl PbKvService for KvService {
             return Ok(Response::new(resp));
         }
         super::count_range(false);
-        self.front
+        let resp: Response<PbRangeResponse> = self
+            .front
             .upstream
             .unary("/etcdserverpb.KV/Range", req)
-            .await
+            .await?;
+        if let Some(h) = &resp.get_ref().header {
+            self.front.note_seen(h.revision);
+        }
+        Ok(resp)
     }
 
     type RangeStreamStream = BoxStream<'static, Result<PbRangeStreamResponse, Status>>;
@@ -286,6 +292,7 @@ impl PbKvService for KvService {
             .await?;
         if let Some(h) = &resp.get_ref().header {
             self.front.note_write(&key, &[], h.revision);
+            self.front.note_seen(h.revision);
         }
         Ok(resp)
     }
@@ -300,10 +307,11 @@ impl PbKvService for KvService {
             .upstream
             .unary("/etcdserverpb.KV/DeleteRange", req)
             .await?;
-        if let Some(h) = &resp.get_ref().header
-            && resp.get_ref().deleted > 0
-        {
-            self.front.note_write(&range.0, &range.1, h.revision);
+        if let Some(h) = &resp.get_ref().header {
+            if resp.get_ref().deleted > 0 {
+                self.front.note_write(&range.0, &range.1, h.revision);
+            }
+            self.front.note_seen(h.revision);
         }
         Ok(resp)
     }
@@ -316,12 +324,13 @@ impl PbKvService for KvService {
             .upstream
             .unary("/etcdserverpb.KV/Txn", req)
             .await?;
-        if let Some(h) = &resp.get_ref().header
-            && txn_wrote(resp.get_ref())
-        {
-            for (key, range_end) in &ranges {
-                self.front.note_write(key, range_end, h.revision);
+        if let Some(h) = &resp.get_ref().header {
+            if txn_wrote(resp.get_ref()) {
+                for (key, range_end) in &ranges {
+                    self.front.note_write(key, range_end, h.revision);
+                }
             }
+            self.front.note_seen(h.revision);
         }
         Ok(resp)
     }

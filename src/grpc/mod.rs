@@ -135,6 +135,15 @@ impl Front {
         }
     }
 
+    /// etcd's answer at `revision` went to a client through the front (a
+    /// write, a Txn that wrote nothing, a Range etcd answered, the header of
+    /// a past-revision read): a serializable read from any cache waits for
+    /// it, so no client reads a revision older than one it was shown, as
+    /// from etcd's one member.
+    pub(crate) fn note_seen(&self, revision: i64) {
+        self.note_write_anywhere(revision);
+    }
+
     /// The highest revision any cache is at.
     pub(crate) fn revision(&self) -> i64 {
         self.caches.iter().map(|c| c.revision()).max().unwrap_or(0)
