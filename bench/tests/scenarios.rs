@@ -686,7 +686,7 @@ fn protobuf_stored_objects_are_listed_in_both_media_types() {
         "application/vnd.kubernetes.protobuf",
     ]);
     assert!(
-        err.contains("--storage-media-type applies to list, get and startup"),
+        err.contains("--storage-media-type applies to list, get, startup and memory"),
         "{err}"
     );
 }
