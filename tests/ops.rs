@@ -219,7 +219,7 @@ async fn dashboard_queries_return_data_from_real_prometheus() {
     let api = format!("http://127.0.0.1:{port}/api/v1");
 
     // Wait for the first scrape, drive traffic, let a few more scrapes land.
-    let up = eventually(Duration::from_secs(60), || {
+    let up = eventually(Duration::from_secs(120), || {
         let url = format!("{api}/query?query=up");
         async move {
             match reqwest::get(&url).await {
@@ -235,7 +235,18 @@ async fn dashboard_queries_return_data_from_real_prometheus() {
     .await;
     let prom_log =
         || std::fs::read_to_string(dir.path().join("prometheus.log")).unwrap_or_default();
-    assert!(up, "prometheus scraped the daemon; log:\n{}", prom_log());
+    if !up {
+        // Why not: the target's last scrape error, as Prometheus saw it.
+        let targets = match reqwest::get(format!("{api}/targets")).await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(e) => e.to_string(),
+        };
+        panic!(
+            "prometheus did not scrape the daemon; targets: {targets}\nlog:\n{}\ndaemon log:\n{}",
+            prom_log(),
+            d.log()
+        );
+    }
     drive_traffic(&d).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
 
