@@ -2,9 +2,9 @@
 //! cached prefix, evaluated exactly as etcd's `Range` (limit, sort, filters,
 //! keys_only, count_only, count, more); everything else (other ranges,
 //! Put, DeleteRange, Txn, Compact) goes to etcd unchanged. The cache learns
-//! of writes from its own watch; the revisions of writes through the front
-//! are noted on the caches they touch, so that a serializable read waits
-//! for them (etcd's grpc-proxy invalidates its cache on writes instead).
+//! of writes from its own watch; the revision of every etcd answer passed on
+//! is noted on the caches, so that a serializable read waits for it (etcd's
+//! grpc-proxy invalidates its cache on writes instead).
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -284,14 +284,12 @@ impl PbKvService for KvService {
     }
 
     async fn put(&self, req: Request<PbPutRequest>) -> Result<Response<PbPutResponse>, Status> {
-        let key = req.get_ref().key.clone();
         let resp: Response<PbPutResponse> = self
             .front
             .upstream
             .unary("/etcdserverpb.KV/Put", req)
             .await?;
         if let Some(h) = &resp.get_ref().header {
-            self.front.note_write(&key, &[], h.revision);
             self.front.note_seen(h.revision);
         }
         Ok(resp)
@@ -301,35 +299,24 @@ impl PbKvService for KvService {
         &self,
         req: Request<PbDeleteRequest>,
     ) -> Result<Response<PbDeleteResponse>, Status> {
-        let range = (req.get_ref().key.clone(), req.get_ref().range_end.clone());
         let resp: Response<PbDeleteResponse> = self
             .front
             .upstream
             .unary("/etcdserverpb.KV/DeleteRange", req)
             .await?;
         if let Some(h) = &resp.get_ref().header {
-            if resp.get_ref().deleted > 0 {
-                self.front.note_write(&range.0, &range.1, h.revision);
-            }
             self.front.note_seen(h.revision);
         }
         Ok(resp)
     }
 
     async fn txn(&self, req: Request<PbTxnRequest>) -> Result<Response<PbTxnResponse>, Status> {
-        let mut ranges = Vec::new();
-        txn_write_ranges(req.get_ref(), &mut ranges);
         let resp: Response<PbTxnResponse> = self
             .front
             .upstream
             .unary("/etcdserverpb.KV/Txn", req)
             .await?;
         if let Some(h) = &resp.get_ref().header {
-            if txn_wrote(resp.get_ref()) {
-                for (key, range_end) in &ranges {
-                    self.front.note_write(key, range_end, h.revision);
-                }
-            }
             self.front.note_seen(h.revision);
         }
         Ok(resp)
@@ -344,31 +331,6 @@ impl PbKvService for KvService {
             .unary("/etcdserverpb.KV/Compact", req)
             .await
     }
-}
-
-/// The ranges a txn may write (puts and deletes of both branches, nested
-/// txns too): keys only, its values are not copied.
-fn txn_write_ranges(t: &PbTxnRequest, out: &mut Vec<(Vec<u8>, Vec<u8>)>) {
-    for op in t.success.iter().chain(&t.failure) {
-        match &op.request {
-            Some(PbTxnOpRequest::RequestPut(p)) => out.push((p.key.clone(), Vec::new())),
-            Some(PbTxnOpRequest::RequestDeleteRange(d)) => {
-                out.push((d.key.clone(), d.range_end.clone()))
-            }
-            Some(PbTxnOpRequest::RequestTxn(t)) => txn_write_ranges(t, out),
-            Some(PbTxnOpRequest::RequestRange(_)) | None => {}
-        }
-    }
-}
-
-/// Whether the txn changed a key (its revision is then a write's).
-fn txn_wrote(t: &PbTxnResponse) -> bool {
-    t.responses.iter().any(|r| match &r.response {
-        Some(PbTxnOpResponse::ResponsePut(_)) => true,
-        Some(PbTxnOpResponse::ResponseDeleteRange(d)) => d.deleted > 0,
-        Some(PbTxnOpResponse::ResponseTxn(t)) => txn_wrote(t),
-        Some(PbTxnOpResponse::ResponseRange(_)) | None => false,
-    })
 }
 
 #[cfg(test)]
@@ -411,63 +373,6 @@ mod tests {
         kvs.iter()
             .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
             .collect()
-    }
-
-    fn op(r: PbTxnOpRequest) -> PbTxnRequestOp {
-        PbTxnRequestOp { request: Some(r) }
-    }
-
-    fn answer(r: PbTxnOpResponse) -> PbResponseOp {
-        PbResponseOp { response: Some(r) }
-    }
-
-    #[test]
-    fn a_txn_notes_the_ranges_it_may_write_when_it_wrote() {
-        let nested = PbTxnRequest {
-            failure: vec![op(PbTxnOpRequest::RequestPut(PbPutRequest {
-                key: b"/q/x".to_vec(),
-                value: b"big".to_vec(),
-                ..Default::default()
-            }))],
-            ..Default::default()
-        };
-        let t = PbTxnRequest {
-            success: vec![
-                op(PbTxnOpRequest::RequestRange(req())),
-                op(PbTxnOpRequest::RequestTxn(nested)),
-            ],
-            failure: vec![op(PbTxnOpRequest::RequestDeleteRange(PbDeleteRequest {
-                key: b"/p/b".to_vec(),
-                range_end: b"/p/c".to_vec(),
-                ..Default::default()
-            }))],
-            ..Default::default()
-        };
-        let mut ranges = Vec::new();
-        txn_write_ranges(&t, &mut ranges);
-        assert_eq!(
-            ranges,
-            [
-                (b"/q/x".to_vec(), Vec::new()),
-                (b"/p/b".to_vec(), b"/p/c".to_vec())
-            ]
-        );
-        let reads = PbTxnResponse {
-            responses: vec![
-                answer(PbTxnOpResponse::ResponseRange(Default::default())),
-                answer(PbTxnOpResponse::ResponseDeleteRange(Default::default())),
-            ],
-            ..Default::default()
-        };
-        assert!(!txn_wrote(&reads), "a range, a delete of nothing");
-        let nested_put = PbTxnResponse {
-            responses: vec![answer(PbTxnOpResponse::ResponseTxn(PbTxnResponse {
-                responses: vec![answer(PbTxnOpResponse::ResponsePut(Default::default()))],
-                ..Default::default()
-            }))],
-            ..Default::default()
-        };
-        assert!(txn_wrote(&nested_put));
     }
 
     #[test]

@@ -235,13 +235,13 @@ impl KvCache {
         self.state.read().rev
     }
 
-    /// A write through the front that may have touched this prefix was
-    /// acknowledged at `revision`.
-    pub fn note_write(&self, revision: i64) {
+    /// A client of the front was shown etcd at `revision` (an answer passed
+    /// on): serializable reads of this cache wait for it.
+    pub fn note_seen(&self, revision: i64) {
         self.written.fetch_max(revision, Ordering::AcqRel);
     }
 
-    /// The highest revision of [`KvCache::note_write`].
+    /// The highest revision of [`KvCache::note_seen`].
     pub fn written(&self) -> i64 {
         self.written.load(Ordering::Acquire)
     }

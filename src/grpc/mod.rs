@@ -120,28 +120,15 @@ impl Front {
             .find(|c| c.contains_range(key, range_end))
     }
 
-    /// A write through the front to `[key, range_end)` was acknowledged at
-    /// `revision`: serializable reads of the caches it touched wait for it.
-    pub(crate) fn note_write(&self, key: &[u8], range_end: &[u8], revision: i64) {
-        for c in self.caches.iter().filter(|c| c.overlaps(key, range_end)) {
-            c.note_write(revision);
-        }
-    }
-
-    /// A write through the front to keys it cannot tell (a lease's).
-    pub(crate) fn note_write_anywhere(&self, revision: i64) {
-        for c in &self.caches {
-            c.note_write(revision);
-        }
-    }
-
     /// etcd's answer at `revision` went to a client through the front (a
     /// write, a Txn that wrote nothing, a Range etcd answered, the header of
     /// a past-revision read): a serializable read from any cache waits for
     /// it, so no client reads a revision older than one it was shown, as
     /// from etcd's one member.
     pub(crate) fn note_seen(&self, revision: i64) {
-        self.note_write_anywhere(revision);
+        for c in &self.caches {
+            c.note_seen(revision);
+        }
     }
 
     /// The highest revision any cache is at.

@@ -73,7 +73,7 @@ passthrough! {
             .await?;
         // The lease's keys are gone at this revision, wherever they were.
         if let Some(h) = &resp.get_ref().header {
-            self.front.note_write_anywhere(h.revision);
+            self.front.note_seen(h.revision);
         }
         Ok(resp)
     }

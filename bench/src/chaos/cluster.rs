@@ -184,6 +184,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// SIGKILLs every member, starts them all again and waits until each is
+    /// healthy; returns the time from the restart to the last one healthy.
+    pub async fn kill_and_restart_all(&mut self) -> Result<Duration> {
+        for i in 0..self.len() {
+            self.kill(i);
+        }
+        let t = Instant::now();
+        for i in 0..self.len() {
+            self.spawn(i)?;
+        }
+        for i in 0..self.len() {
+            self.wait_healthy(i, Duration::from_secs(60)).await?;
+        }
+        Ok(t.elapsed())
+    }
+
     /// SIGKILLs member `i` (its data dir stays) and reaps it.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut c) = self.members[i].child.take() {

@@ -21,7 +21,6 @@
 //! measures the time until the front serves fresh data again ([`recovery`]).
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +39,6 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use super::cluster::Cluster;
 use super::grpc_checker::{
     self, Ev, GrpcCompaction, GrpcReport, Resp, RevRead, SerialRead, WatchLog,
 };
@@ -48,7 +46,7 @@ use super::proxy::{Mode, TcpProxy};
 use super::recorder::Recorder;
 use super::{
     ChaosParams, DAEMON_WATCH_TIMEOUT, Fresh, MemberCtx, MemberFault, RECOVERY_TIMEOUT,
-    member_fault, signal,
+    etcd_version_of, member_fault, probe_put, stop_for,
 };
 use crate::env::{
     Daemon, EtcdKeeper, clear_prefix, current_revision, daemon_config, etcd_connect,
@@ -204,18 +202,7 @@ fn is_compacted(e: &etcd_client::Error) -> bool {
 /// Runs the gRPC-front chaos scenario (see the module doc).
 pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOutcome> {
     let started = Instant::now();
-    let mut cluster = match p.etcd_members {
-        0 | 1 => None,
-        n => Some(
-            Cluster::start(n, &p.etcd_bin)
-                .await
-                .with_context(|| format!("starting a {n}-member etcd cluster"))?,
-        ),
-    };
-    let endpoints = match &cluster {
-        Some(c) => c.endpoints(),
-        None => vec![p.etcd_endpoint.clone()],
-    };
+    let (mut cluster, endpoints) = super::start_etcd(p).await?;
     let client = etcd_connect_all(&endpoints).await?;
     let mut kv = client.kv_client();
     let base = clear_prefix(&mut kv, PREFIX).await?;
@@ -228,15 +215,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     let mut rng = StdRng::seed_from_u64(p.seed);
 
     // The daemon, given every member's endpoint, each behind our proxy.
-    let mut proxies = Vec::new();
-    for ep in &endpoints {
-        let target: SocketAddr = ep
-            .trim_start_matches("http://")
-            .trim_end_matches('/')
-            .parse()
-            .with_context(|| format!("etcd endpoint {ep} is not http://IP:PORT"))?;
-        proxies.push(TcpProxy::start(target).await?);
-    }
+    let proxies = super::proxies_for(&endpoints).await?;
     let set_proxies = |m: Mode| proxies.iter().for_each(|px| px.set(m));
     let via: Vec<String> = proxies.iter().map(TcpProxy::endpoint).collect();
     let cfg = format!(
@@ -339,31 +318,13 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
                     None => vec![etcd_pid().ok_or_else(|| anyhow!("no etcd pid"))?],
                 };
                 let ms = rng.random_range(1000..4000);
-                for pid in &pids {
-                    signal(*pid, libc::SIGSTOP)?;
-                }
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                for pid in &pids {
-                    signal(*pid, libc::SIGCONT)?;
-                }
+                stop_for(&pids, Duration::from_millis(ms)).await?;
                 format!("etcd (pid {pids:?}) stopped for {ms} ms")
             }
             GrpcFault::EtcdKill => match cluster.as_mut() {
                 Some(c) => {
-                    for i in 0..c.len() {
-                        c.kill(i);
-                    }
-                    let t = Instant::now();
-                    for i in 0..c.len() {
-                        c.spawn(i)?;
-                    }
-                    for i in 0..c.len() {
-                        c.wait_healthy(i, Duration::from_secs(60)).await?;
-                    }
-                    format!(
-                        "every etcd member killed and restarted, healthy after {:?}",
-                        t.elapsed()
-                    )
+                    let took = c.kill_and_restart_all().await?;
+                    format!("every etcd member killed and restarted, healthy after {took:?}")
                 }
                 None => {
                     let k = keeper.ok_or_else(|| anyhow!("no etcd keeper"))?;
@@ -490,13 +451,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
     .await?;
     recorder.wait_for(end_rev, Duration::from_secs(60)).await?;
     let history = recorder.finish().await?;
-    let mut etcd_version = None;
-    for ep in &endpoints {
-        etcd_version = crate::env::etcd_version(ep).await;
-        if etcd_version.is_some() {
-            break;
-        }
-    }
+    let etcd_version = etcd_version_of(&endpoints).await;
     drop(daemon);
     drop(proxies);
     drop(cluster);
@@ -642,17 +597,7 @@ async fn recovery(g: &G, members: &[Client], since: Instant) -> Option<Fresh> {
             "probe-{}",
             g.probes.fetch_add(1, Ordering::Relaxed)
         ));
-        let puts = members.iter().map(|c| {
-            let mut kv = c.kv_client();
-            let (key, v) = (key.clone(), v.clone());
-            Box::pin(async move {
-                match tokio::time::timeout(Duration::from_secs(2), kv.put(key, v, None)).await {
-                    Ok(Ok(r)) => r.header().map(|h| h.revision()).ok_or(()),
-                    _ => Err(()),
-                }
-            })
-        });
-        if let Ok((rev, _)) = futures::future::select_ok(puts).await {
+        if let Some(rev) = probe_put(members, &key, &v).await {
             break rev;
         }
         if Instant::now() >= deadline {

@@ -129,6 +129,18 @@ pub enum Fault {
 }
 
 impl Fault {
+    /// The member fault of the same name, if it is one.
+    fn member(self) -> Option<MemberFault> {
+        Some(match self {
+            Fault::LeaderKill => MemberFault::LeaderKill,
+            Fault::MemberStop => MemberFault::MemberStop,
+            Fault::MemberPartition => MemberFault::MemberPartition,
+            Fault::RollingRestart => MemberFault::RollingRestart,
+            Fault::RollingUpgrade => MemberFault::RollingUpgrade,
+            _ => return None,
+        })
+    }
+
     /// About how long the fault and its recovery take.
     fn needs(self) -> Duration {
         match self {
@@ -275,18 +287,7 @@ pub struct ChaosOutcome {
 pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOutcome> {
     let started = Instant::now();
     let prefix = ns_prefix(&p.etcd_prefix, &p.namespace);
-    let mut cluster = match p.etcd_members {
-        0 | 1 => None,
-        n => Some(
-            Cluster::start(n, &p.etcd_bin)
-                .await
-                .with_context(|| format!("starting a {n}-member etcd cluster"))?,
-        ),
-    };
-    let endpoints = match &cluster {
-        Some(c) => c.endpoints(),
-        None => vec![p.etcd_endpoint.clone()],
-    };
+    let (mut cluster, endpoints) = start_etcd(&p).await?;
     let client = etcd_connect_all(&endpoints).await?;
     let mut kv = client.kv_client();
     let base = clear_prefix(&mut kv, &prefix).await?;
@@ -316,14 +317,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
     let authority = match &p.daemon_authority {
         Some(a) => a.clone(),
         None => {
-            for ep in &endpoints {
-                let target: SocketAddr = ep
-                    .trim_start_matches("http://")
-                    .trim_end_matches('/')
-                    .parse()
-                    .with_context(|| format!("etcd endpoint {ep} is not http://IP:PORT"))?;
-                proxies.push(TcpProxy::start(target).await?);
-            }
+            proxies = proxies_for(&endpoints).await?;
             let history = ((p.rate * p.duration.as_secs_f64()) as usize * 2).max(10_000);
             let via: Vec<String> = proxies.iter().map(TcpProxy::endpoint).collect();
             let cfg = daemon_config(&via, &p.etcd_prefix, history, None, &[]);
@@ -484,13 +478,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
                     None => vec![etcd_pid().ok_or_else(|| anyhow!("no etcd pid"))?],
                 };
                 let ms = rng.random_range(1000..4000);
-                for pid in &pids {
-                    signal(*pid, libc::SIGSTOP)?;
-                }
-                tokio::time::sleep(Duration::from_millis(ms)).await;
-                for pid in &pids {
-                    signal(*pid, libc::SIGCONT)?;
-                }
+                stop_for(&pids, Duration::from_millis(ms)).await?;
                 let what = if cluster.is_some() {
                     "every etcd member"
                 } else {
@@ -503,21 +491,9 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             }
             Fault::EtcdKill => match cluster.as_mut() {
                 Some(c) => {
-                    for i in 0..c.len() {
-                        c.kill(i);
-                    }
-                    let t = Instant::now();
-                    for i in 0..c.len() {
-                        c.spawn(i)?;
-                    }
-                    for i in 0..c.len() {
-                        c.wait_healthy(i, Duration::from_secs(60)).await?;
-                    }
+                    let took = c.kill_and_restart_all().await?;
                     (
-                        format!(
-                            "every etcd member killed and restarted, healthy after {:?}",
-                            t.elapsed()
-                        ),
+                        format!("every etcd member killed and restarted, healthy after {took:?}"),
                         Recovered::Since(Instant::now()),
                     )
                 }
@@ -567,13 +543,9 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             | Fault::RollingRestart
             | Fault::RollingUpgrade => {
                 let c = cluster.as_mut().ok_or_else(|| anyhow!("no cluster"))?;
-                let mf = match fault {
-                    Fault::LeaderKill => MemberFault::LeaderKill,
-                    Fault::MemberStop => MemberFault::MemberStop,
-                    Fault::MemberPartition => MemberFault::MemberPartition,
-                    Fault::RollingRestart => MemberFault::RollingRestart,
-                    _ => MemberFault::RollingUpgrade,
-                };
+                let mf = fault
+                    .member()
+                    .ok_or_else(|| anyhow!("{fault:?} is no member fault"))?;
                 let ctx = MemberCtx {
                     proxies: &proxies,
                     recorder: &recorder,
@@ -643,13 +615,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         }
     };
     let history = recorder.finish().await?;
-    let mut etcd_version = None;
-    for ep in &endpoints {
-        etcd_version = crate::env::etcd_version(ep).await;
-        if etcd_version.is_some() {
-            break;
-        }
-    }
+    let etcd_version = etcd_version_of(&endpoints).await;
     drop(cluster);
     drop(daemon);
     drop(proxies);
@@ -835,6 +801,81 @@ fn signal(pid: u32, sig: libc::c_int) -> Result<()> {
     Ok(())
 }
 
+/// The cluster the run starts (`--etcd-members` of 2 or more) and the etcd
+/// endpoints it uses (the cluster's, or the one etcd).
+async fn start_etcd(p: &ChaosParams) -> Result<(Option<Cluster>, Vec<String>)> {
+    let cluster = match p.etcd_members {
+        0 | 1 => None,
+        n => Some(
+            Cluster::start(n, &p.etcd_bin)
+                .await
+                .with_context(|| format!("starting a {n}-member etcd cluster"))?,
+        ),
+    };
+    let endpoints = match &cluster {
+        Some(c) => c.endpoints(),
+        None => vec![p.etcd_endpoint.clone()],
+    };
+    Ok((cluster, endpoints))
+}
+
+/// A cuttable proxy in front of each etcd endpoint, for the daemon.
+async fn proxies_for(endpoints: &[String]) -> Result<Vec<TcpProxy>> {
+    let mut proxies = Vec::new();
+    for ep in endpoints {
+        let target: SocketAddr = ep
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .with_context(|| format!("etcd endpoint {ep} is not http://IP:PORT"))?;
+        proxies.push(TcpProxy::start(target).await?);
+    }
+    Ok(proxies)
+}
+
+/// SIGSTOPs the processes `pids` for `d`, then SIGCONTs them.
+async fn stop_for(pids: &[u32], d: Duration) -> Result<()> {
+    for pid in pids {
+        signal(*pid, libc::SIGSTOP)?;
+    }
+    tokio::time::sleep(d).await;
+    for pid in pids {
+        signal(*pid, libc::SIGCONT)?;
+    }
+    Ok(())
+}
+
+/// etcd's version, from the first of `endpoints` that answers.
+async fn etcd_version_of(endpoints: &[String]) -> Option<String> {
+    for ep in endpoints {
+        if let Some(v) = crate::env::etcd_version(ep).await {
+            return Some(v);
+        }
+    }
+    None
+}
+
+/// Puts `value` at `key` on every member at once, each on its own
+/// connection: the first to answer gives the revision, so the bench's own
+/// client waits neither for a dead member nor for a connection to fail
+/// over. None if none answered within 2 s.
+async fn probe_put(members: &[Client], key: &str, value: &str) -> Option<i64> {
+    let puts = members.iter().map(|c| {
+        let mut kv = c.kv_client();
+        let (key, value) = (key.to_string(), value.to_string());
+        Box::pin(async move {
+            match tokio::time::timeout(Duration::from_secs(2), kv.put(key, value, None)).await {
+                Ok(Ok(r)) => r.header().map(|h| h.revision()).ok_or(()),
+                _ => Err(()),
+            }
+        })
+    });
+    futures::future::select_ok(puts)
+        .await
+        .ok()
+        .map(|(rev, _)| rev)
+}
+
 /// Where a fault's recovery time comes from.
 enum Recovered {
     /// Measured by the run from this moment (the fault undone).
@@ -854,20 +895,7 @@ async fn recovery(s: &Shared, members: &[Client], since: Instant) -> Option<Fres
     let rev = loop {
         let id = format!("probe-{}", s.probes.fetch_add(1, Ordering::Relaxed));
         let v = new_object(&s.namespace, PROBE, "a", &id).to_string();
-        // The same put to every member at once, each on its own connection:
-        // the first to answer gives the revision, so the bench's own client
-        // waits neither for a dead member nor for a connection to fail over.
-        let puts = members.iter().map(|c| {
-            let mut kv = c.kv_client();
-            let (key, v) = (key.clone(), v.clone());
-            Box::pin(async move {
-                match tokio::time::timeout(Duration::from_secs(2), kv.put(key, v, None)).await {
-                    Ok(Ok(r)) => r.header().map(|h| h.revision()).ok_or(()),
-                    _ => Err(()),
-                }
-            })
-        });
-        if let Ok((rev, _)) = futures::future::select_ok(puts).await {
+        if let Some(rev) = probe_put(members, &key, &v).await {
             s.acks.lock().push(Ack {
                 name: PROBE.into(),
                 rev,
