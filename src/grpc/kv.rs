@@ -58,10 +58,18 @@ impl Front {
         let mut etcd_header = None;
         let (map, current) = if r.revision > 0 {
             let held = cache.snapshot(r.revision)?;
-            let header = self
+            let shown = self.seen();
+            let mut header = self
                 .probe_revision(&r.key, r.revision, r.serializable, md)
                 .await
                 .ok()?;
+            if header.revision < shown {
+                // A member behind what the front showed (see `range`).
+                header = self
+                    .probe_revision(&r.key, r.revision, false, md)
+                    .await
+                    .ok()?;
+            }
             self.note_seen(header.revision);
             etcd_header = Some(header);
             held
@@ -133,9 +141,12 @@ impl Front {
     /// did not answer, so it is not known not to be (as a Range at a past
     /// revision, etcd then answers the request itself). A revision etcd
     /// has not reached yet (a watch from the next one) is not compacted:
-    /// the cache serves it.
+    /// the cache serves it. Asked linearizably: a member behind the
+    /// cluster (cut off, or catching up after a restart) answers a
+    /// serializable probe "future revision", or without a compaction the
+    /// cluster finished, and the ring would serve a compacted start.
     pub(crate) async fn compacted(&self, key: &[u8], revision: i64, md: &MetadataMap) -> bool {
-        match self.probe_revision(key, revision, true, md).await {
+        match self.probe_revision(key, revision, false, md).await {
             Ok(_) => false,
             Err(s) => !(s.code() == tonic::Code::OutOfRange && s.message().contains(FUTURE_REV)),
         }
@@ -258,11 +269,39 @@ impl PbKvService for KvService {
             return Ok(Response::new(resp));
         }
         super::count_range(false);
-        let resp: Response<PbRangeResponse> = self
+        // A serializable read etcd answers may come from a member behind
+        // the revisions the front has shown (cut off, or catching up): then
+        // it is asked again linearizably, so no client reads older than
+        // what the front showed it.
+        let shown = self.front.seen();
+        let again = (r.serializable && r.revision == 0).then(|| {
+            let mut linearizable = Request::new(PbRangeRequest {
+                serializable: false,
+                ..r.clone()
+            });
+            *linearizable.metadata_mut() = req.metadata().clone();
+            linearizable
+        });
+        let mut resp: Response<PbRangeResponse> = self
             .front
             .upstream
             .unary("/etcdserverpb.KV/Range", req)
             .await?;
+        let behind = |resp: &Response<PbRangeResponse>| {
+            resp.get_ref()
+                .header
+                .as_ref()
+                .is_some_and(|h| h.revision < shown)
+        };
+        if behind(&resp)
+            && let Some(again) = again
+        {
+            resp = self
+                .front
+                .upstream
+                .unary("/etcdserverpb.KV/Range", again)
+                .await?;
+        }
         if let Some(h) = &resp.get_ref().header {
             self.front.note_seen(h.revision);
         }

@@ -131,6 +131,11 @@ impl Front {
         }
     }
 
+    /// The highest revision the front has shown a client ([`Front::note_seen`]).
+    pub(crate) fn seen(&self) -> i64 {
+        self.caches.iter().map(|c| c.written()).max().unwrap_or(0)
+    }
+
     /// The highest revision any cache is at.
     pub(crate) fn revision(&self) -> i64 {
         self.caches.iter().map(|c| c.revision()).max().unwrap_or(0)

@@ -1268,6 +1268,12 @@ async fn watcher(g: Arc<G>, i: u64, mut rng: StdRng) {
                 break Some(None);
             }
             let events: Vec<Ev> = resp.events().iter().filter_map(to_ev).collect();
+            if canceling && events.is_empty() {
+                // After a cancel request a stream's progress speaks for its
+                // other watches only: etcd answers over the watchers it
+                // still has, and may have dropped this one's.
+                continue;
+            }
             if let Some(e) = events.last() {
                 last_rev = last_rev.max(e.mod_rev);
             }

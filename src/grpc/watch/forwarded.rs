@@ -4,6 +4,7 @@
 //! onto the ring once etcd's catch-up reaches it.
 
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 use tracing::debug;
@@ -13,6 +14,9 @@ use etcd_client::proto::*;
 use super::progress::is_progress_answer;
 use super::state::{AwaitingCreated, ClientStream, CreateSpec, UpstreamWatch};
 use super::{OUT_BUFFER, count_watch, move_watch};
+
+/// The unanswered progress requests to etcd a stream keeps count of.
+const MAX_ASKED: usize = 64;
 
 /// How long after etcd created a watch over a cached range the front asks
 /// etcd for progress (see `ask_progress_later`).
@@ -38,6 +42,8 @@ impl ClientStream {
             );
         }
         self.forwarded.insert(id, spec);
+        self.creations_sent += 1;
+        self.forwarded_gen.insert(id, self.creations_sent);
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
         count_watch(&self.front, "etcd", 1);
         self.send_upstream(req).await
@@ -65,14 +71,45 @@ impl ClientStream {
     pub(super) async fn send_upstream(&mut self, req: PbWatchRequest) -> Result<(), Status> {
         if self.upstream.is_none() {
             self.upstream = Some(self.open_upstream());
+            self.progress_asked.clear();
         }
         let Some(up) = &self.upstream else {
             return Err(Status::internal("no etcd watch stream"));
         };
+        let progress = matches!(
+            req.request_union,
+            Some(PbWatchRequestUnion::ProgressRequest(_))
+        );
         up.requests
             .send(req)
             .await
-            .map_err(|_| Status::unavailable("etcd watch stream closed"))
+            .map_err(|_| Status::unavailable("etcd watch stream closed"))?;
+        // Not recorded past the bound: an answer then counts as one to an
+        // older request, which covers less (see `covered_by`).
+        if progress && self.progress_asked.len() < MAX_ASKED {
+            self.progress_asked.push_back(self.creations_sent);
+        }
+        Ok(())
+    }
+
+    /// The forwarded creations etcd's next progress answer covers. etcd
+    /// answers progress requests in order, but not each: while one waits
+    /// for its watches to sync, it ignores the next (3.5.8+), and the
+    /// waiting one's answer then covers every watch. Taking each answer as
+    /// the oldest unanswered request's errs only towards covering less.
+    /// An answer to a request sent before a creation does not speak for
+    /// that watch, whose catch-up may not have been sent yet.
+    fn covered_by_next_answer(&mut self) -> u64 {
+        self.progress_asked.pop_front().unwrap_or(0)
+    }
+
+    /// Whether etcd's answer covering creations up to `covers` speaks for
+    /// every forwarded watch the client still wants.
+    pub(super) fn covers_forwarded(&self, covers: u64) -> bool {
+        self.forwarded
+            .keys()
+            .filter(|id| !self.canceling.contains(id))
+            .all(|id| self.forwarded_gen.get(id).copied().unwrap_or(0) <= covers)
     }
 
     /// Opens etcd's stream for this client stream's forwarded watches; a
@@ -132,11 +169,12 @@ impl ClientStream {
             return Vec::new();
         }
         if is_progress_answer(&resp) {
-            self.upstream_progress(&resp);
+            let covers = self.covered_by_next_answer();
+            self.upstream_progress(&resp, covers);
             // etcd answers a progress request only once every watch of its
             // stream is synced: each sent everything up to the revision.
             let rev = resp.header.as_ref().map_or(0, |h| h.revision);
-            return self.hand_over_synced(rev);
+            return self.hand_over_synced(rev, covers);
         }
         self.note_sent(&resp.events);
         self.settle_ids(&resp);
@@ -156,32 +194,36 @@ impl ClientStream {
     }
 
     /// After etcd created a watch over a cached range: asks etcd for
-    /// progress [`PROGRESS_AFTER_CREATE`] later, and its answer moves the
-    /// watch onto the ring even if no event ever comes (a start at the
-    /// revision the cache listed at, as kube-apiserver's compactor watches
-    /// `compact_rev_key` from a Get's revision). Not at once: etcd defers
-    /// the answer to a request that finds a watch still catching up until
-    /// the stream's next event, which a quiet range never has; etcd syncs
-    /// such a watch within its 100 ms sync loop.
-    fn ask_progress_later(&self) {
-        let Some(up) = &self.upstream else {
-            return;
+    /// progress [`PROGRESS_AFTER_CREATE`] later (`ask_progress`), and its
+    /// answer moves the watch onto the ring even if no event ever comes (a
+    /// start at the revision the cache listed at, as kube-apiserver's
+    /// compactor watches `compact_rev_key` from a Get's revision). Not at
+    /// once: etcd defers the answer to a request that finds a watch still
+    /// catching up until the stream's next event, which a quiet range never
+    /// has; etcd syncs such a watch within its 100 ms sync loop.
+    fn ask_progress_later(&mut self) {
+        let at = Instant::now() + PROGRESS_AFTER_CREATE;
+        self.ask_progress_at = Some(self.ask_progress_at.map_or(at, |t| t.min(at)));
+    }
+
+    /// `ask_progress_later`'s request, due: sent on the stream's own task,
+    /// so it takes its place among the creations (see `covered_by_next_answer`).
+    pub(super) async fn ask_progress(&mut self) -> Result<(), Status> {
+        self.ask_progress_at = None;
+        if self.upstream.is_none() {
+            return Ok(());
+        }
+        let ask = PbWatchRequest {
+            request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
         };
-        let requests = up.requests.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(PROGRESS_AFTER_CREATE).await;
-            let ask = PbWatchRequest {
-                request_union: Some(PbWatchRequestUnion::ProgressRequest(Default::default())),
-            };
-            let _ = requests.send(ask).await;
-        });
+        self.send_upstream(ask).await
     }
 
     /// Moves every forwarded watch over a cached range onto its ring after
     /// etcd said all of them were sent every event up to `rev`; the cancels
     /// for etcd. Without it a watch of a quiet prefix (no event to hand
     /// over at) would stay on etcd.
-    fn hand_over_synced(&mut self, rev: i64) -> Vec<PbWatchRequest> {
+    fn hand_over_synced(&mut self, rev: i64, covers: u64) -> Vec<PbWatchRequest> {
         if rev <= 0 {
             return Vec::new();
         }
@@ -190,6 +232,7 @@ impl ClientStream {
             .forwarded
             .iter()
             .filter(|(id, _)| Some(**id) != creating)
+            .filter(|(id, _)| self.forwarded_gen.get(id).copied().unwrap_or(0) <= covers)
             .filter_map(|(id, spec)| {
                 let spec = spec.as_ref()?;
                 let from = (rev + 1).max(spec.start_revision);
@@ -230,6 +273,7 @@ impl ClientStream {
         {
             // etcd refused it (id -1) or chose another id (our 0 = "auto").
             let spec = self.forwarded.remove(&id).flatten();
+            let generation = self.forwarded_gen.remove(&id);
             if resp.canceled {
                 count_watch(&self.front, "etcd", -1);
                 if let Some(n) = prev_next_id {
@@ -237,9 +281,13 @@ impl ClientStream {
                 }
             } else {
                 self.forwarded.insert(resp.watch_id, spec);
+                if let Some(g) = generation {
+                    self.forwarded_gen.insert(resp.watch_id, g);
+                }
             }
         }
         if resp.canceled && self.forwarded.remove(&resp.watch_id).is_some() {
+            self.forwarded_gen.remove(&resp.watch_id);
             count_watch(&self.front, "etcd", -1);
         }
     }
@@ -285,6 +333,7 @@ impl ClientStream {
             from, "etcd's catch-up reached the ring; handed over"
         );
         self.forwarded.remove(&id);
+        self.forwarded_gen.remove(&id);
         self.handing_over.insert(id);
         // etcd sent its events up to `from - 1`.
         w.notified_rev = from - 1;
@@ -456,26 +505,64 @@ mod tests {
             created: true,
             ..progress(id, 10)
         };
-        assert!(s.on_upstream(created(5)).is_empty());
-        let asked = tokio::time::timeout(Duration::from_secs(30), h.to_etcd.recv()).await;
-        assert!(matches!(
-            asked,
-            Ok(Some(PbWatchRequest {
-                request_union: Some(PbWatchRequestUnion::ProgressRequest(_))
-            }))
-        ));
         assert!(s.on_upstream(created(6)).is_empty());
-        tokio::time::sleep(PROGRESS_AFTER_CREATE * 2).await;
-        assert!(
-            h.to_etcd.try_recv().is_err(),
-            "asked for the cached one only"
-        );
+        assert!(s.ask_progress_at.is_none(), "not for the uncached one");
+        assert!(s.on_upstream(created(5)).is_empty());
+        let due = s.ask_progress_at.expect("asks for the cached one");
+        assert!(due >= Instant::now() + PROGRESS_AFTER_CREATE / 2, "later");
+        s.ask_progress().await.expect("asked");
+        assert!(matches!(
+            h.to_etcd.try_recv(),
+            Ok(PbWatchRequest {
+                request_union: Some(PbWatchRequestUnion::ProgressRequest(_))
+            })
+        ));
+        assert!(s.ask_progress_at.is_none());
         assert_eq!(
             canceled_ids(&s.on_upstream(progress(INVALID_WATCH_ID, 10))),
             vec![5]
         );
         assert_eq!(s.watches.len(), 1);
         assert_eq!(s.watches[0].min_rev, 11);
+    }
+
+    /// etcd's answer to a progress request sent before a watch's creation
+    /// says nothing of that watch, which may still be catching up (its
+    /// `created` may even come first: etcd sends control answers and
+    /// watch answers on separate queues); it is handed over only at the
+    /// answer to a request sent after it.
+    #[tokio::test]
+    async fn a_progress_answer_to_a_request_before_a_creation_does_not_hand_that_watch_over() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        let created = |id| PbWatchResponse {
+            created: true,
+            ..progress(id, 12)
+        };
+        s.forward_create(5, None, Some(spec("/c/a", 3)), create_from("/c/a", "", 3))
+            .await
+            .expect("sent");
+        assert!(s.on_upstream(created(5)).is_empty());
+        s.ask_progress().await.expect("asked");
+        s.forward_create(6, None, Some(spec("/c/b", 3)), create_from("/c/b", "", 3))
+            .await
+            .expect("sent");
+        assert!(s.on_upstream(created(6)).is_empty());
+        // The answer to the request sent between the two creations.
+        assert_eq!(
+            canceled_ids(&s.on_upstream(progress(INVALID_WATCH_ID, 12))),
+            vec![5],
+            "only the watch created before the request"
+        );
+        assert_eq!(s.forwarded.keys().copied().collect::<Vec<_>>(), vec![6]);
+        s.ask_progress().await.expect("asked");
+        assert_eq!(
+            canceled_ids(&s.on_upstream(progress(INVALID_WATCH_ID, 14))),
+            vec![6]
+        );
+        let mut starts: Vec<(i64, i64)> = s.watches.iter().map(|w| (w.id, w.min_rev)).collect();
+        starts.sort();
+        assert_eq!(starts, vec![(5, 13), (6, 15)]);
     }
 
     /// etcd's progress notification of one forwarded watch (no events, not

@@ -10,7 +10,7 @@ use tonic::Status;
 
 use etcd_client::proto::*;
 
-use super::state::{CatchUp, ClientStream, PendingProgress, RevisionFetch};
+use super::state::{CatchUp, ClientStream, PendingProgress, RevisionFetch, UpstreamAnswer};
 use super::{INVALID_WATCH_ID, MAX_PENDING};
 use crate::grpc::kv_cache::{KvCache, Read};
 
@@ -131,13 +131,16 @@ impl ClientStream {
     /// revision says nothing of the cached watches. Kept only for the
     /// answer being assembled (a second answer to requests sent back to
     /// back is dropped).
-    pub(super) fn upstream_progress(&mut self, resp: &PbWatchResponse) {
+    pub(super) fn upstream_progress(&mut self, resp: &PbWatchResponse, covers: u64) {
         if let Some(PendingProgress {
-            upstream: Some(rev @ None),
+            upstream: Some(answer @ None),
             ..
         }) = &mut self.progress
         {
-            *rev = Some(resp.header.as_ref().map(|h| h.revision).unwrap_or(0));
+            *answer = Some(UpstreamAnswer {
+                revision: resp.header.as_ref().map(|h| h.revision).unwrap_or(0),
+                covers,
+            });
         }
     }
 
@@ -161,14 +164,28 @@ impl ClientStream {
         if self.revision_fetch.is_some() {
             return None; // etcd's revision is on its way (bounded)
         }
-        let p = self.progress.as_mut()?;
-        if self.forwarded.is_empty() && p.upstream == Some(None) {
-            p.upstream = None; // no forwarded watch left to wait for
+        let wanted = self.forwarded.keys().any(|id| !self.canceling.contains(id));
+        if !wanted && self.watches.is_empty() {
+            // Every watch of the stream was canceled meanwhile: etcd's
+            // `progressIfSync` over no watchers sends nothing.
+            self.progress = None;
+            return None;
         }
-        let upstream_rev = match p.upstream {
+        let answer = self.progress.as_ref()?.upstream;
+        let covered = matches!(answer, Some(Some(a)) if self.covers_forwarded(a.covers));
+        let p = self.progress.as_mut()?;
+        let upstream_rev = match answer {
+            // No forwarded watch left to wait for.
+            _ if !wanted => None,
             Some(None) => return None, // etcd has not answered yet
-            Some(Some(r)) => Some(r),
-            None => None,
+            Some(Some(a)) if covered => Some(a.revision),
+            // A watch etcd serves was created after the request etcd
+            // answered (or after the client's, which etcd was not asked):
+            // etcd is asked now.
+            Some(Some(_)) | None => {
+                p.upstream = Some(None);
+                return Some(p.request.clone());
+            }
         };
         let catch_up = p.catch_up;
         let cached = self.cached_progress(catch_up)?;
@@ -413,6 +430,103 @@ mod tests {
             .map(|r| (r.watch_id, r.header.as_ref().map_or(0, |h| h.revision)))
             .collect();
         assert_eq!(got, vec![(5, 16)]);
+    }
+
+    /// A progress answer speaks for a watch etcd serves only through
+    /// etcd's answer to a request sent after the watch's creation: one to
+    /// an earlier request (the front's own, here) is not enough, and etcd
+    /// is asked again.
+    #[tokio::test]
+    async fn a_forwarded_watch_created_after_etcds_request_waits_for_another_answer() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        let created = |id| PbWatchResponse {
+            created: true,
+            watch_id: id,
+            ..progress_answer(12)
+        };
+        s.forward_create(5, None, None, create_from("/x/a", "", 0))
+            .await
+            .expect("sent");
+        assert!(s.on_upstream(created(5)).is_empty());
+        s.ask_progress().await.expect("asked");
+        s.forward_create(6, None, None, create_from("/x/b", "", 3))
+            .await
+            .expect("sent");
+        assert!(s.on_upstream(created(6)).is_empty());
+        s.handle(progress_request()).await.expect("handled");
+        let sent: Vec<bool> = std::iter::from_fn(|| h.to_etcd.try_recv().ok())
+            .map(|r| {
+                matches!(
+                    r.request_union,
+                    Some(PbWatchRequestUnion::ProgressRequest(_))
+                )
+            })
+            .collect();
+        assert_eq!(sent, [false, true, false, true]);
+        // The answer to the front's request, sent before watch 6.
+        assert!(s.on_upstream(progress_answer(12)).is_empty());
+        let again = s.answer_progress().expect("etcd asked again");
+        assert!(answered(s).is_empty(), "not answered for watch 6 yet");
+        s.send_upstream(again).await.expect("sent");
+        // The answer to the client's request, then to the one just sent.
+        assert!(s.on_upstream(progress_answer(13)).is_empty());
+        assert!(s.answer_progress().is_none());
+        assert_eq!(answered(s), [13]);
+    }
+
+    /// A progress request still pending when the client canceled every
+    /// watch of its stream is not answered (etcd answers over the watchers
+    /// it has): an answer would speak for a watch the client gave up,
+    /// whose last events etcd may not have sent.
+    #[tokio::test]
+    async fn a_progress_request_is_not_answered_once_every_watch_is_canceled() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.forward_create(5, None, None, create_from("/x/a", "", 3))
+            .await
+            .expect("sent");
+        let created = PbWatchResponse {
+            created: true,
+            watch_id: 5,
+            ..progress_answer(12)
+        };
+        assert!(s.on_upstream(created).is_empty());
+        s.handle(progress_request()).await.expect("handled");
+        s.handle(cancel(5)).await.expect("handled");
+        assert!(s.answer_progress().is_none());
+        assert!(answered(s).is_empty(), "not answered");
+        assert!(s.progress.is_none(), "dropped");
+    }
+
+    /// A client's progress request that found no watch etcd serves, still
+    /// pending when one is created: etcd is asked before it is answered.
+    #[tokio::test]
+    async fn a_pending_progress_request_asks_etcd_for_a_watch_forwarded_meanwhile() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        let w = s.place(1, spec("/c/a", 0)).expect("cached watch");
+        s.watches.push(w);
+        s.progress = Some(PendingProgress {
+            upstream: None,
+            request: progress_request(),
+            catch_up: None,
+        });
+        s.forward_create(5, None, None, create_from("/x/a", "", 3))
+            .await
+            .expect("sent");
+        let created = PbWatchResponse {
+            created: true,
+            watch_id: 5,
+            ..progress_answer(12)
+        };
+        assert!(s.on_upstream(created).is_empty());
+        let ask = s.answer_progress().expect("etcd asked");
+        assert!(answered(s).is_empty(), "not at the cache's 10 yet");
+        s.send_upstream(ask).await.expect("sent");
+        assert!(s.on_upstream(progress_answer(12)).is_empty());
+        assert!(s.answer_progress().is_none());
+        assert_eq!(answered(s), [10], "the cached watch's revision");
     }
 
     /// etcd's `progressIfSync` over no watchers sends nothing; a watch the

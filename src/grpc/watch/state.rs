@@ -44,6 +44,17 @@ pub(super) struct ClientStream {
     /// Watches etcd serves; with their creation when a cache could take
     /// them over once etcd's catch-up reaches the ring.
     pub(super) forwarded: HashMap<i64, Option<CreateSpec>>,
+    /// Each forwarded watch's creation number (`creations_sent` once its
+    /// creation was sent): which of etcd's progress answers cover it.
+    pub(super) forwarded_gen: HashMap<i64, u64>,
+    /// Forwarded creations sent to etcd so far on this stream.
+    pub(super) creations_sent: u64,
+    /// The progress requests sent to etcd and not answered yet, oldest
+    /// first, each with `creations_sent` when it went (see `covered_by`).
+    pub(super) progress_asked: VecDeque<u64>,
+    /// When etcd is asked for progress after creating a watch over a
+    /// cached range (`ask_progress_later`).
+    pub(super) ask_progress_at: Option<Instant>,
     /// Handed over to a cache; etcd's answers for them (until its
     /// `canceled`) are dropped: the ring delivers those events.
     pub(super) handing_over: HashSet<i64>,
@@ -109,12 +120,22 @@ pub(super) struct AwaitingCreated {
 
 /// A progress request not answered yet (`progress`).
 pub(super) struct PendingProgress {
-    /// Forwarded watches exist: etcd was asked too; its revision once answered.
-    pub(super) upstream: Option<Option<i64>>,
+    /// Forwarded watches exist: etcd was asked too; once it answered, its
+    /// revision and the creations its answer covers (see `covered_by`).
+    pub(super) upstream: Option<Option<UpstreamAnswer>>,
     /// The client's request, to ask etcd again.
     pub(super) request: PbWatchRequest,
     /// The revision the cached watches wait for before the answer.
     pub(super) catch_up: Option<CatchUp>,
+}
+
+/// etcd's answer to a progress request over the forwarded watches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct UpstreamAnswer {
+    pub(super) revision: i64,
+    /// The forwarded watches whose creation number is at most this were
+    /// created before the request it answers.
+    pub(super) covers: u64,
 }
 
 /// A fetch of etcd's current revision for the pending progress request.

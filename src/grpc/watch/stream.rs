@@ -38,6 +38,8 @@ enum Step {
     CatchUpExpired,
     /// etcd's revision for a progress request (`None`: not in time).
     Revision(Option<i64>),
+    /// Time to ask etcd for progress (`ask_progress_later`).
+    AskProgress,
 }
 
 /// Why a client stream's task ends: the client or the front went away, or
@@ -80,6 +82,10 @@ impl ClientStream {
             watches: Vec::new(),
             rr: 0,
             forwarded: HashMap::new(),
+            forwarded_gen: HashMap::new(),
+            creations_sent: 0,
+            progress_asked: VecDeque::new(),
+            ask_progress_at: None,
             handing_over: HashSet::new(),
             canceling: HashSet::new(),
             upstream: None,
@@ -175,6 +181,7 @@ impl ClientStream {
             _ = inputs.notify_tick.tick() => Step::Tick,
             _ = sleep_until_some(catch_up_deadline) => Step::CatchUpExpired,
             rev = recv_revision(&mut self.revision_fetch) => Step::Revision(rev),
+            _ = sleep_until_some(self.ask_progress_at) => Step::AskProgress,
         }
     }
 
@@ -198,6 +205,7 @@ impl ClientStream {
             Step::Upstream(Some(Err(status))) => return Err(End::With(status)),
             Step::Upstream(None) => {
                 self.upstream = None;
+                self.progress_asked.clear();
                 if held {
                     // The rest of the response never comes: the client
                     // cannot complete it, and resumes after an error.
@@ -208,6 +216,7 @@ impl ClientStream {
             Step::Tick if held => {} // due again at the next tick
             Step::Tick => self.progress_notify(),
             Step::Revision(rev) => self.fetched_revision(rev),
+            Step::AskProgress => self.ask_progress().await?,
             Step::CatchUpExpired => {
                 if let Some(p) = &mut self.progress {
                     p.catch_up = None;
