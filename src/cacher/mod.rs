@@ -593,8 +593,6 @@ impl Cacher {
             WatchPlan::After(n) => watch_cache::WatchStart::After(n),
         };
         let params = watcher::WatcherParams {
-            api_version: Arc::clone(self.codec.api_version()),
-            kind: Arc::clone(self.codec.kind()),
             allow_bookmarks: req.allow_bookmarks,
             bookmark_interval: self.opts.bookmark_interval,
             timeout: req.timeout,

@@ -18,11 +18,13 @@ use crate::object::{FieldSelector, LabelSelector, Object, ObjectCodec};
 #[derive(Debug, Clone)]
 pub struct SelectionPredicate {
     /// Only for namespaced resources, never empty.
-    namespace: Option<String>,
+    namespace: Option<Box<str>>,
     label: LabelSelector,
     field: FieldSelector,
     /// The key range every match lies in: the resource, or one namespace.
-    prefix: String,
+    /// Boxed strings (no spare capacity): a watch holds its predicate as
+    /// long as it lives.
+    prefix: Box<str>,
     /// Exact terms a snapshot index can answer (labels, indexed fields).
     index_keys: Vec<IndexKey>,
     /// The single most selective exact fact every match carries: the watch
@@ -72,10 +74,10 @@ impl SelectionPredicate {
     ) -> SelectionPredicate {
         let namespace = namespace
             .filter(|n| !n.is_empty() && codec.is_namespaced())
-            .map(str::to_string);
+            .map(Box::<str>::from);
         let prefix = match &namespace {
-            Some(ns) => codec.namespace_prefix(ns),
-            None => codec.key_prefix().to_string(),
+            Some(ns) => codec.namespace_prefix(ns).into_boxed_str(),
+            None => Box::from(codec.key_prefix()),
         };
         let paths = codec.index_paths();
         let field_keys: Vec<IndexKey> = field
@@ -101,7 +103,11 @@ impl SelectionPredicate {
             .or_else(|| field_keys.iter().find(|k| matches!(k, IndexKey::Name(_))))
             .or_else(|| label_keys.first())
             .cloned()
-            .or_else(|| namespace.clone().map(IndexKey::Namespace))
+            .or_else(|| {
+                namespace
+                    .as_deref()
+                    .map(|ns| IndexKey::Namespace(ns.to_string()))
+            })
             .or_else(|| {
                 field_keys
                     .iter()
@@ -164,7 +170,7 @@ impl SelectionPredicate {
     /// Whether `o` is selected.
     pub fn matches(&self, o: &Object) -> bool {
         if let Some(ns) = &self.namespace
-            && o.namespace.as_deref() != Some(ns.as_str())
+            && o.namespace.as_deref() != Some(&**ns)
         {
             return false;
         }
@@ -703,8 +709,6 @@ mod tests {
             FieldSelector::default(),
         );
         let params = WatcherParams {
-            api_version: Arc::from("v1"),
-            kind: Arc::from("Pod"),
             allow_bookmarks: true,
             bookmark_interval: Duration::from_secs(3600),
             timeout: None,
@@ -800,8 +804,6 @@ mod tests {
             cache.init(Vec::new(), 10);
             let p = predicate(&c, &case);
             let params = WatcherParams {
-                api_version: Arc::from("v1"),
-                kind: Arc::from("Pod"),
                 allow_bookmarks: false,
                 bookmark_interval: Duration::from_secs(3600),
                 timeout: None,

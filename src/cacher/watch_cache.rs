@@ -570,8 +570,6 @@ mod tests {
 
     fn params(allow_bookmarks: bool, timeout: Option<Duration>) -> WatcherParams {
         WatcherParams {
-            api_version: Arc::from("v1"),
-            kind: Arc::from("Pod"),
             allow_bookmarks,
             bookmark_interval: Duration::from_secs(60),
             timeout,

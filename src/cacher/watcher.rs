@@ -83,8 +83,6 @@ fn initial_count(avg_bytes: usize, max: usize) -> usize {
 
 /// Per-watch settings the Cacher passes in.
 pub(crate) struct WatcherParams {
-    pub(crate) api_version: Arc<str>,
-    pub(crate) kind: Arc<str>,
     pub(crate) allow_bookmarks: bool,
     pub(crate) bookmark_interval: Duration,
     pub(crate) timeout: Option<Duration>,
@@ -98,6 +96,8 @@ struct InitialState {
     end_bookmark: bool,
     /// Average bytes of an initial event so far (0: none sent yet).
     avg_bytes: usize,
+    /// Objects per chunk at most ([`WatcherParams::initial_chunk`]).
+    max_chunk: usize,
 }
 
 /// One watch stream.
@@ -116,7 +116,12 @@ pub struct Watcher {
     /// that is open for hours should not carry their room.
     initial: Option<Box<InitialState>>,
     pending_error: Option<Box<CacherError>>,
-    params: WatcherParams,
+    /// Of [`WatcherParams`], what a watch needs after its start (its
+    /// `apiVersion` and `kind` are its cache's codec's): a watcher lives as
+    /// long as its watch, and every byte counts a 100,000 times
+    /// (docs/BENCHMARKS.md, "Against kube-apiserver", K6).
+    allow_bookmarks: bool,
+    bookmark_interval: Duration,
     next_bookmark: Instant,
     deadline: Option<Instant>,
     done: bool,
@@ -135,7 +140,7 @@ pub struct Watcher {
     /// ([`Watcher::use_protobuf`]).
     protobuf: bool,
     /// Send the lines in this converted form ([`Watcher::use_converted`]).
-    converted: Option<ConvertedLines>,
+    converted: Option<Box<ConvertedLines>>,
     /// Events up to this RV are not sent: a watch from an RV ahead of the
     /// cache (the client listed on a replica further along) starts after
     /// it, as kube-apiserver's cache watcher does, instead of replaying
@@ -181,7 +186,8 @@ impl Watcher {
             pending_error: None,
             next_bookmark: now + params.bookmark_interval,
             deadline: params.timeout.map(|t| now + t),
-            params,
+            allow_bookmarks: params.allow_bookmarks,
+            bookmark_interval: params.bookmark_interval,
             done: false,
             end: std::cell::Cell::new(None),
             timer: None,
@@ -198,6 +204,7 @@ impl Watcher {
                     next_key: None,
                     end_bookmark,
                     avg_bytes: 0,
+                    max_chunk: params.initial_chunk,
                 }));
             }
             WatchStart::Now => {}
@@ -229,7 +236,7 @@ impl Watcher {
     /// per form and shared by every such watcher; initial events and
     /// bookmarks are converted per watcher.
     pub fn use_converted(&mut self, form: ConvertedLines) {
-        self.converted = Some(form);
+        self.converted = Some(Box::new(form));
     }
 
     /// Appends JSON lines (initial events, bookmarks) in this watcher's encoding.
@@ -323,7 +330,7 @@ impl Watcher {
                 // The stream's time is up: flush, one last bookmark, end.
                 self.end_by(WatchEnd::Timeout);
                 let mut buf = Chunk::default();
-                let r = if self.params.allow_bookmarks {
+                let r = if self.allow_bookmarks {
                     self.bookmark(&mut buf, now)
                 } else {
                     self.drain(&mut buf, Some(now)).map(|_| ())
@@ -336,8 +343,8 @@ impl Watcher {
             }
             let mut buf = Chunk::default();
             let drained = match now {
-                Some(now) if self.params.allow_bookmarks && now >= self.next_bookmark => {
-                    self.next_bookmark = now + self.params.bookmark_interval;
+                Some(now) if self.allow_bookmarks && now >= self.next_bookmark => {
+                    self.next_bookmark = now + self.bookmark_interval;
                     self.bookmark(&mut buf, now)
                 }
                 _ => self.drain(&mut buf, now).map(|_| ()),
@@ -392,7 +399,7 @@ impl Watcher {
     /// When this watcher next has something to do without an event: its
     /// deadline or its next bookmark (`None`: only events wake it).
     pub fn wake_at(&self) -> Option<Instant> {
-        let bookmark = self.params.allow_bookmarks.then_some(self.next_bookmark);
+        let bookmark = self.allow_bookmarks.then_some(self.next_bookmark);
         match (self.deadline, bookmark) {
             (Some(d), Some(b)) => Some(d.min(b)),
             (d, b) => d.or(b),
@@ -460,7 +467,7 @@ impl Watcher {
         let page = self.predicate.initial_step(
             &init.snapshot,
             init.next_key.as_deref(),
-            initial_count(init.avg_bytes, self.params.initial_chunk),
+            initial_count(init.avg_bytes, init.max_chunk),
             INITIAL_WALK_MAX,
         );
         let mut lines = BytesMut::new();
@@ -470,13 +477,13 @@ impl Watcher {
         let mut frames = BytesMut::new();
         for o in &page.items {
             if self.protobuf {
-                let api_version = &self.params.api_version;
+                let codec = self.cache.codec();
                 match protobuf_object_frame(
                     EventType::Added,
                     o,
                     o.mod_revision,
-                    api_version,
-                    &self.params.kind,
+                    codec.api_version(),
+                    codec.kind(),
                 ) {
                     Ok(f) => frames.extend_from_slice(&f),
                     Err(e) => {
@@ -498,9 +505,10 @@ impl Watcher {
             None => {
                 let rv = init.snapshot.rv;
                 if init.end_bookmark {
+                    let codec = self.cache.codec();
                     lines.extend_from_slice(&bookmark_line(
-                        &self.params.api_version,
-                        &self.params.kind,
+                        codec.api_version(),
+                        codec.kind(),
                         rv,
                         true,
                     ));
@@ -508,7 +516,7 @@ impl Watcher {
                 self.last_rv = self.last_rv.max(rv);
                 self.initial = None;
                 // Periodic bookmarks count from the end of the initial events.
-                self.next_bookmark = Instant::now() + self.params.bookmark_interval;
+                self.next_bookmark = Instant::now() + self.bookmark_interval;
             }
         }
         if let Some(form) = &self.converted {
@@ -612,7 +620,8 @@ impl Watcher {
                     None => None,
                 }
             } else if self.protobuf {
-                match ev.frame(ty, &self.params.api_version, &self.params.kind) {
+                let codec = self.cache.codec();
+                match ev.frame(ty, codec.api_version(), codec.kind()) {
                     Some(Ok(frame)) => Some(frame),
                     Some(Err(e)) => {
                         if sent > 0 {
@@ -649,7 +658,8 @@ impl Watcher {
         let rv = snap.rv.max(self.last_rv);
         if rv > 0 {
             self.last_rv = rv;
-            let line = bookmark_line(&self.params.api_version, &self.params.kind, rv, false);
+            let codec = self.cache.codec();
+            let line = bookmark_line(codec.api_version(), codec.kind(), rv, false);
             self.push_lines(buf, &line)?;
         }
         Ok(())

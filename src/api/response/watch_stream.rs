@@ -422,3 +422,19 @@ impl Drop for WatchBody {
         self.shared.slot.lock().free();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What an idle watch holds besides HTTP/2's stream: one allocation of
+    /// [`Shared`] (the watcher inline). It must stay within jemalloc's
+    /// 448-byte size class (the next is 512, then 640): every byte counts a
+    /// 100,000 times (docs/BENCHMARKS.md, "Against kube-apiserver", K6).
+    #[test]
+    fn an_idle_watchs_state_fits_one_448_byte_allocation() {
+        // `Arc`'s two counts come on top.
+        let arc = std::mem::size_of::<Shared>() + 2 * std::mem::size_of::<usize>();
+        assert!(arc <= 448, "Arc<Shared> is {arc} bytes");
+    }
+}
