@@ -1146,6 +1146,9 @@ async fn informers_behind_a_load_balancer_survive_a_replica_restart() {
             d.wait_ready().await;
             replicas.push(d);
         }
+        for d in &mut replicas {
+            d.assert_running();
+        }
         let lb = Haproxy::start(&ports).await;
         let http = reqwest::Client::new();
         let ns = "behind-lb";

@@ -305,7 +305,24 @@ impl Daemon {
                 daemon.log()
             );
         }
+        daemon.assert_running();
         daemon
+    }
+
+    /// Fails the test if the daemon exited: a free port is free only until
+    /// another process binds it, and then `/healthz` there is not ours.
+    pub fn assert_running(&mut self) {
+        if let Some(status) = self
+            .child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+        {
+            panic!(
+                "watchcache on {} exited ({status}): another process has its port? log:\n{}",
+                self.addr,
+                self.log()
+            );
+        }
     }
 
     /// Starts the daemon against `endpoint` with [`TEST_RESOURCES`] under `prefix`.
