@@ -475,9 +475,9 @@ impl Watcher {
         // (no JSON parse per watcher); only the end bookmark goes through
         // `push_lines` below.
         let mut frames = BytesMut::new();
+        let codec = self.cache.codec();
         for o in &page.items {
             if self.protobuf {
-                let codec = self.cache.codec();
                 match protobuf_object_frame(
                     EventType::Added,
                     o,
@@ -505,7 +505,6 @@ impl Watcher {
             None => {
                 let rv = init.snapshot.rv;
                 if init.end_bookmark {
-                    let codec = self.cache.codec();
                     lines.extend_from_slice(&bookmark_line(
                         codec.api_version(),
                         codec.kind(),

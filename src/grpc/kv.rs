@@ -74,11 +74,10 @@ impl Front {
             etcd_header = Some(header);
             held
         } else if r.serializable {
-            // May be stale, but not behind a write through this front (a
-            // client reads its own writes, as from etcd's one member).
-            let written = cache.written();
+            // May be stale, but not behind a revision this front showed a
+            // client (it reads its own writes, as from etcd's one member).
             if !cache
-                .wait_for_rev(written, self.consistent_read_timeout)
+                .wait_for_rev(self.seen(), self.consistent_read_timeout)
                 .await
             {
                 return None;
@@ -287,15 +286,12 @@ impl PbKvService for KvService {
             .upstream
             .unary("/etcdserverpb.KV/Range", req)
             .await?;
-        let behind = |resp: &Response<PbRangeResponse>| {
-            resp.get_ref()
-                .header
-                .as_ref()
-                .is_some_and(|h| h.revision < shown)
-        };
-        if behind(&resp)
-            && let Some(again) = again
-        {
+        let behind = resp
+            .get_ref()
+            .header
+            .as_ref()
+            .is_some_and(|h| h.revision < shown);
+        if behind && let Some(again) = again {
             resp = self
                 .front
                 .upstream

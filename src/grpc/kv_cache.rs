@@ -20,7 +20,7 @@
 use std::collections::VecDeque;
 use std::ops::Bound;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use etcd_client::proto::{PbEvent, PbKeyValue, PbResponseHeader};
@@ -177,10 +177,6 @@ pub struct KvCache {
     /// Asks the feeding watch for a progress notification (consistent reads).
     progress: Notify,
     headers: Arc<HeaderSource>,
-    /// The highest revision of a write through the front that may have
-    /// touched this prefix: serializable reads wait for it (a client reads
-    /// its own writes, as from etcd's one member).
-    written: AtomicI64,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -219,7 +215,6 @@ impl KvCache {
             ready: AtomicBool::new(false),
             progress: Notify::new(),
             headers,
-            written: AtomicI64::new(0),
         }
     }
 
@@ -233,30 +228,6 @@ impl KvCache {
 
     pub fn revision(&self) -> i64 {
         self.state.read().rev
-    }
-
-    /// A client of the front was shown etcd at `revision` (an answer passed
-    /// on): serializable reads of this cache wait for it.
-    pub fn note_seen(&self, revision: i64) {
-        self.written.fetch_max(revision, Ordering::AcqRel);
-    }
-
-    /// The highest revision of [`KvCache::note_seen`].
-    pub fn written(&self) -> i64 {
-        self.written.load(Ordering::Acquire)
-    }
-
-    /// Whether `[key, range_end)` (etcd's semantics) shares a key with
-    /// this prefix.
-    pub fn overlaps(&self, key: &[u8], range_end: &[u8]) -> bool {
-        let below_end = |k: &[u8]| {
-            matches!(self.range_end.as_slice(), [] | [0]) || k < self.range_end.as_slice()
-        };
-        match range_end {
-            [] => key.starts_with(&self.prefix),
-            [0] => below_end(key),
-            end => below_end(key) && end > self.prefix.as_slice(),
-        }
     }
 
     /// Whether `[key, range_end)` (etcd's range semantics: empty end = the
@@ -693,19 +664,6 @@ mod tests {
         assert!(!c.contains_range(b"/p/a", b"\0"));
         assert!(!c.contains_range(b"/q/a", b""));
         assert!(!c.contains_range(b"", b""));
-    }
-
-    #[test]
-    fn overlaps_any_shared_key() {
-        let c = cache(4);
-        assert!(c.overlaps(b"/p/a", b""));
-        assert!(!c.overlaps(b"/p", b""));
-        assert!(c.overlaps(b"/a", b"/p/a"));
-        assert!(!c.overlaps(b"/a", b"/p/"), "the end is excluded");
-        assert!(c.overlaps(b"/p/z", b"/q"));
-        assert!(!c.overlaps(b"/p0", b"/q"));
-        assert!(c.overlaps(b"", b"\0"), "every key");
-        assert!(!c.overlaps(b"/q", b"\0"));
     }
 
     #[test]

@@ -70,6 +70,9 @@ pub struct Front {
     /// Whether etcd answers a `keys_only` Range from its index, without
     /// leases (3.7's `FastKeysOnly`): read from etcd's version once.
     pub(crate) keys_only_from_index: Arc<tokio::sync::OnceCell<bool>>,
+    /// The highest revision of an etcd answer the front passed on
+    /// ([`Front::note_seen`]).
+    pub(crate) seen: AtomicI64,
 }
 
 impl std::fmt::Debug for Front {
@@ -126,14 +129,12 @@ impl Front {
     /// it, so no client reads a revision older than one it was shown, as
     /// from etcd's one member.
     pub(crate) fn note_seen(&self, revision: i64) {
-        for c in &self.caches {
-            c.note_seen(revision);
-        }
+        self.seen.fetch_max(revision, Ordering::AcqRel);
     }
 
     /// The highest revision the front has shown a client ([`Front::note_seen`]).
     pub(crate) fn seen(&self) -> i64 {
-        self.caches.iter().map(|c| c.written()).max().unwrap_or(0)
+        self.seen.load(Ordering::Acquire)
     }
 
     /// The highest revision any cache is at.
@@ -387,6 +388,7 @@ impl GrpcServer {
                 coalesce_writes: config.server.coalesce_writes,
                 watchers_cached: AtomicI64::new(0),
                 watchers_forwarded: AtomicI64::new(0),
+                seen: AtomicI64::new(0),
                 keys_only_from_index,
             }),
             max_request_bytes: config.grpc_max_request_bytes,

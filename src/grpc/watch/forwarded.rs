@@ -12,7 +12,7 @@ use tracing::debug;
 use etcd_client::proto::*;
 
 use super::progress::is_progress_answer;
-use super::state::{AwaitingCreated, ClientStream, CreateSpec, UpstreamWatch};
+use super::state::{AwaitingCreated, ClientStream, CreateSpec, Forwarded, UpstreamWatch};
 use super::{OUT_BUFFER, count_watch, move_watch};
 
 /// The unanswered progress requests to etcd a stream keeps count of.
@@ -41,9 +41,9 @@ impl ClientStream {
                 "watch forwarded to etcd"
             );
         }
-        self.forwarded.insert(id, spec);
         self.creations_sent += 1;
-        self.forwarded_gen.insert(id, self.creations_sent);
+        let generation = self.creations_sent;
+        self.forwarded.insert(id, Forwarded { spec, generation });
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
         count_watch(&self.front, "etcd", 1);
         self.send_upstream(req).await
@@ -56,12 +56,12 @@ impl ClientStream {
         id: i64,
         req: PbWatchRequest,
     ) -> Result<(), Status> {
-        let Some(spec) = self.forwarded.get_mut(&id) else {
+        let Some(f) = self.forwarded.get_mut(&id) else {
             return Ok(()); // etcd ignores an unknown id
         };
         // No handover once the client canceled: an event
         // answer in flight would bring the watch back.
-        *spec = None;
+        f.spec = None;
         if !self.canceling.insert(id) {
             return Ok(()); // asked already; etcd answers once
         }
@@ -107,9 +107,9 @@ impl ClientStream {
     /// every forwarded watch the client still wants.
     pub(super) fn covers_forwarded(&self, covers: u64) -> bool {
         self.forwarded
-            .keys()
-            .filter(|id| !self.canceling.contains(id))
-            .all(|id| self.forwarded_gen.get(id).copied().unwrap_or(0) <= covers)
+            .iter()
+            .filter(|(id, _)| !self.canceling.contains(id))
+            .all(|(_, f)| f.generation <= covers)
     }
 
     /// Opens etcd's stream for this client stream's forwarded watches; a
@@ -180,7 +180,10 @@ impl ClientStream {
         self.settle_ids(&resp);
         if resp.created
             && !resp.canceled
-            && matches!(self.forwarded.get(&resp.watch_id), Some(Some(_)))
+            && self
+                .forwarded
+                .get(&resp.watch_id)
+                .is_some_and(|f| f.spec.is_some())
         {
             self.ask_progress_later();
         }
@@ -232,9 +235,9 @@ impl ClientStream {
             .forwarded
             .iter()
             .filter(|(id, _)| Some(**id) != creating)
-            .filter(|(id, _)| self.forwarded_gen.get(id).copied().unwrap_or(0) <= covers)
-            .filter_map(|(id, spec)| {
-                let spec = spec.as_ref()?;
+            .filter(|(_, f)| f.generation <= covers)
+            .filter_map(|(id, f)| {
+                let spec = f.spec.as_ref()?;
                 let from = (rev + 1).max(spec.start_revision);
                 let cache = self.front.cache_for(&spec.key, &spec.range_end)?;
                 cache.cursor_at(from).map(|_| (*id, from))
@@ -272,22 +275,21 @@ impl ClientStream {
             && resp.watch_id != id
         {
             // etcd refused it (id -1) or chose another id (our 0 = "auto").
-            let spec = self.forwarded.remove(&id).flatten();
-            let generation = self.forwarded_gen.remove(&id);
+            let f = self.forwarded.remove(&id);
             if resp.canceled {
                 count_watch(&self.front, "etcd", -1);
                 if let Some(n) = prev_next_id {
                     self.next_id = n;
                 }
             } else {
-                self.forwarded.insert(resp.watch_id, spec);
-                if let Some(g) = generation {
-                    self.forwarded_gen.insert(resp.watch_id, g);
-                }
+                let f = f.unwrap_or(Forwarded {
+                    spec: None,
+                    generation: self.creations_sent,
+                });
+                self.forwarded.insert(resp.watch_id, f);
             }
         }
         if resp.canceled && self.forwarded.remove(&resp.watch_id).is_some() {
-            self.forwarded_gen.remove(&resp.watch_id);
             count_watch(&self.front, "etcd", -1);
         }
     }
@@ -302,7 +304,7 @@ impl ClientStream {
         if resp.fragment || resp.canceled || resp.created {
             return None;
         }
-        let spec = self.forwarded.get(&resp.watch_id)?.as_ref()?;
+        let spec = self.forwarded.get(&resp.watch_id)?.spec.as_ref()?;
         let cache = self.front.cache_for(&spec.key, &spec.range_end)?;
         let last = if resp.events.is_empty() {
             resp.header.as_ref()?.revision
@@ -320,7 +322,7 @@ impl ClientStream {
     /// Moves a forwarded watch onto its cache's ring from revision `from`
     /// (etcd sent everything before it) and returns the cancel for etcd.
     fn hand_over(&mut self, id: i64, from: i64) -> Option<PbWatchRequest> {
-        let spec = self.forwarded.get(&id)?.clone()?;
+        let spec = self.forwarded.get(&id)?.spec.clone()?;
         let mut w = self.place(
             id,
             CreateSpec {
@@ -333,7 +335,6 @@ impl ClientStream {
             from, "etcd's catch-up reached the ring; handed over"
         );
         self.forwarded.remove(&id);
-        self.forwarded_gen.remove(&id);
         self.handing_over.insert(id);
         // etcd sent its events up to `from - 1`.
         w.notified_rev = from - 1;
@@ -374,7 +375,7 @@ mod tests {
         let s = &mut h.stream;
         // A forwarded watch catching up over the cached range.
         h.cache.apply(vec![put("/c/a", b"1".to_vec(), 11)], 12);
-        s.forwarded.insert(5, Some(spec("/c/a", 11)));
+        s.forwarded.insert(5, fwd(Some(spec("/c/a", 11))));
         s.handle(cancel(5)).await.expect("handled");
         s.handle(cancel(5)).await.expect("handled");
         assert!(matches!(
@@ -462,9 +463,9 @@ mod tests {
     async fn a_quiet_forwarded_watch_moves_onto_the_ring_at_etcds_progress_answer() {
         let mut h = harness(8, Duration::from_secs(600)).await;
         let s = &mut h.stream;
-        s.forwarded.insert(5, Some(spec("/c/a", 3)));
-        s.forwarded.insert(6, Some(spec("/c/b", 30)));
-        s.forwarded.insert(7, None); // a range no cache holds
+        s.forwarded.insert(5, fwd(Some(spec("/c/a", 3))));
+        s.forwarded.insert(6, fwd(Some(spec("/c/b", 30))));
+        s.forwarded.insert(7, fwd(None)); // a range no cache holds
         let cancels = s.on_upstream(progress(INVALID_WATCH_ID, 12));
         assert_eq!(
             canceled_ids(&cancels),
@@ -499,8 +500,8 @@ mod tests {
     async fn a_created_forwarded_watch_over_a_cached_range_asks_etcd_for_progress() {
         let mut h = harness(8, Duration::from_secs(600)).await;
         let s = &mut h.stream;
-        s.forwarded.insert(5, Some(spec("/c/a", 10)));
-        s.forwarded.insert(6, None);
+        s.forwarded.insert(5, fwd(Some(spec("/c/a", 10))));
+        s.forwarded.insert(6, fwd(None));
         let created = |id| PbWatchResponse {
             created: true,
             ..progress(id, 10)
@@ -535,19 +536,9 @@ mod tests {
     async fn a_progress_answer_to_a_request_before_a_creation_does_not_hand_that_watch_over() {
         let mut h = harness(8, Duration::from_secs(600)).await;
         let s = &mut h.stream;
-        let created = |id| PbWatchResponse {
-            created: true,
-            ..progress(id, 12)
-        };
-        s.forward_create(5, None, Some(spec("/c/a", 3)), create_from("/c/a", "", 3))
-            .await
-            .expect("sent");
-        assert!(s.on_upstream(created(5)).is_empty());
+        forward_created(s, 5, "/c/a", 3, Some(spec("/c/a", 3)), 12).await;
         s.ask_progress().await.expect("asked");
-        s.forward_create(6, None, Some(spec("/c/b", 3)), create_from("/c/b", "", 3))
-            .await
-            .expect("sent");
-        assert!(s.on_upstream(created(6)).is_empty());
+        forward_created(s, 6, "/c/b", 3, Some(spec("/c/b", 3)), 12).await;
         // The answer to the request sent between the two creations.
         assert_eq!(
             canceled_ids(&s.on_upstream(progress(INVALID_WATCH_ID, 12))),
@@ -571,7 +562,7 @@ mod tests {
     async fn a_forwarded_watch_moves_onto_the_ring_at_its_progress_notification() {
         let mut h = harness(8, Duration::from_secs(600)).await;
         let s = &mut h.stream;
-        s.forwarded.insert(5, Some(spec("/c/a", 3)));
+        s.forwarded.insert(5, fwd(Some(spec("/c/a", 3))));
         let created = PbWatchResponse {
             created: true,
             ..progress(5, 12)

@@ -103,7 +103,7 @@ mod tests {
             let w = h.stream.place(id, spec(key, 11)).expect("cached watch");
             h.stream.watches.push(w);
         }
-        h.stream.forwarded.insert(5, None);
+        h.stream.forwarded.insert(5, fwd(None));
         let (client, requests) = mpsc::channel(8);
         tokio::spawn(h.stream.run(ReceiverStream::new(requests).map(Ok)));
         h.from_etcd
@@ -152,7 +152,7 @@ mod tests {
         } = harness(8, Duration::from_secs(1_000_000)).await;
         let w = stream.place(1, spec("/c/a", 11)).expect("cached watch");
         stream.watches.push(w);
-        stream.forwarded.insert(5, None);
+        stream.forwarded.insert(5, fwd(None));
         let (_client, requests) = mpsc::channel::<PbWatchRequest>(1);
         tokio::spawn(stream.run(ReceiverStream::new(requests).map(Ok)));
         from_etcd.send(Ok(fragment(0, false))).await.expect("runs");

@@ -311,7 +311,7 @@ mod tests {
         // and a forwarded one.
         let w = s.place(1, spec("/c/a", 0)).expect("cached watch");
         s.watches.push(w);
-        s.forwarded.insert(2, None);
+        s.forwarded.insert(2, fwd(None));
         h.cache.apply(vec![put("/c/a", b"1".to_vec(), 11)], 11);
         // Two requests back to back: etcd is asked (and answers) twice.
         s.handle(progress_request()).await.expect("handled");
@@ -414,7 +414,7 @@ mod tests {
     async fn progress_notify_never_goes_behind_a_handed_over_watch() {
         let mut h = harness(8, Duration::ZERO).await;
         let s = &mut h.stream;
-        s.forwarded.insert(5, Some(spec("/c/a", 5)));
+        s.forwarded.insert(5, fwd(Some(spec("/c/a", 5))));
         // etcd, ahead of the cache (at 10), sent the event at 15.
         let cancel = s.on_upstream(event_answer(5, "/c/a", 15));
         assert_eq!(cancel.len(), 1, "handed over to the ring");
@@ -440,20 +440,9 @@ mod tests {
     async fn a_forwarded_watch_created_after_etcds_request_waits_for_another_answer() {
         let mut h = harness(8, Duration::from_secs(600)).await;
         let s = &mut h.stream;
-        let created = |id| PbWatchResponse {
-            created: true,
-            watch_id: id,
-            ..progress_answer(12)
-        };
-        s.forward_create(5, None, None, create_from("/x/a", "", 0))
-            .await
-            .expect("sent");
-        assert!(s.on_upstream(created(5)).is_empty());
+        forward_created(s, 5, "/x/a", 0, None, 12).await;
         s.ask_progress().await.expect("asked");
-        s.forward_create(6, None, None, create_from("/x/b", "", 3))
-            .await
-            .expect("sent");
-        assert!(s.on_upstream(created(6)).is_empty());
+        forward_created(s, 6, "/x/b", 3, None, 12).await;
         s.handle(progress_request()).await.expect("handled");
         let sent: Vec<bool> = std::iter::from_fn(|| h.to_etcd.try_recv().ok())
             .map(|r| {
@@ -483,15 +472,7 @@ mod tests {
     async fn a_progress_request_is_not_answered_once_every_watch_is_canceled() {
         let mut h = harness(8, Duration::from_secs(600)).await;
         let s = &mut h.stream;
-        s.forward_create(5, None, None, create_from("/x/a", "", 3))
-            .await
-            .expect("sent");
-        let created = PbWatchResponse {
-            created: true,
-            watch_id: 5,
-            ..progress_answer(12)
-        };
-        assert!(s.on_upstream(created).is_empty());
+        forward_created(s, 5, "/x/a", 3, None, 12).await;
         s.handle(progress_request()).await.expect("handled");
         s.handle(cancel(5)).await.expect("handled");
         assert!(s.answer_progress().is_none());
@@ -512,15 +493,7 @@ mod tests {
             request: progress_request(),
             catch_up: None,
         });
-        s.forward_create(5, None, None, create_from("/x/a", "", 3))
-            .await
-            .expect("sent");
-        let created = PbWatchResponse {
-            created: true,
-            watch_id: 5,
-            ..progress_answer(12)
-        };
-        assert!(s.on_upstream(created).is_empty());
+        forward_created(s, 5, "/x/a", 3, None, 12).await;
         let ask = s.answer_progress().expect("etcd asked");
         assert!(answered(s).is_empty(), "not at the cache's 10 yet");
         s.send_upstream(ask).await.expect("sent");
@@ -536,7 +509,7 @@ mod tests {
         let mut h = harness(8, Duration::from_secs(600)).await;
         let s = &mut h.stream;
         s.handle(progress_request()).await.expect("handled");
-        s.forwarded.insert(5, None);
+        s.forwarded.insert(5, fwd(None));
         s.canceling.insert(5);
         s.handle(progress_request()).await.expect("handled");
         assert!(!s.next_events());

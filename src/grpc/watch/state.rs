@@ -41,12 +41,8 @@ pub(super) struct ClientStream {
     pub(super) watches: Vec<CachedWatch>,
     /// Where the next round-robin turn starts.
     pub(super) rr: usize,
-    /// Watches etcd serves; with their creation when a cache could take
-    /// them over once etcd's catch-up reaches the ring.
-    pub(super) forwarded: HashMap<i64, Option<CreateSpec>>,
-    /// Each forwarded watch's creation number (`creations_sent` once its
-    /// creation was sent): which of etcd's progress answers cover it.
-    pub(super) forwarded_gen: HashMap<i64, u64>,
+    /// Watches etcd serves.
+    pub(super) forwarded: HashMap<i64, Forwarded>,
     /// Forwarded creations sent to etcd so far on this stream.
     pub(super) creations_sent: u64,
     /// The progress requests sent to etcd and not answered yet, oldest
@@ -80,6 +76,16 @@ pub(super) struct ClientStream {
     /// The highest event revision sent on this stream: a progress answer
     /// never goes back behind it.
     pub(super) max_sent: i64,
+}
+
+/// One watch etcd serves (`forwarded`).
+pub(super) struct Forwarded {
+    /// Its creation, when a cache could take the watch over once etcd's
+    /// catch-up reaches the ring.
+    pub(super) spec: Option<CreateSpec>,
+    /// Its creation's number (`creations_sent` once it was sent): which
+    /// of etcd's progress answers cover it.
+    pub(super) generation: u64,
 }
 
 /// One client watch served from a cache (`cached`).

@@ -82,7 +82,6 @@ impl ClientStream {
             watches: Vec::new(),
             rr: 0,
             forwarded: HashMap::new(),
-            forwarded_gen: HashMap::new(),
             creations_sent: 0,
             progress_asked: VecDeque::new(),
             ask_progress_at: None,
@@ -205,7 +204,6 @@ impl ClientStream {
             Step::Upstream(Some(Err(status))) => return Err(End::With(status)),
             Step::Upstream(None) => {
                 self.upstream = None;
-                self.progress_asked.clear();
                 if held {
                     // The rest of the response never comes: the client
                     // cannot complete it, and resumes after an error.

@@ -12,7 +12,7 @@ use tonic::metadata::MetadataMap;
 
 use etcd_client::proto::*;
 
-use super::state::{ClientStream, CreateSpec, UpstreamWatch};
+use super::state::{ClientStream, CreateSpec, Forwarded, UpstreamWatch};
 use super::{Front, OUT_BUFFER};
 use crate::config::EtcdConfig;
 use crate::grpc::auth::AuthGate;
@@ -63,6 +63,7 @@ pub(super) async fn harness(etcd_buffer: usize, notify_every: Duration) -> Harne
         coalesce_writes: false,
         watchers_cached: AtomicI64::new(0),
         watchers_forwarded: AtomicI64::new(0),
+        seen: AtomicI64::new(0),
         keys_only_from_index: Default::default(),
     });
     let (out_tx, out) = mpsc::channel(OUT_BUFFER);
@@ -91,6 +92,15 @@ pub(super) fn spec(key: &str, start_revision: i64) -> CreateSpec {
         filters: Vec::new(),
         fragment: false,
         progress_notify: true,
+    }
+}
+
+/// A forwarded watch placed by the test, before any progress request: every
+/// etcd answer covers it.
+pub(super) fn fwd(spec: Option<CreateSpec>) -> Forwarded {
+    Forwarded {
+        spec,
+        generation: 0,
     }
 }
 
@@ -157,6 +167,32 @@ pub(super) fn create_from(key: &str, range_end: &str, start_revision: i64) -> Pb
         r.start_revision = start_revision;
     }
     request(c)
+}
+
+/// Forwards the creation of watch `id` of `key` from `start` (`spec`: a
+/// cache could take it over), and hands the stream etcd's `created` at
+/// revision `rev`.
+pub(super) async fn forward_created(
+    s: &mut ClientStream,
+    id: i64,
+    key: &str,
+    start: i64,
+    spec: Option<CreateSpec>,
+    rev: i64,
+) {
+    s.forward_create(id, None, spec, create_from(key, "", start))
+        .await
+        .expect("sent");
+    let created = PbWatchResponse {
+        header: Some(PbResponseHeader {
+            revision: rev,
+            ..Default::default()
+        }),
+        watch_id: id,
+        created: true,
+        ..Default::default()
+    };
+    assert!(s.on_upstream(created).is_empty(), "nothing handed over");
 }
 
 /// The id of the creation the stream sent etcd last.
