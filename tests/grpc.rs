@@ -2029,8 +2029,8 @@ async fn a_progress_request_does_not_hold_up_its_stream_while_etcd_is_silent() {
 /// A watch from a revision still in the front's ring but compacted in etcd
 /// is left to etcd when etcd does not answer the front's compaction check
 /// (it was served from the ring, compacted history and all, when the check
-/// failed instead of answering), and etcd cancels it as compacted once it
-/// is back. (Found by `watchcache-bench chaos --front grpc`: watches from
+/// failed instead of answering), and is canceled as compacted once etcd is
+/// back. (Found by `watchcache-bench chaos --front grpc`: watches from
 /// compacted revisions streamed events after etcd was cut off and back.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_from_a_compacted_revision_is_not_served_while_etcd_is_down() {
@@ -2073,4 +2073,101 @@ async fn a_watch_from_a_compacted_revision_is_not_served_while_etcd_is_down() {
     let got = read_until(&mut s, |r| r.canceled()).await;
     assert!(got.iter().all(|r| r.events().is_empty()), "{got:?}");
     assert_eq!(got.last().map(|r| r.compact_revision()), Some(revs[3]));
+}
+
+/// What a client reads of a watch from a compacted revision, up to its
+/// cancel: per response (created, canceled, compact_revision, header
+/// revision, events).
+async fn compacted_watch_view(
+    c: &mut Client,
+    key: &str,
+    opts: WatchOptions,
+) -> Vec<(bool, bool, i64, i64, usize)> {
+    let mut s = c.watch(key, Some(opts)).await.expect("watch");
+    read_until(&mut s, |r| r.canceled())
+        .await
+        .iter()
+        .map(|r| {
+            (
+                r.created(),
+                r.canceled(),
+                r.compact_revision(),
+                r.header().map(|h| h.revision()).unwrap_or(-1),
+                r.events().len(),
+            )
+        })
+        .collect()
+}
+
+/// A watch from below etcd's compaction is answered by the front itself,
+/// exactly as etcd answers it (`created` at etcd's revision, then a cancel
+/// with etcd's compact revision, no events), cached range or not, without
+/// passing the creation on: a member that froze between its `created` and
+/// its sync loop's cancel left such a watch with neither. (Found by the
+/// soak of `watchcache-bench chaos --front grpc --etcd-members 3`.) A
+/// watch with prev_kv from the compact revision itself is still etcd's to
+/// serve (its events there have no prev_kv).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_compacted_revision_is_answered_by_the_front_as_etcd_answers() {
+    let etcd = common::PrivateEtcd::start().await.expect("private etcd");
+    let ep = etcd.endpoint();
+    let prefix = common::unique_prefix("compact-self");
+    let p = format!("{prefix}/pods/");
+    let uncached = format!("{prefix}-other/x");
+    let front = TestFront::start(&ep, &prefix, |_| {}).await;
+    let mut ec = Client::connect([ep.as_str()], None).await.expect("etcd");
+    let mut revs = Vec::new();
+    for i in 0..12 {
+        revs.push(put(&mut ec, &format!("{p}k{i}"), format!("{i}")).await);
+        revs.push(put(&mut ec, &uncached, format!("{i}")).await);
+    }
+    front.wait_rev(revs[23]).await;
+    // An odd compact revision, nowhere near either end.
+    let compact = revs[13];
+    ec.compact(compact, None).await.expect("compact");
+    let mut fc = front.client().await;
+    let forwarded = front.front.creations_forwarded();
+    for (key, opts) in [
+        (
+            p.as_str(),
+            WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(revs[1]),
+        ),
+        (
+            p.as_str(),
+            WatchOptions::new()
+                .with_prefix()
+                .with_prev_key()
+                .with_start_revision(compact - 1),
+        ),
+        (
+            uncached.as_str(),
+            WatchOptions::new().with_start_revision(revs[2]),
+        ),
+    ] {
+        let via = compacted_watch_view(&mut fc, key, opts.clone()).await;
+        let direct = compacted_watch_view(&mut ec, key, opts).await;
+        assert_eq!(via, direct, "{key}");
+        assert_eq!(
+            via.last().map(|r| (r.1, r.2, r.4)),
+            Some((true, compact, 0)),
+            "{key}"
+        );
+    }
+    assert_eq!(
+        front.front.creations_forwarded(),
+        forwarded,
+        "no creation passed on to etcd"
+    );
+    // From the compact revision itself with prev_kv: etcd serves it.
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_start_revision(compact);
+    let mut s = fc.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let got = read_until(&mut s, |r| !r.events().is_empty()).await;
+    assert!(got.iter().all(|r| !r.canceled()), "{got:?}");
+    assert_eq!(front.front.creations_forwarded(), forwarded + 1);
+    drop(etcd);
 }

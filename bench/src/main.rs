@@ -1309,7 +1309,26 @@ fn kube_ratios_and_goals(s: Scenario, r: &Value) -> (Value, Value) {
                 ) else {
                     continue;
                 };
-                let o = |p: &[&str]| ratio(num(a, p), num(b, p));
+                // A side that did not sync every informer has no sync time
+                // (kube-apiserver's request timeout cuts Lists that take
+                // over a minute): no ratio, and the goals say so.
+                let synced = |x: &Value| num(x, &["errors"]) == 0.0;
+                goals.insert(
+                    format!("every_informer{suffix}_synced_by_watchcache"),
+                    json!(synced(a)),
+                );
+                goals.insert(
+                    format!("every_informer{suffix}_synced_by_kube_apiserver"),
+                    json!(synced(b)),
+                );
+                let both = synced(a) && synced(b);
+                let o = |p: &[&str]| {
+                    if both {
+                        ratio(num(a, p), num(b, p))
+                    } else {
+                        Value::Null
+                    }
+                };
                 let (wall, cpu, rss) = (
                     o(&["sync_wall_s"]),
                     o(&["server_cpu_s"]),

@@ -13,6 +13,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
+use tracing::debug;
 
 use etcd_client::proto::*;
 
@@ -135,25 +136,112 @@ impl Front {
         Ok(resp.into_inner().header.unwrap_or_default())
     }
 
-    /// Whether a watch from `revision` must be left to etcd: etcd compacted
-    /// it away (its own check, as a watch from there would meet it), or etcd
-    /// did not answer, so it is not known not to be (as a Range at a past
-    /// revision, etcd then answers the request itself). A revision etcd
-    /// has not reached yet (a watch from the next one) is not compacted:
-    /// the cache serves it. Asked linearizably: a member behind the
-    /// cluster (cut off, or catching up after a restart) answers a
+    /// Whether etcd compacted `revision` away, and if so, its compact
+    /// revision (what etcd's cancel of a watch from there carries). A
+    /// revision etcd has not reached yet (a watch from the next one) is not
+    /// compacted: the cache serves it. Asked linearizably: a member behind
+    /// the cluster (cut off, or catching up after a restart) answers a
     /// serializable probe "future revision", or without a compaction the
     /// cluster finished, and the ring would serve a compacted start.
-    pub(crate) async fn compacted(&self, key: &[u8], revision: i64, md: &MetadataMap) -> bool {
+    ///
+    /// The compact revision is found by bisection: etcd refuses a Range
+    /// below it and answers one at it (mvcc's `rev < compactMainRev`), and
+    /// it only grows. etcd has no call that names it (a watch's cancel
+    /// does, but only once the member's sync loop ran, and a member that
+    /// freezes first never sends it).
+    pub(crate) async fn compaction(
+        &self,
+        key: &[u8],
+        revision: i64,
+        md: &MetadataMap,
+    ) -> Compaction {
         match self.probe_revision(key, revision, false, md).await {
-            Ok(_) => false,
-            Err(s) => !(s.code() == tonic::Code::OutOfRange && s.message().contains(FUTURE_REV)),
+            Ok(_) => return Compaction::NotCompacted,
+            Err(s) if is_future_rev(&s) => return Compaction::NotCompacted,
+            Err(s) if !is_compacted(&s) => {
+                debug!(revision, error = %s, "compaction check not answered");
+                return Compaction::Unknown;
+            }
+            Err(_) => {}
+        }
+        // etcd's current revision: a Range there is answered (etcd
+        // refuses to compact past it).
+        let current = match self.probe_revision(key, 0, false, md).await {
+            Ok(h) => h,
+            Err(s) => {
+                debug!(revision, error = %s, "compaction search not answered");
+                return Compaction::Unknown;
+            }
+        };
+        self.note_seen(current.revision);
+        let found = first_answered(revision, current.revision, |rev| async move {
+            match self.probe_revision(key, rev, false, md).await {
+                Ok(_) => Some(true),
+                Err(s) if is_compacted(&s) => Some(false),
+                Err(_) => None,
+            }
+        })
+        .await;
+        match found {
+            Some(compact_revision) => Compaction::At {
+                compact_revision,
+                revision: current.revision,
+            },
+            None => {
+                debug!(revision, "compaction search not answered");
+                Compaction::Unknown
+            }
         }
     }
 }
 
+/// What etcd says of a past revision ([`Front::compaction`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Compaction {
+    /// Not compacted: etcd answers a Range there (or it is in the future).
+    NotCompacted,
+    /// Compacted, at etcd's `compact_revision`, when etcd was at
+    /// `revision`.
+    At {
+        compact_revision: i64,
+        revision: i64,
+    },
+    /// etcd did not say (unreachable, or it refused the caller): it must
+    /// answer the request itself.
+    Unknown,
+}
+
+/// The smallest revision in (`lo`, `hi`] that `answered` holds for, given
+/// it fails at `lo` and holds at `hi` and, as etcd's compaction, only
+/// moves up; `None` once `answered` cannot tell.
+async fn first_answered<F, Fut>(mut lo: i64, mut hi: i64, mut answered: F) -> Option<i64>
+where
+    F: FnMut(i64) -> Fut,
+    Fut: std::future::Future<Output = Option<bool>>,
+{
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if answered(mid).await? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Some(hi)
+}
+
+fn is_future_rev(s: &Status) -> bool {
+    s.code() == tonic::Code::OutOfRange && s.message().contains(FUTURE_REV)
+}
+
+fn is_compacted(s: &Status) -> bool {
+    s.code() == tonic::Code::OutOfRange && s.message().contains(COMPACTED)
+}
+
 /// etcd's `ErrFutureRev` message.
 const FUTURE_REV: &str = "required revision is a future revision";
+/// etcd's `ErrCompacted` message.
+const COMPACTED: &str = "required revision has been compacted";
 
 fn invalid_sort(r: &PbRangeRequest) -> bool {
     !(SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
@@ -371,6 +459,24 @@ impl PbKvService for KvService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bisection finds etcd's compact revision exactly wherever it lies
+    /// in (lo, hi], and gives up as soon as a probe cannot tell.
+    #[tokio::test]
+    async fn the_compact_revision_is_found_by_bisection() {
+        for compact in 11..=40 {
+            let mut probes = 0;
+            let found = first_answered(10, 40, |rev| {
+                probes += 1;
+                async move { Some(rev >= compact) }
+            })
+            .await;
+            assert_eq!(found, Some(compact));
+            assert!(probes <= 5, "{probes} probes for 30 revisions");
+        }
+        let found = first_answered(10, 40, |rev| async move { (rev > 30).then_some(true) }).await;
+        assert_eq!(found, None);
+    }
 
     fn map() -> KvMap {
         let mut m = KvMap::new();

@@ -67,6 +67,8 @@ pub struct Front {
     /// Open client watches served from the caches / by etcd.
     pub(crate) watchers_cached: AtomicI64,
     pub(crate) watchers_forwarded: AtomicI64,
+    /// Client watch creations passed on to etcd, ever.
+    pub(crate) creations_forwarded: AtomicI64,
     /// Whether etcd answers a `keys_only` Range from its index, without
     /// leases (3.7's `FastKeysOnly`): read from etcd's version once.
     pub(crate) keys_only_from_index: Arc<tokio::sync::OnceCell<bool>>,
@@ -148,6 +150,12 @@ impl Front {
             self.watchers_cached.load(Ordering::Relaxed),
             self.watchers_forwarded.load(Ordering::Relaxed),
         )
+    }
+
+    /// Client watch creations the front passed on to etcd since it started
+    /// (the rest it answered itself).
+    pub fn creations_forwarded(&self) -> i64 {
+        self.creations_forwarded.load(Ordering::Relaxed)
     }
 
     /// etcd's auth status as the front sees it.
@@ -388,6 +396,7 @@ impl GrpcServer {
                 coalesce_writes: config.server.coalesce_writes,
                 watchers_cached: AtomicI64::new(0),
                 watchers_forwarded: AtomicI64::new(0),
+                creations_forwarded: AtomicI64::new(0),
                 seen: AtomicI64::new(0),
                 keys_only_from_index,
             }),

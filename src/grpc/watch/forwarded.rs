@@ -46,6 +46,9 @@ impl ClientStream {
         self.forwarded.insert(id, Forwarded { spec, generation });
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
         count_watch(&self.front, "etcd", 1);
+        self.front
+            .creations_forwarded
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.send_upstream(req).await
     }
 

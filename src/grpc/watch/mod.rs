@@ -71,6 +71,11 @@ const INVALID_WATCH_ID: i64 = -1;
 /// holds back etcd (its watch stream's flow control), not the front's
 /// memory. One step adds at most one response, or one batch when empty.
 const MAX_PENDING: usize = 16;
+/// The bytes a stream queues before it stops taking etcd's answers (see
+/// `MAX_PENDING`): a stream holds about this much and one response more
+/// (a revision of several MiB is one response unless the client asked
+/// for fragments).
+const MAX_PENDING_BYTES: usize = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct WatchService {

@@ -31,13 +31,61 @@ pub(super) struct CreateSpec {
     pub(super) progress_notify: bool,
 }
 
+/// The responses a stream queued for its client, in order, and their
+/// encoded bytes: a stream stops taking etcd's answers when either bound
+/// (`MAX_PENDING`, `MAX_PENDING_BYTES`) is reached, so a forwarded watch
+/// replaying revisions of megabytes holds a few of them, not sixteen.
+#[derive(Default)]
+pub(super) struct Pending {
+    queue: VecDeque<(PbWatchResponse, usize)>,
+    bytes: usize,
+}
+
+impl Pending {
+    pub(super) fn push_back(&mut self, r: PbWatchResponse) {
+        let n = prost::Message::encoded_len(&r);
+        self.bytes += n;
+        self.queue.push_back((r, n));
+    }
+
+    pub(super) fn pop_front(&mut self) -> Option<PbWatchResponse> {
+        let (r, n) = self.queue.pop_front()?;
+        self.bytes -= n;
+        Some(r)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    /// The encoded size of what is queued.
+    pub(super) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    #[cfg(test)]
+    pub(super) fn iter(&self) -> impl Iterator<Item = &PbWatchResponse> {
+        self.queue.iter().map(|(r, _)| r)
+    }
+
+    #[cfg(test)]
+    pub(super) fn clear(&mut self) {
+        self.queue.clear();
+        self.bytes = 0;
+    }
+}
+
 /// One client stream's watches and queue, owned by its task (`run`).
 pub(super) struct ClientStream {
     pub(super) front: Arc<Front>,
     pub(super) md: MetadataMap,
     pub(super) out: mpsc::Sender<Result<PbWatchResponse, Status>>,
     /// Control answers and the fragments of one batch, in order.
-    pub(super) pending: VecDeque<PbWatchResponse>,
+    pub(super) pending: Pending,
     pub(super) watches: Vec<CachedWatch>,
     /// Where the next round-robin turn starts.
     pub(super) rr: usize,

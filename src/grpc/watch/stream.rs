@@ -12,12 +12,14 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
 use tonic::Status;
 use tonic::metadata::MetadataMap;
+use tracing::debug;
 
 use etcd_client::proto::*;
 
 use super::forwarded::recv_upstream;
-use super::state::{ClientStream, CreateSpec};
-use super::{Front, INVALID_WATCH_ID, MAX_PENDING, count_watch};
+use super::state::{ClientStream, CreateSpec, Pending};
+use super::{Front, INVALID_WATCH_ID, MAX_PENDING, MAX_PENDING_BYTES, count_watch};
+use crate::grpc::kv::Compaction;
 
 impl Drop for ClientStream {
     fn drop(&mut self) {
@@ -78,7 +80,7 @@ impl ClientStream {
             front,
             md,
             out,
-            pending: VecDeque::new(),
+            pending: Pending::default(),
             watches: Vec::new(),
             rr: 0,
             forwarded: HashMap::new(),
@@ -141,7 +143,12 @@ impl ClientStream {
         self.on_step(step, inputs, held).await
     }
 
-    /// Waits for what comes first. Full (`MAX_PENDING`): only the client's
+    /// Whether the stream takes more than the client's reading drains.
+    pub(super) fn has_room(&self) -> bool {
+        self.pending.len() < MAX_PENDING && self.pending.bytes() < MAX_PENDING_BYTES
+    }
+
+    /// Waits for what comes first. Full (`has_room`): only the client's
     /// reading (which drains `pending`) and what adds nothing to it go on;
     /// etcd and the client wait.
     async fn next_step<S>(&mut self, inputs: &mut Inputs<S>, held: bool) -> Step
@@ -149,7 +156,7 @@ impl ClientStream {
         S: futures::Stream<Item = Result<PbWatchRequest, Status>> + Unpin,
     {
         let has_out = !self.pending.is_empty();
-        let room = self.pending.len() < MAX_PENDING;
+        let room = self.has_room();
         let catch_up_deadline = self
             .progress
             .as_ref()
@@ -306,10 +313,10 @@ impl ClientStream {
     ) -> Result<(), Status> {
         let mut cache = self.front.cache_for(&spec.key, &spec.range_end).cloned();
         // With etcd's auth on, a caller etcd does not let read this
-        // range is not served from the cache: etcd gets the
-        // creation and answers it (its refusal) itself.
+        // range is not served from the cache, nor answered by the front:
+        // etcd gets the creation and answers it (its refusal) itself.
         let mut placeable = true;
-        if cache.is_some()
+        if (cache.is_some() || spec.start_revision > 0)
             && !self
                 .front
                 .auth
@@ -319,20 +326,29 @@ impl ClientStream {
             cache = None;
             placeable = false;
         }
-        // From a revision etcd compacted, etcd cancels the watch (with its
-        // compact_revision); from the compaction revision itself, its
-        // events there have no prev_kv (etcd reads it at the revision
-        // before). etcd serves both, whatever the ring still holds.
+        // From a revision etcd compacted, etcd cancels the watch with its
+        // compact_revision: the front answers so itself, whatever the ring
+        // still holds, and whether or not the range is cached (a member
+        // that froze between its `created` and its sync loop's cancel
+        // would leave the client with neither events nor the cancel).
+        // From the compaction revision itself, its events there have no
+        // prev_kv (etcd reads it at the revision before): etcd serves it.
         let checked = spec.start_revision - i64::from(spec.prev_kv);
-        if spec.start_revision > 0
-            && checked > 0
-            && cache
-                .as_ref()
-                .is_some_and(|c| c.cursor_at(spec.start_revision).is_some())
-            && self.front.compacted(&spec.key, checked, &self.md).await
-        {
-            cache = None;
-            placeable = false;
+        if placeable && spec.start_revision > 0 && checked > 0 {
+            match self.front.compaction(&spec.key, checked, &self.md).await {
+                Compaction::NotCompacted => {}
+                Compaction::At {
+                    compact_revision,
+                    revision,
+                } if spec.start_revision < compact_revision => {
+                    self.answer_compacted(id, compact_revision, revision);
+                    return Ok(());
+                }
+                Compaction::At { .. } | Compaction::Unknown => {
+                    cache = None;
+                    placeable = false;
+                }
+            }
         }
         let cacheable = cache.is_some();
         // "From now" means after etcd's current revision, as etcd
@@ -364,6 +380,34 @@ impl ClientStream {
         }
         self.forward_create(id, prev_next_id, cacheable.then_some(spec), req)
             .await
+    }
+
+    /// etcd's answer to a creation from below its compaction: `created`
+    /// (at etcd's `revision`), then the sync loop's cancel, which carries
+    /// `compact_revision`, no reason, and a header at revision 0 (mvcc's
+    /// `WatchResponse` names no revision).
+    fn answer_compacted(&mut self, id: i64, compact_revision: i64, revision: i64) {
+        debug!(
+            watch_id = id,
+            compact_revision, "watch from a compacted revision; canceled"
+        );
+        crate::metrics::metrics()
+            .grpc_requests
+            .with_label_values(&["watch", "cache"])
+            .inc();
+        self.pending.push_back(PbWatchResponse {
+            header: self.header(revision),
+            watch_id: id,
+            created: true,
+            ..Default::default()
+        });
+        self.pending.push_back(PbWatchResponse {
+            header: self.header(0),
+            watch_id: id,
+            canceled: true,
+            compact_revision,
+            ..Default::default()
+        });
     }
 
     /// etcd's answer to a creation it refuses.
@@ -404,12 +448,13 @@ mod tests {
     use crate::grpc::watch::OUT_BUFFER;
     use crate::grpc::watch::test_support::*;
 
-    /// With the clock paused, a sleep ends only once every task waits: the
-    /// stream took all it will take.
-    #[tokio::test(start_paused = true)]
-    async fn a_client_that_stops_reading_holds_back_etcd() {
-        const N: usize = 100;
-        let mut h = harness(2 * N, Duration::from_secs(600)).await;
+    /// etcd has `n` answers of one `value_len`-byte event ready for a
+    /// forwarded watch whose client reads nothing: how many the stream took
+    /// (with the clock paused, a sleep ends only once every task waits: the
+    /// stream took all it will take). Reading again then takes the rest, in
+    /// order.
+    async fn taken_for_a_client_that_reads_nothing(n: usize, value_len: usize) -> usize {
+        let mut h = harness(2 * n, Duration::from_secs(600)).await;
         let (client, requests) = mpsc::channel(8);
         let from_etcd = h.from_etcd.clone();
         tokio::spawn(h.stream.run(ReceiverStream::new(requests).map(Ok)));
@@ -427,20 +472,14 @@ mod tests {
         from_etcd.send(Ok(created)).await.expect("stream runs");
         let got = h.out.recv().await.expect("created").expect("ok");
         assert!(got.created);
-        // etcd has N large answers ready; the client reads nothing.
-        for i in 0..N {
+        for i in 0..n {
             let mut r = event_answer(0, "/x/a", 11 + i as i64);
-            r.events[0].kv.as_mut().expect("kv").value = vec![b'x'; 64 * 1024];
+            r.events[0].kv.as_mut().expect("kv").value = vec![b'x'; value_len];
             from_etcd.try_send(Ok(r)).expect("room for every answer");
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let taken = N - (2 * N - from_etcd.capacity());
-        assert!(
-            taken <= MAX_PENDING + OUT_BUFFER,
-            "took {taken} of etcd's answers for a client that reads nothing"
-        );
-        // Reading again takes the rest, in order.
-        for i in 0..N {
+        let taken = n - (2 * n - from_etcd.capacity());
+        for i in 0..n {
             let r = tokio::time::timeout(Duration::from_secs(60), h.out.recv())
                 .await
                 .expect("no deadlock")
@@ -449,6 +488,28 @@ mod tests {
             let rev = r.events[0].kv.as_ref().map(|kv| kv.mod_revision);
             assert_eq!(rev, Some(11 + i as i64));
         }
+        taken
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_that_stops_reading_holds_back_etcd() {
+        let taken = taken_for_a_client_that_reads_nothing(100, 64 * 1024).await;
+        assert!(
+            taken <= MAX_PENDING + OUT_BUFFER,
+            "took {taken} of etcd's answers for a client that reads nothing"
+        );
+    }
+
+    /// Answers of half a MiB: the queue stops at its byte bound, long
+    /// before its count (the soak's revisions of 1.2 MB, replayed to a
+    /// dozen slow streams, took the daemon from 30 to 250 MB).
+    #[tokio::test(start_paused = true)]
+    async fn large_answers_are_held_back_by_their_bytes() {
+        let taken = taken_for_a_client_that_reads_nothing(40, 512 * 1024).await;
+        assert!(
+            taken <= OUT_BUFFER + 3,
+            "took {taken} answers of 512 KiB for a client that reads nothing"
+        );
     }
 
     /// etcd checks the range before it assigns an id: a refused creation

@@ -63,6 +63,7 @@ pub(super) async fn harness(etcd_buffer: usize, notify_every: Duration) -> Harne
         coalesce_writes: false,
         watchers_cached: AtomicI64::new(0),
         watchers_forwarded: AtomicI64::new(0),
+        creations_forwarded: AtomicI64::new(0),
         seen: AtomicI64::new(0),
         keys_only_from_index: Default::default(),
     });
