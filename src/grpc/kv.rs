@@ -8,6 +8,7 @@
 
 use std::cmp::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use futures::stream::BoxStream;
@@ -155,7 +156,7 @@ impl Front {
         revision: i64,
         md: &MetadataMap,
     ) -> Compaction {
-        match self.probe_revision(key, revision, false, md).await {
+        match self.probe_retrying(key, revision, md).await {
             Ok(_) => return Compaction::NotCompacted,
             Err(s) if is_future_rev(&s) => return Compaction::NotCompacted,
             Err(s) if !is_compacted(&s) => {
@@ -166,7 +167,7 @@ impl Front {
         }
         // etcd's current revision: a Range there is answered (etcd
         // refuses to compact past it).
-        let current = match self.probe_revision(key, 0, false, md).await {
+        let current = match self.probe_retrying(key, 0, md).await {
             Ok(h) => h,
             Err(s) => {
                 debug!(revision, error = %s, "compaction search not answered");
@@ -175,7 +176,7 @@ impl Front {
         };
         self.note_seen(current.revision);
         let found = first_answered(revision, current.revision, |rev| async move {
-            match self.probe_revision(key, rev, false, md).await {
+            match self.probe_retrying(key, rev, md).await {
                 Ok(_) => Some(true),
                 Err(s) if is_compacted(&s) => Some(false),
                 Err(_) => None,
@@ -193,6 +194,52 @@ impl Front {
             }
         }
     }
+
+    /// A linearizable probe of `revision`, tried again after a failure
+    /// that says nothing of it (a connection reset while a member
+    /// restarts, a keepalive timeout, a leader election): a creation whose
+    /// check is not answered is left to etcd, and a member that freezes
+    /// between its `created` and its compacted cancel leaves the client
+    /// with neither.
+    async fn probe_retrying(
+        &self,
+        key: &[u8],
+        revision: i64,
+        md: &MetadataMap,
+    ) -> Result<PbResponseHeader, Status> {
+        retrying(|| self.probe_revision(key, revision, false, md)).await
+    }
+}
+
+/// Tries again after a failure of the call rather than of the request.
+const RETRIES: u32 = 3;
+const FIRST_PAUSE: Duration = Duration::from_millis(100);
+
+/// `call`, again up to [`RETRIES`] times while it fails unavailable,
+/// unknown or canceled, pausing 0.1, 0.2, 0.4 s in between.
+async fn retrying<F, Fut, T>(mut call: F) -> Result<T, Status>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, Status>>,
+{
+    let mut pause = FIRST_PAUSE;
+    for _ in 0..RETRIES {
+        match call().await {
+            Err(s) if is_retryable(&s) => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            r => return r,
+        }
+    }
+    call().await
+}
+
+fn is_retryable(s: &Status) -> bool {
+    matches!(
+        s.code(),
+        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+    )
 }
 
 /// What etcd says of a past revision ([`Front::compaction`]).
@@ -459,6 +506,40 @@ impl PbKvService for KvService {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A call that fails for want of etcd is tried again, a bounded number
+    /// of times; a refusal of the request is not.
+    #[tokio::test(start_paused = true)]
+    async fn only_a_failed_call_is_tried_again() {
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let answer = |fails: u32, code: tonic::Code| {
+            let calls = &calls;
+            calls.store(0, std::sync::atomic::Ordering::Relaxed);
+            retrying(move || async move {
+                let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n < fails {
+                    Err(Status::new(code, "etcd"))
+                } else {
+                    Ok(n)
+                }
+            })
+        };
+        let got = answer(2, tonic::Code::Unavailable)
+            .await
+            .map_err(|s| s.code());
+        assert_eq!(got, Ok(2));
+        let got = answer(9, tonic::Code::Unknown).await.map_err(|s| s.code());
+        assert_eq!(got, Err(tonic::Code::Unknown));
+        assert_eq!(
+            calls.load(std::sync::atomic::Ordering::Relaxed),
+            RETRIES + 1
+        );
+        let got = answer(9, tonic::Code::OutOfRange)
+            .await
+            .map_err(|s| s.code());
+        assert_eq!(got, Err(tonic::Code::OutOfRange));
+        assert_eq!(calls.load(std::sync::atomic::Ordering::Relaxed), 1);
+    }
 
     /// The bisection finds etcd's compact revision exactly wherever it lies
     /// in (lo, hi], and gives up as soon as a probe cannot tell.
