@@ -20,6 +20,8 @@ use etcd_client::proto::*;
 
 use super::Front;
 use super::kv_cache::{KvMap, range_iter};
+use crate::backoff::Backoff;
+use crate::storage::StorageError;
 
 /// etcd's `RangeRequest.SortOrder`.
 const SORT_NONE: i32 = 0;
@@ -215,31 +217,23 @@ impl Front {
 const RETRIES: u32 = 3;
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 
-/// `call`, again up to [`RETRIES`] times while it fails unavailable,
-/// unknown or canceled, pausing 0.1, 0.2, 0.4 s in between.
+/// `call`, again up to [`RETRIES`] times while it fails for want of etcd
+/// ([`StorageError::is_transient`]), pausing 0.1, 0.2, 0.4 s in between.
 async fn retrying<F, Fut, T>(mut call: F) -> Result<T, Status>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, Status>>,
 {
-    let mut pause = FIRST_PAUSE;
+    let mut backoff = Backoff::new(FIRST_PAUSE, FIRST_PAUSE * 4);
     for _ in 0..RETRIES {
         match call().await {
-            Err(s) if is_retryable(&s) => {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
+            Err(s) if StorageError::from_status("range", 0, &s).is_transient() => {
+                tokio::time::sleep(backoff.step()).await;
             }
             r => return r,
         }
     }
     call().await
-}
-
-fn is_retryable(s: &Status) -> bool {
-    matches!(
-        s.code(),
-        tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-    )
 }
 
 /// What etcd says of a past revision ([`Front::compaction`]).
@@ -282,13 +276,14 @@ fn is_future_rev(s: &Status) -> bool {
 }
 
 fn is_compacted(s: &Status) -> bool {
-    s.code() == tonic::Code::OutOfRange && s.message().contains(COMPACTED)
+    matches!(
+        StorageError::from_status("range", 0, s),
+        StorageError::Compacted { .. }
+    )
 }
 
 /// etcd's `ErrFutureRev` message.
 const FUTURE_REV: &str = "required revision is a future revision";
-/// etcd's `ErrCompacted` message.
-const COMPACTED: &str = "required revision has been compacted";
 
 fn invalid_sort(r: &PbRangeRequest) -> bool {
     !(SORT_NONE..=SORT_DESCEND).contains(&r.sort_order)
@@ -518,7 +513,7 @@ mod tests {
             retrying(move || async move {
                 let n = calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if n < fails {
-                    Err(Status::new(code, "etcd"))
+                    Err(Status::new(code, "transport error"))
                 } else {
                     Ok(n)
                 }

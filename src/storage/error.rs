@@ -110,7 +110,7 @@ impl StorageError {
     /// error messages: etcd tells its errors apart only by message within a
     /// gRPC code, so its exact `rpctypes` texts (`ETCD_*` below) are matched
     /// here, once, and everything above this layer matches variants.
-    fn from_status(op: &str, requested: i64, status: &tonic::Status) -> Self {
+    pub(crate) fn from_status(op: &str, requested: i64, status: &tonic::Status) -> Self {
         use tonic::Code;
         let msg = status.message();
         match status.code() {
