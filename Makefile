@@ -47,9 +47,8 @@ test-etcd-matrix: setup
 # the binaries `make test` built: against one etcd, then against a 3-member
 # cluster with the member faults and a rolling upgrade onto etcd 3.6 and 3.7
 # (built by scripts/peers.sh), then etcd clients (Rust and clientv3) through
-# the gRPC front (`--front grpc`). A violation fails the target. (The front
-# against the 3-member cluster is not run here: docs/RELIABILITY.md,
-# "The soak".)
+# the gRPC front (`--front grpc`), against one etcd and against a 3-member
+# cluster. A violation fails the target.
 # An error ends with its violations, not a backtrace (CI shows the tail).
 CHAOS_SEED ?= 1
 chaos: export RUST_LIB_BACKTRACE = 0
@@ -63,3 +62,7 @@ chaos: setup
 	  --json target/chaos-cluster.json --no-progress
 	target/debug/watchcache-bench chaos --front grpc --duration 120s --seed $(CHAOS_SEED) \
 	  --json target/chaos-grpc.json --no-progress
+	target/debug/watchcache-bench chaos --front grpc --etcd-members 3 --duration 120s --seed $(CHAOS_SEED) \
+	  --etcd-upgrade $$(bash scripts/peers.sh --print etcd-3.6) \
+	  --etcd-upgrade $$(bash scripts/peers.sh --print etcd-3.7) \
+	  --json target/chaos-grpc-cluster.json --no-progress

@@ -209,10 +209,19 @@ impl Front {
         revision: i64,
         md: &MetadataMap,
     ) -> Result<PbResponseHeader, Status> {
-        retrying(|| self.probe_revision(key, revision, false, md)).await
+        retrying(|| async {
+            tokio::time::timeout(PROBE_TIMEOUT, self.probe_revision(key, revision, false, md))
+                .await
+                .unwrap_or_else(|_| Err(Status::deadline_exceeded("context deadline exceeded")))
+        })
+        .await
     }
 }
 
+/// How long one probe of a compaction check waits: a frozen member holds a
+/// call until the channel's keepalive gives up (15 s); another try may go
+/// to another member.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Tries again after a failure of the call rather than of the request.
 const RETRIES: u32 = 3;
 const FIRST_PAUSE: Duration = Duration::from_millis(100);

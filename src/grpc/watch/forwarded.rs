@@ -43,7 +43,14 @@ impl ClientStream {
         }
         self.creations_sent += 1;
         let generation = self.creations_sent;
-        self.forwarded.insert(id, Forwarded { spec, generation });
+        self.forwarded.insert(
+            id,
+            Forwarded {
+                spec,
+                generation,
+                rechecking: false,
+            },
+        );
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
         count_watch(&self.front, "etcd", 1);
         self.front
@@ -173,6 +180,10 @@ impl ClientStream {
         }
         if is_progress_answer(&resp) {
             let covers = self.covered_by_next_answer();
+            // Every watch it covers is synced: etcd judged their starts.
+            for f in self.forwarded.values_mut() {
+                f.rechecking &= f.generation > covers;
+            }
             self.upstream_progress(&resp, covers);
             // etcd answers a progress request only once every watch of its
             // stream is synced: each sent everything up to the revision.
@@ -181,6 +192,9 @@ impl ClientStream {
         }
         self.note_sent(&resp.events);
         self.settle_ids(&resp);
+        if !resp.created {
+            self.etcd_answered(resp.watch_id);
+        }
         if resp.created
             && !resp.canceled
             && self
@@ -288,6 +302,7 @@ impl ClientStream {
                 let f = f.unwrap_or(Forwarded {
                     spec: None,
                     generation: self.creations_sent,
+                    rechecking: false,
                 });
                 self.forwarded.insert(resp.watch_id, f);
             }

@@ -27,12 +27,15 @@
 //!   batches round robin, the overrun cancel).
 //! - `forwarded`: watches etcd serves (its stream, its answers, the
 //!   handover to the ring).
+//! - `compacted`: watches from a revision etcd compacted (the front's own
+//!   answer, and its answer in etcd's place when a member froze).
 //! - `progress`: progress requests and periodic progress notifications.
 //! - `fragment`: fragmented responses (splitting the ring's, keeping
 //!   etcd's whole).
 //! - `server`: the tonic service with small per-stream codec buffers.
 
 mod cached;
+mod compacted;
 mod forwarded;
 mod fragment;
 mod progress;

@@ -16,6 +16,7 @@ use tonic::metadata::MetadataMap;
 use etcd_client::proto::*;
 
 use super::Front;
+use crate::grpc::kv::Compaction;
 use crate::grpc::kv_cache::{Cursor, KvCache};
 
 /// What the front reads of a `WatchCreateRequest` (whose type etcd-client
@@ -99,8 +100,10 @@ pub(super) struct ClientStream {
     /// When etcd is asked for progress after creating a watch over a
     /// cached range (`ask_progress_later`).
     pub(super) ask_progress_at: Option<Instant>,
-    /// Handed over to a cache; etcd's answers for them (until its
-    /// `canceled`) are dropped: the ring delivers those events.
+    /// Handed over to a cache, or canceled by the front in etcd's place
+    /// (`answer_found_compacted`); etcd's answers for them (until its
+    /// `canceled`) are dropped: the ring delivers those events, or the
+    /// client was told the watch ended.
     pub(super) handing_over: HashSet<i64>,
     /// Forwarded watches the client canceled, until etcd's `canceled`:
     /// etcd's answers in flight for them are dropped (the client asked for
@@ -124,6 +127,14 @@ pub(super) struct ClientStream {
     /// The highest event revision sent on this stream: a progress answer
     /// never goes back behind it.
     pub(super) max_sent: i64,
+    /// The answers of the re-checks of forwarded creations' starts
+    /// (`recheck_later`), sent by their tasks.
+    pub(super) rechecks: mpsc::Sender<Rechecked>,
+    pub(super) rechecked: mpsc::Receiver<Rechecked>,
+    /// Forwarded creations (their `generation`) found from below etcd's
+    /// compaction, with its compact revision: answered in etcd's place
+    /// once etcd's `created` passed and no fragment is open.
+    pub(super) compacted_found: Vec<(u64, i64)>,
 }
 
 /// One watch etcd serves (`forwarded`).
@@ -134,6 +145,18 @@ pub(super) struct Forwarded {
     /// Its creation's number (`creations_sent` once it was sent): which
     /// of etcd's progress answers cover it.
     pub(super) generation: u64,
+    /// Its start's compaction check failed, and is asked again
+    /// (`recheck_later`) until etcd sends it anything but `created`.
+    pub(super) rechecking: bool,
+}
+
+/// The answer of a re-check of a forwarded creation's start revision.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Rechecked {
+    /// The creation's `Forwarded::generation`.
+    pub(super) generation: u64,
+    pub(super) start_revision: i64,
+    pub(super) compaction: Compaction,
 }
 
 /// One client watch served from a cache (`cached`).

@@ -12,12 +12,11 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, Interval};
 use tonic::Status;
 use tonic::metadata::MetadataMap;
-use tracing::debug;
 
 use etcd_client::proto::*;
 
 use super::forwarded::recv_upstream;
-use super::state::{ClientStream, CreateSpec, Pending};
+use super::state::{ClientStream, CreateSpec, Pending, Rechecked};
 use super::{Front, INVALID_WATCH_ID, MAX_PENDING, MAX_PENDING_BYTES, count_watch};
 use crate::grpc::kv::Compaction;
 
@@ -42,6 +41,8 @@ enum Step {
     Revision(Option<i64>),
     /// Time to ask etcd for progress (`ask_progress_later`).
     AskProgress,
+    /// A re-check of a forwarded creation's start answered.
+    Rechecked(Rechecked),
 }
 
 /// Why a client stream's task ends: the client or the front went away, or
@@ -76,6 +77,7 @@ impl ClientStream {
         md: MetadataMap,
         out: mpsc::Sender<Result<PbWatchResponse, Status>>,
     ) -> ClientStream {
+        let (rechecks, rechecked) = mpsc::channel(8);
         ClientStream {
             front,
             md,
@@ -96,6 +98,9 @@ impl ClientStream {
             awaiting_created: None,
             open_fragment: None,
             max_sent: 0,
+            rechecks,
+            rechecked,
+            compacted_found: Vec::new(),
         }
     }
 
@@ -132,6 +137,11 @@ impl ClientStream {
         // pending; etcd's fragments are still taken while there is
         // room, and the client's reading makes room.
         let held = self.open_fragment.is_some();
+        if !held {
+            for cancel in self.answer_found_compacted() {
+                self.send_upstream(cancel).await?;
+            }
+        }
         if !held
             && self.pending.is_empty()
             && !self.next_events()
@@ -188,6 +198,7 @@ impl ClientStream {
             _ = sleep_until_some(catch_up_deadline) => Step::CatchUpExpired,
             rev = recv_revision(&mut self.revision_fetch) => Step::Revision(rev),
             _ = sleep_until_some(self.ask_progress_at) => Step::AskProgress,
+            r = self.rechecked.recv() => r.map_or(Step::Continue, Step::Rechecked),
         }
     }
 
@@ -222,6 +233,7 @@ impl ClientStream {
             Step::Tick => self.progress_notify(),
             Step::Revision(rev) => self.fetched_revision(rev),
             Step::AskProgress => self.ask_progress().await?,
+            Step::Rechecked(r) => self.on_rechecked(r),
             Step::CatchUpExpired => {
                 if let Some(p) = &mut self.progress {
                     p.catch_up = None;
@@ -334,6 +346,7 @@ impl ClientStream {
         // From the compaction revision itself, its events there have no
         // prev_kv (etcd reads it at the revision before): etcd serves it.
         let checked = spec.start_revision - i64::from(spec.prev_kv);
+        let mut recheck = None;
         if placeable && spec.start_revision > 0 && checked > 0 {
             match self.front.compaction(&spec.key, checked, &self.md).await {
                 Compaction::NotCompacted => {}
@@ -344,7 +357,14 @@ impl ClientStream {
                     self.answer_compacted(id, compact_revision, revision);
                     return Ok(());
                 }
-                Compaction::At { .. } | Compaction::Unknown => {
+                Compaction::At { .. } => {
+                    cache = None;
+                    placeable = false;
+                }
+                Compaction::Unknown => {
+                    // etcd serves it, and is asked again meanwhile (see
+                    // `recheck_later`).
+                    recheck = Some((spec.key.clone(), checked, spec.start_revision));
                     cache = None;
                     placeable = false;
                 }
@@ -379,35 +399,11 @@ impl ClientStream {
             return Ok(());
         }
         self.forward_create(id, prev_next_id, cacheable.then_some(spec), req)
-            .await
-    }
-
-    /// etcd's answer to a creation from below its compaction: `created`
-    /// (at etcd's `revision`), then the sync loop's cancel, which carries
-    /// `compact_revision`, no reason, and a header at revision 0 (mvcc's
-    /// `WatchResponse` names no revision).
-    fn answer_compacted(&mut self, id: i64, compact_revision: i64, revision: i64) {
-        debug!(
-            watch_id = id,
-            compact_revision, "watch from a compacted revision; canceled"
-        );
-        crate::metrics::metrics()
-            .grpc_requests
-            .with_label_values(&["watch", "cache"])
-            .inc();
-        self.pending.push_back(PbWatchResponse {
-            header: self.header(revision),
-            watch_id: id,
-            created: true,
-            ..Default::default()
-        });
-        self.pending.push_back(PbWatchResponse {
-            header: self.header(0),
-            watch_id: id,
-            canceled: true,
-            compact_revision,
-            ..Default::default()
-        });
+            .await?;
+        if let Some((key, checked, start_revision)) = recheck {
+            self.recheck_later(id, key, checked, start_revision);
+        }
+        Ok(())
     }
 
     /// etcd's answer to a creation it refuses.

@@ -102,6 +102,7 @@ pub(super) fn fwd(spec: Option<CreateSpec>) -> Forwarded {
     Forwarded {
         spec,
         generation: 0,
+        rechecking: false,
     }
 }
 
