@@ -89,6 +89,11 @@ impl ClientStream {
             return false;
         };
         let w = self.watches.remove(i);
+        debug!(
+            watch_id = id,
+            min_rev = w.min_rev,
+            "cached watch canceled by the client"
+        );
         count_watch(&self.front, "cache", -1);
         let canceled = PbWatchResponse {
             header: self.header(w.cache.revision()),

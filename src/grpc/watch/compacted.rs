@@ -14,7 +14,7 @@ use tracing::debug;
 use etcd_client::proto::*;
 
 use super::count_watch;
-use super::state::{ClientStream, Rechecked};
+use super::state::{ClientStream, RecheckSpec, Rechecked};
 use crate::grpc::kv::Compaction;
 
 /// How long a failed check of a forwarded creation's start is asked again:
@@ -58,21 +58,42 @@ impl ClientStream {
         });
     }
 
-    /// The forwarded creation of watch `id` (just sent), from
+    /// Marks the forwarded creation of watch `id` (just sent), from
     /// `start_revision`, whose check at `checked` was not answered (a
-    /// member fault): a task asks again, for [`RECHECK_FOR`], and hands
-    /// the answer to the stream (`on_rechecked`).
-    pub(super) fn recheck_later(
+    /// member fault): once etcd's `created` shows etcd reachable again,
+    /// the check is asked again (`recheck`).
+    pub(super) fn recheck_at_created(
         &mut self,
         id: i64,
         key: Vec<u8>,
         checked: i64,
         start_revision: i64,
     ) {
+        if let Some(f) = self.forwarded.get_mut(&id) {
+            f.rechecking = true;
+            f.recheck = Some(RecheckSpec {
+                key,
+                checked,
+                start_revision,
+            });
+        }
+    }
+
+    /// etcd created forwarded watch `id`: its start's check, if one is
+    /// due, is asked by a task for [`RECHECK_FOR`], which hands the answer
+    /// to the stream (`on_rechecked`).
+    pub(super) fn recheck(&mut self, id: i64) {
         let Some(f) = self.forwarded.get_mut(&id) else {
             return;
         };
-        f.rechecking = true;
+        let Some(RecheckSpec {
+            key,
+            checked,
+            start_revision,
+        }) = f.recheck.take()
+        else {
+            return;
+        };
         let generation = f.generation;
         let front = Arc::clone(&self.front);
         let md = self.md.clone();
@@ -84,6 +105,7 @@ impl ClientStream {
                     _ = tx.closed() => return, // the stream ended
                     c = front.compaction(&key, checked, &md) => c,
                 };
+                debug!(checked, compaction = ?c, "compaction re-check");
                 if c != Compaction::Unknown || Instant::now() >= until {
                     break c;
                 }
@@ -334,5 +356,28 @@ mod tests {
             "etcd's answer to the client's cancel is dropped"
         );
         assert!(s.canceling.is_empty() && s.handing_over.is_empty());
+    }
+
+    /// A creation whose check failed is checked again once etcd's
+    /// `created` shows etcd reachable, not before (a check at the fault's
+    /// end meets the same broken connection); under the id etcd chose.
+    #[tokio::test]
+    async fn the_check_is_asked_again_at_etcds_created() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        s.forward_create(0, Some(0), None, create_from("/x/a", "", 3))
+            .await
+            .expect("sent");
+        s.recheck_at_created(0, b"/x/a".to_vec(), 3, 3);
+        assert!(s.forwarded[&0].recheck.is_some(), "not asked yet");
+        let created = PbWatchResponse {
+            watch_id: 4,
+            created: true,
+            ..Default::default()
+        };
+        assert!(s.on_upstream(created).is_empty());
+        let f = &s.forwarded[&4];
+        assert!(f.recheck.is_none(), "asked at created");
+        assert!(f.rechecking, "answered in etcd's place if found compacted");
     }
 }

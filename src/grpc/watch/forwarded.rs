@@ -49,6 +49,7 @@ impl ClientStream {
                 spec,
                 generation,
                 rechecking: false,
+                recheck: None,
             },
         );
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
@@ -175,6 +176,15 @@ impl ClientStream {
         if let Some(h) = &resp.header {
             self.front.headers.learn(h);
         }
+        if resp.created || resp.canceled {
+            debug!(
+                watch_id = resp.watch_id,
+                created = resp.created,
+                canceled = resp.canceled,
+                compact_revision = resp.compact_revision,
+                "etcd's answer to a creation or cancel"
+            );
+        }
         if self.dropped(&resp) {
             return Vec::new();
         }
@@ -194,6 +204,8 @@ impl ClientStream {
         self.settle_ids(&resp);
         if !resp.created {
             self.etcd_answered(resp.watch_id);
+        } else if !resp.canceled {
+            self.recheck(resp.watch_id);
         }
         if resp.created
             && !resp.canceled
@@ -303,6 +315,7 @@ impl ClientStream {
                     spec: None,
                     generation: self.creations_sent,
                     rechecking: false,
+                    recheck: None,
                 });
                 self.forwarded.insert(resp.watch_id, f);
             }

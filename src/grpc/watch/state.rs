@@ -128,7 +128,7 @@ pub(super) struct ClientStream {
     /// never goes back behind it.
     pub(super) max_sent: i64,
     /// The answers of the re-checks of forwarded creations' starts
-    /// (`recheck_later`), sent by their tasks.
+    /// (`recheck`), sent by their tasks.
     pub(super) rechecks: mpsc::Sender<Rechecked>,
     pub(super) rechecked: mpsc::Receiver<Rechecked>,
     /// Forwarded creations (their `generation`) found from below etcd's
@@ -146,8 +146,19 @@ pub(super) struct Forwarded {
     /// of etcd's progress answers cover it.
     pub(super) generation: u64,
     /// Its start's compaction check failed, and is asked again
-    /// (`recheck_later`) until etcd sends it anything but `created`.
+    /// (`recheck`) until etcd sends it anything but `created`.
     pub(super) rechecking: bool,
+    /// The check to ask again once etcd's `created` comes.
+    pub(super) recheck: Option<RecheckSpec>,
+}
+
+/// What a re-check of a forwarded creation's start asks: whether etcd
+/// compacted `checked` (the start, or the revision before it for
+/// prev_kv), for a watch from `start_revision`.
+pub(super) struct RecheckSpec {
+    pub(super) key: Vec<u8>,
+    pub(super) checked: i64,
+    pub(super) start_revision: i64,
 }
 
 /// The answer of a re-check of a forwarded creation's start revision.

@@ -363,7 +363,7 @@ impl ClientStream {
                 }
                 Compaction::Unknown => {
                     // etcd serves it, and is asked again meanwhile (see
-                    // `recheck_later`).
+                    // `recheck_at_created`).
                     recheck = Some((spec.key.clone(), checked, spec.start_revision));
                     cache = None;
                     placeable = false;
@@ -401,7 +401,7 @@ impl ClientStream {
         self.forward_create(id, prev_next_id, cacheable.then_some(spec), req)
             .await?;
         if let Some((key, checked, start_revision)) = recheck {
-            self.recheck_later(id, key, checked, start_revision);
+            self.recheck_at_created(id, key, checked, start_revision);
         }
         Ok(())
     }

@@ -103,6 +103,7 @@ pub(super) fn fwd(spec: Option<CreateSpec>) -> Forwarded {
         spec,
         generation: 0,
         rechecking: false,
+        recheck: None,
     }
 }
 
