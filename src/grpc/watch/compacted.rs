@@ -14,6 +14,7 @@ use tracing::debug;
 use etcd_client::proto::*;
 
 use super::count_watch;
+use super::forwarded::cancel_request;
 use super::state::{ClientStream, RecheckSpec, Rechecked};
 use crate::grpc::kv::Compaction;
 
@@ -195,13 +196,7 @@ impl ClientStream {
             self.handing_over.insert(id);
             self.push_compacted_cancel(id, compact_revision);
             if !self.canceling.remove(&id) {
-                let mut cancel = PbWatchRequestUnion::CancelRequest(Default::default());
-                if let PbWatchRequestUnion::CancelRequest(c) = &mut cancel {
-                    c.watch_id = id;
-                }
-                cancels.push(PbWatchRequest {
-                    request_union: Some(cancel),
-                });
+                cancels.push(cancel_request(id));
             }
         }
         cancels

@@ -371,13 +371,18 @@ impl ClientStream {
         w.notified_rev = from - 1;
         self.watches.push(w);
         move_watch(&self.front);
-        let mut cancel = PbWatchRequestUnion::CancelRequest(Default::default());
-        if let PbWatchRequestUnion::CancelRequest(c) = &mut cancel {
-            c.watch_id = id;
-        }
-        Some(PbWatchRequest {
-            request_union: Some(cancel),
-        })
+        Some(cancel_request(id))
+    }
+}
+
+/// The cancel for etcd of forwarded watch `id`.
+pub(super) fn cancel_request(id: i64) -> PbWatchRequest {
+    let mut cancel = PbWatchRequestUnion::CancelRequest(Default::default());
+    if let PbWatchRequestUnion::CancelRequest(c) = &mut cancel {
+        c.watch_id = id;
+    }
+    PbWatchRequest {
+        request_union: Some(cancel),
     }
 }
 

@@ -142,11 +142,7 @@ fn request(r: PbWatchRequestUnion) -> PbWatchRequest {
 }
 
 pub(super) fn cancel(id: i64) -> PbWatchRequest {
-    let mut c = PbWatchRequestUnion::CancelRequest(Default::default());
-    if let PbWatchRequestUnion::CancelRequest(r) = &mut c {
-        r.watch_id = id;
-    }
-    request(c)
+    super::forwarded::cancel_request(id)
 }
 
 pub(super) fn progress_request() -> PbWatchRequest {
