@@ -4,11 +4,12 @@
 //! cancel, so the front gives etcd's answer itself: at once when its check
 //! of the start (`Front::compaction`) answers, else in etcd's place once a
 //! re-check, asked while etcd serves the watch, finds the start compacted.
+//! A client's cancel of such a watch waits for the re-check's answer, as
+//! etcd's sync loop would have answered before it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::time::Instant;
 use tracing::debug;
 
 use etcd_client::proto::*;
@@ -100,20 +101,20 @@ impl ClientStream {
         let md = self.md.clone();
         let tx = self.rechecks.clone();
         tokio::spawn(async move {
-            let until = Instant::now() + RECHECK_FOR;
-            let compaction = loop {
-                let c = tokio::select! {
-                    _ = tx.closed() => return, // the stream ended
-                    c = front.compaction(&key, checked, &md) => c,
-                };
-                debug!(checked, compaction = ?c, "compaction re-check");
-                if c != Compaction::Unknown || Instant::now() >= until {
-                    break c;
+            let ask = async {
+                loop {
+                    let c = front.compaction(&key, checked, &md).await;
+                    debug!(checked, compaction = ?c, "compaction re-check");
+                    if c != Compaction::Unknown {
+                        return c;
+                    }
+                    tokio::time::sleep(RECHECK_PAUSE).await;
                 }
-                tokio::select! {
-                    _ = tx.closed() => return,
-                    _ = tokio::time::sleep(RECHECK_PAUSE) => {}
-                }
+            };
+            // Bounded as a whole: a client's cancel may be waiting for it.
+            let compaction = tokio::select! {
+                _ = tx.closed() => return, // the stream ended
+                c = tokio::time::timeout(RECHECK_FOR, ask) => c.unwrap_or(Compaction::Unknown),
             };
             let _ = tx
                 .send(Rechecked {
@@ -127,8 +128,9 @@ impl ClientStream {
 
     /// A re-check's answer: a start below etcd's compaction is noted, to
     /// be answered (`answer_found_compacted`) unless etcd sends the watch
-    /// anything first.
-    pub(super) fn on_rechecked(&mut self, r: Rechecked) {
+    /// anything first; else the client's held cancel goes to etcd (the
+    /// requests for etcd).
+    pub(super) fn on_rechecked(&mut self, r: Rechecked) -> Vec<PbWatchRequest> {
         debug!(
             start_revision = r.start_revision,
             compaction = ?r.compaction,
@@ -139,16 +141,35 @@ impl ClientStream {
             .values_mut()
             .find(|f| f.generation == r.generation)
         else {
-            return; // etcd canceled it, or the client's cancel went through
+            return Vec::new(); // etcd canceled it, or the client's cancel went through
         };
         match r.compaction {
             Compaction::At {
                 compact_revision, ..
             } if r.start_revision < compact_revision && f.rechecking => {
                 self.compacted_found.push((r.generation, compact_revision));
+                Vec::new()
             }
-            _ => f.rechecking = false,
+            _ => {
+                f.rechecking = false;
+                self.release_held_cancels()
+            }
         }
+    }
+
+    /// The client's cancels held for a re-check (`cancel_forwarded`) that
+    /// no longer runs: etcd judged the start, or the re-check found it not
+    /// compacted or could not tell. Their requests for etcd.
+    pub(super) fn release_held_cancels(&mut self) -> Vec<PbWatchRequest> {
+        let mut cancels = Vec::new();
+        for (&id, f) in &mut self.forwarded {
+            if f.cancel_held && !f.rechecking {
+                f.cancel_held = false;
+                self.canceling.insert(id);
+                cancels.push(cancel_request(id));
+            }
+        }
+        cancels
     }
 
     /// etcd sent forwarded watch `id` something besides `created` (an
@@ -316,7 +337,7 @@ mod tests {
 
     /// A re-check that answers before etcd's `created` waits for it, so the
     /// client hears `created` first; a client that canceled meanwhile gets
-    /// the compacted cancel, and etcd is not asked to cancel twice.
+    /// the compacted cancel, and etcd is asked to cancel once.
     #[tokio::test]
     async fn a_compacted_start_found_before_created_is_answered_after_it() {
         let mut h = harness(8, Duration::from_secs(600)).await;
@@ -336,21 +357,80 @@ mod tests {
         };
         assert!(s.on_upstream(created).is_empty());
         s.handle(cancel(7)).await.expect("handled");
-        assert!(
-            canceled_upstream(&s.answer_found_compacted()).is_empty(),
-            "asked already"
+        let asked: Vec<_> = std::iter::from_fn(|| h.to_etcd.try_recv().ok()).collect();
+        assert_eq!(
+            canceled_upstream(&s.answer_found_compacted()),
+            vec![7],
+            "etcd asked once: {asked:?}"
         );
+        assert!(canceled_upstream(&asked).is_empty());
         assert_eq!(
             sent(s),
             vec![(7, true, false, 0, 0), (7, false, true, 8, 0)]
         );
         assert!(s.on_upstream(canceled(7)).is_empty());
-        assert_eq!(
-            s.pending.len(),
-            2,
-            "etcd's answer to the client's cancel is dropped"
-        );
+        assert_eq!(s.pending.len(), 2, "etcd's answer to the cancel is dropped");
         assert!(s.canceling.is_empty() && s.handing_over.is_empty());
+    }
+
+    /// The client's cancel of a watch whose re-check is under way waits
+    /// for its answer (etcd's sync loop would have judged the start within
+    /// 100 ms, long before a client cancels): found compacted, the client
+    /// gets the compacted cancel; not compacted (or etcd sent the watch
+    /// anything), the cancel goes to etcd, whose `canceled` is passed on.
+    #[tokio::test]
+    async fn a_cancel_waits_for_the_recheck() {
+        let mut h = harness(8, Duration::from_secs(600)).await;
+        let s = &mut h.stream;
+        for (id, key) in [(5, "/x/a"), (6, "/x/b"), (7, "/x/c")] {
+            forward_created(s, id, key, 3, None, 12).await;
+            s.forwarded.get_mut(&id).expect("forwarded").rechecking = true;
+            s.handle(cancel(id)).await.expect("handled");
+        }
+        let asked: Vec<_> = std::iter::from_fn(|| h.to_etcd.try_recv().ok()).collect();
+        assert!(
+            canceled_upstream(&asked).is_empty(),
+            "no cancel before the re-check answers: {asked:?}"
+        );
+        assert!(s.canceling.is_empty());
+
+        // 5: found compacted.
+        let g5 = s.forwarded[&5].generation;
+        assert!(s.on_rechecked(compacted_at(g5, 8)).is_empty());
+        assert_eq!(canceled_upstream(&s.answer_found_compacted()), vec![5]);
+        assert!(s.on_upstream(canceled(5)).is_empty());
+
+        // 6: not compacted.
+        let g6 = s.forwarded[&6].generation;
+        let not_compacted = Rechecked {
+            generation: g6,
+            start_revision: 3,
+            compaction: Compaction::NotCompacted,
+        };
+        assert_eq!(canceled_upstream(&s.on_rechecked(not_compacted)), vec![6]);
+        assert!(s.on_upstream(canceled(6)).is_empty());
+
+        // 7: etcd sent an event first.
+        assert_eq!(
+            canceled_upstream(&s.on_upstream(event_answer(7, "/x/c", 9))),
+            vec![7]
+        );
+        assert!(s.on_upstream(canceled(7)).is_empty());
+
+        let created = |id| (id, true, false, 0, 0);
+        assert_eq!(
+            sent(s),
+            vec![
+                created(5),
+                created(6),
+                created(7),
+                (5, false, true, 8, 0),
+                (6, false, true, 0, 0),
+                (7, false, false, 0, 1),
+                (7, false, true, 0, 0),
+            ]
+        );
+        assert!(s.forwarded.is_empty() && s.canceling.is_empty() && s.handing_over.is_empty());
     }
 
     /// A creation whose check failed is checked again once etcd's

@@ -50,6 +50,7 @@ impl ClientStream {
                 generation,
                 rechecking: false,
                 recheck: None,
+                cancel_held: false,
             },
         );
         self.awaiting_created = Some(AwaitingCreated { id, prev_next_id });
@@ -73,6 +74,13 @@ impl ClientStream {
         // No handover once the client canceled: an event
         // answer in flight would bring the watch back.
         f.spec = None;
+        // etcd's sync loop would have judged its start within 100 ms; the
+        // re-check standing in for it answers first (see `compacted`).
+        if f.rechecking && f.recheck.is_none() && !self.canceling.contains(&id) {
+            debug!(watch_id = id, "cancel held for the compaction re-check");
+            f.cancel_held = true;
+            return Ok(());
+        }
         if !self.canceling.insert(id) {
             return Ok(()); // asked already; etcd answers once
         }
@@ -198,7 +206,9 @@ impl ClientStream {
             // etcd answers a progress request only once every watch of its
             // stream is synced: each sent everything up to the revision.
             let rev = resp.header.as_ref().map_or(0, |h| h.revision);
-            return self.hand_over_synced(rev, covers);
+            let mut cancels = self.hand_over_synced(rev, covers);
+            cancels.extend(self.release_held_cancels());
+            return cancels;
         }
         self.note_sent(&resp.events);
         self.settle_ids(&resp);
@@ -219,10 +229,12 @@ impl ClientStream {
         let handover = self.handover_point(&resp);
         self.track_fragment(&resp);
         self.pending.push_back(resp);
-        handover
+        let mut cancels: Vec<PbWatchRequest> = handover
             .and_then(|(id, from)| self.hand_over(id, from))
             .into_iter()
-            .collect()
+            .collect();
+        cancels.extend(self.release_held_cancels());
+        cancels
     }
 
     /// After etcd created a watch over a cached range: asks etcd for
@@ -316,6 +328,7 @@ impl ClientStream {
                     generation: self.creations_sent,
                     rechecking: false,
                     recheck: None,
+                    cancel_held: false,
                 });
                 self.forwarded.insert(resp.watch_id, f);
             }

@@ -150,6 +150,9 @@ pub(super) struct Forwarded {
     pub(super) rechecking: bool,
     /// The check to ask again once etcd's `created` comes.
     pub(super) recheck: Option<RecheckSpec>,
+    /// The client canceled it while its re-check was under way: the cancel
+    /// waits for the re-check's answer (`release_held_cancels`).
+    pub(super) cancel_held: bool,
 }
 
 /// What a re-check of a forwarded creation's start asks: whether etcd

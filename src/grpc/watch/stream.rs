@@ -233,7 +233,11 @@ impl ClientStream {
             Step::Tick => self.progress_notify(),
             Step::Revision(rev) => self.fetched_revision(rev),
             Step::AskProgress => self.ask_progress().await?,
-            Step::Rechecked(r) => self.on_rechecked(r),
+            Step::Rechecked(r) => {
+                for cancel in self.on_rechecked(r) {
+                    self.send_upstream(cancel).await?;
+                }
+            }
             Step::CatchUpExpired => {
                 if let Some(p) = &mut self.progress {
                     p.catch_up = None;

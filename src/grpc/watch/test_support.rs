@@ -104,6 +104,7 @@ pub(super) fn fwd(spec: Option<CreateSpec>) -> Forwarded {
         generation: 0,
         rechecking: false,
         recheck: None,
+        cancel_held: false,
     }
 }
 
