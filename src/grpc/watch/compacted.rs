@@ -161,15 +161,22 @@ impl ClientStream {
     /// no longer runs: etcd judged the start, or the re-check found it not
     /// compacted or could not tell. Their requests for etcd.
     pub(super) fn release_held_cancels(&mut self) -> Vec<PbWatchRequest> {
-        let mut cancels = Vec::new();
-        for (&id, f) in &mut self.forwarded {
-            if f.cancel_held && !f.rechecking {
-                f.cancel_held = false;
-                self.canceling.insert(id);
-                cancels.push(cancel_request(id));
-            }
+        let ids: Vec<i64> = self.forwarded.keys().copied().collect();
+        ids.into_iter()
+            .filter_map(|id| self.release_held_cancel(id))
+            .collect()
+    }
+
+    /// Forwarded watch `id`'s held cancel, if it is due; the request for
+    /// etcd.
+    pub(super) fn release_held_cancel(&mut self, id: i64) -> Option<PbWatchRequest> {
+        let f = self.forwarded.get_mut(&id)?;
+        if !f.cancel_held || f.rechecking {
+            return None;
         }
-        cancels
+        f.cancel_held = false;
+        self.canceling.insert(id);
+        Some(cancel_request(id))
     }
 
     /// etcd sent forwarded watch `id` something besides `created` (an

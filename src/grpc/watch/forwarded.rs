@@ -228,13 +228,16 @@ impl ClientStream {
         }
         let handover = self.handover_point(&resp);
         self.track_fragment(&resp);
+        let resp_id = resp.watch_id;
         self.pending.push_back(resp);
-        let mut cancels: Vec<PbWatchRequest> = handover
+        // Only this watch's held cancel can be due (`etcd_answered`): no
+        // walk of every forwarded watch per event.
+        let released = self.release_held_cancel(resp_id);
+        handover
             .and_then(|(id, from)| self.hand_over(id, from))
             .into_iter()
-            .collect();
-        cancels.extend(self.release_held_cancels());
-        cancels
+            .chain(released)
+            .collect()
     }
 
     /// After etcd created a watch over a cached range: asks etcd for
