@@ -411,6 +411,17 @@ impl Daemon {
     }
 }
 
+impl Daemon {
+    /// Leaves the daemon's directory (its config, certificates and
+    /// `watchcache.log`) in place when the daemon is dropped; returns it.
+    pub fn keep_dir(&mut self) -> String {
+        self.dir.disable_cleanup(true);
+        let path = self.dir.path().display().to_string();
+        eprintln!("the daemon's directory, kept after the run: {path}");
+        path
+    }
+}
+
 impl Drop for Daemon {
     /// SIGTERM (a clean shutdown, so profilers wrapping the daemon can write
     /// their data), SIGKILL after 5 s.

@@ -330,6 +330,10 @@ struct Cli {
     /// No progress bars.
     #[arg(long)]
     no_progress: bool,
+    /// chaos: keep the daemon's directory (its config and `watchcache.log`)
+    /// after the run, failed or not, and print where it is.
+    #[arg(long)]
+    keep_dir: bool,
     /// A `[server]` setting of the daemon the bench starts, as TOML
     /// `KEY=VALUE` (repeatable), e.g. `--daemon-server coalesce_writes=false`
     /// to measure what a setting is worth.
@@ -1953,6 +1957,7 @@ async fn run_chaos(
             }
             None => PathBuf::new(),
         },
+        keep_dir: cli.keep_dir,
         etcd_upgrades: if cli.etcd_members >= 3 {
             upgrade_binaries(&cli.etcd_upgrade)?
         } else {

@@ -27,10 +27,18 @@ fn a_short_grpc_chaos_run_finds_no_violation() {
             "7",
             "-w",
             "6",
+            "--keep-dir",
         ],
         &dir.path().join("chaos-grpc.json"),
     );
     let r = &report["results"];
+    // --keep-dir: the daemon's config and log outlive the run.
+    let kept = PathBuf::from(r["daemon_dir"].as_str().unwrap_or_else(|| panic!("{r:#}")));
+    let config = std::fs::read_to_string(kept.join("watchcache.toml")).unwrap_or_default();
+    let has_log = kept.join("watchcache.log").is_file();
+    let _ = std::fs::remove_dir_all(&kept);
+    assert!(config.contains("grpc_cache_prefixes"), "{config}");
+    assert!(has_log, "no watchcache.log in {}", kept.display());
     assert_eq!(r["front"], "grpc", "{r:#}");
     assert_eq!(r["violations"], 0, "{r:#}");
     let n = |v: &Value| v.as_u64().unwrap_or_else(|| panic!("missing in {r:#}"));

@@ -223,6 +223,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         daemon_config(&via, &p.etcd_prefix, 10_000, None, &[])
     );
     let mut daemon = Daemon::spawn_grpc(&p.watchcache_bin, &cfg)?;
+    let kept_dir = p.keep_dir.then(|| daemon.keep_dir());
     let rss = super::memory::RssSampler::start(daemon.pid, started);
     daemon
         .wait_ready(Instant::now(), Duration::from_secs(120))
@@ -578,6 +579,7 @@ pub async fn run(p: &ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<GrpcOut
         "faults": faults,
         "compactions": compactions,
         "daemon_memory": rss.report(),
+        "daemon_dir": kept_dir,
         "violations": violations,
         "violations_by_kind": report.counts(),
         "violation_list": report.violations.iter().take(100).collect::<Vec<_>>(),

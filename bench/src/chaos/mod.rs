@@ -86,6 +86,9 @@ pub struct ChaosParams {
     pub etcd_bin: std::path::PathBuf,
     /// The binaries of the rolling upgrade, oldest first (empty: none).
     pub etcd_upgrades: Vec<std::path::PathBuf>,
+    /// Keep the daemon's directory (its config and `watchcache.log`) after
+    /// the run, failed or not, to read its log around a violation.
+    pub keep_dir: bool,
 }
 
 /// How long a member fault holds the member down (stopped, cut off) at most
@@ -313,6 +316,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
     // (or one that is already running).
     let mut proxies: Vec<TcpProxy> = Vec::new();
     let mut daemon = None;
+    let mut kept_dir = None;
     let rss = memory::RssSampler::start(0, started);
     let authority = match &p.daemon_authority {
         Some(a) => a.clone(),
@@ -322,6 +326,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
             let via: Vec<String> = proxies.iter().map(TcpProxy::endpoint).collect();
             let cfg = daemon_config(&via, &p.etcd_prefix, history, None, &[]);
             let mut d = Daemon::spawn(&p.watchcache_bin, &cfg)?;
+            kept_dir = p.keep_dir.then(|| d.keep_dir());
             d.wait_ready(Instant::now(), Duration::from_secs(120))
                 .await
                 .context("starting watchcache")?;
@@ -643,6 +648,9 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         started,
     );
     json["daemon_memory"] = rss.report();
+    if let Some(d) = &kept_dir {
+        json["daemon_dir"] = json!(d);
+    }
     Ok(ChaosOutcome {
         report,
         faults,
