@@ -1639,6 +1639,165 @@ async fn a_serializable_get_is_not_behind_a_revision_the_front_showed() {
     }
 }
 
+/// A serializable Range the front leaves to etcd, answered by a member
+/// behind a revision the front already showed the client, is asked again
+/// linearizably: the client gets what etcd answers a linearizable read
+/// there, never the older answer. The member here is cut off its peers
+/// (a partition of the test's peer proxies) before the cluster takes a
+/// write through the front (found by `chaos --front grpc --etcd-members
+/// 3`, docs/RELIABILITY.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_get_a_member_answers_behind_a_shown_revision_is_asked_again() {
+    let cluster = common::EtcdCluster::start().await;
+    let leader = cluster.leader().await.expect("a leader");
+    let behind = (0..3).find(|&i| i != leader).expect("a follower");
+    let proxy = common::TcpProxy::start(cluster.addr(leader)).await;
+    let prefix = common::unique_prefix("behind");
+    let front = TestFront::start(&proxy.endpoint(), &prefix, |_| {}).await;
+    let mut fc = front.client().await;
+    // Outside every cached prefix: etcd answers each read of it.
+    let key = format!("{prefix}-uncached/a");
+    let serializable = || Some(etcd_client::GetOptions::new().with_serializable());
+    let first = put(&mut fc, &key, "v1").await;
+    let mut member = Client::connect([cluster.endpoint(behind)], None)
+        .await
+        .expect("client of the member");
+    let has_first = common::eventually(WAIT, || {
+        let ep = cluster.endpoint(behind);
+        let key = key.clone();
+        async move {
+            let Ok(mut c) = Client::connect([ep], None).await else {
+                return false;
+            };
+            c.get(key, serializable())
+                .await
+                .is_ok_and(|r| r.header().is_some_and(|h| h.revision() >= first))
+        }
+    })
+    .await;
+    assert!(has_first, "the member applied revision {first}");
+
+    cluster.isolate(Some(behind));
+    let shown = put(&mut fc, &key, "v2").await;
+    proxy.retarget(cluster.addr(behind)).await;
+
+    // The member serves a serializable read at its own, older revision...
+    let stale = member
+        .get(key.as_str(), serializable())
+        .await
+        .expect("a serializable read of the member");
+    let at = stale.header().map(|h| h.revision()).unwrap_or(0);
+    assert!(
+        at < shown,
+        "the member answered at {at}, not behind {shown}"
+    );
+    // ...and a linearizable one not at all; through the front, the
+    // serializable read gets that answer.
+    let (direct, through) = tokio::join!(
+        member.get(key.as_str(), None),
+        fc.get(key.as_str(), serializable())
+    );
+    let direct = status_of(direct);
+    match through {
+        Ok(r) => panic!(
+            "the front answered at {:?} after showing {shown}",
+            r.header().map(|h| h.revision())
+        ),
+        Err(e) => {
+            let through = status_of::<()>(Err(e));
+            assert_eq!(through.0, direct.0, "front {through:?}, etcd {direct:?}");
+        }
+    }
+    // Healed, the member catches up and the same read is answered.
+    cluster.isolate(None);
+    let healed = common::eventually(Duration::from_secs(60), || {
+        let mut fc = fc.clone();
+        let key = key.clone();
+        async move {
+            fc.get(key, serializable())
+                .await
+                .is_ok_and(|r| r.header().is_some_and(|h| h.revision() >= shown))
+        }
+    })
+    .await;
+    assert!(healed, "no answer at {shown} or later after the heal");
+}
+
+/// The front's check that a watch's start is not compacted does not take
+/// the word of a member behind the cluster. Here the member is cut off
+/// before the cluster compacts, so it still serves the compacted revision;
+/// asked serializably, it said "not compacted" and the front served the
+/// start from its ring. The check is linearizable, which the cut-off member
+/// cannot answer, so the watch is left to etcd (found by `chaos --front
+/// grpc --etcd-members 3`, docs/RELIABILITY.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_members_word_that_a_start_is_not_compacted_is_not_taken() {
+    let cluster = common::EtcdCluster::start().await;
+    let leader = cluster.leader().await.expect("a leader");
+    let behind = (0..3).find(|&i| i != leader).expect("a follower");
+    let proxy = common::TcpProxy::start(cluster.addr(leader)).await;
+    let prefix = common::unique_prefix("behind-compact");
+    let p = format!("{prefix}/pods/");
+    let front = TestFront::start(&proxy.endpoint(), &prefix, |_| {}).await;
+    let mut lc = Client::connect([cluster.endpoint(leader)], None)
+        .await
+        .expect("client of the leader");
+    let mut revs = Vec::new();
+    for i in 0..6 {
+        revs.push(put(&mut lc, &format!("{p}k{i}"), "v").await);
+    }
+    front.wait_rev(revs[5]).await;
+    let serializable_at = |rev: i64| {
+        Some(
+            etcd_client::GetOptions::new()
+                .with_prefix()
+                .with_serializable()
+                .with_revision(rev),
+        )
+    };
+    let last = revs[5];
+    let caught_up = common::eventually(WAIT, || {
+        let ep = cluster.endpoint(behind);
+        let p = p.clone();
+        async move {
+            let Ok(mut c) = Client::connect([ep], None).await else {
+                return false;
+            };
+            c.get(p, serializable_at(last)).await.is_ok()
+        }
+    })
+    .await;
+    assert!(caught_up, "the member applied revision {last}");
+
+    cluster.isolate(Some(behind));
+    lc.compact(revs[4], None).await.expect("compact");
+    proxy.retarget(cluster.addr(behind)).await;
+    // The cluster refuses the compacted revision; the cut-off member, which
+    // missed the compaction, serves it.
+    let refused = lc.get(p.as_str(), serializable_at(revs[1])).await;
+    assert!(refused.is_err(), "{refused:?}");
+    let mut member = Client::connect([cluster.endpoint(behind)], None)
+        .await
+        .expect("client of the member");
+    member
+        .get(p.as_str(), serializable_at(revs[1]))
+        .await
+        .expect("the member serves the compacted revision");
+
+    let forwarded = front.front.creations_forwarded();
+    let mut fc = front.client().await;
+    let opts = WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(revs[1]);
+    let mut s = fc.watch(p.as_str(), Some(opts)).await.expect("watch");
+    let got = read_until(&mut s, |r| !r.events().is_empty() || r.canceled()).await;
+    assert_eq!(
+        front.front.creations_forwarded(),
+        forwarded + 1,
+        "served from the ring on the cut-off member's word: {got:?}"
+    );
+}
+
 // ---- etcd auth (`auth enable`) -------------------------------------------
 
 /// A call's error as (gRPC code, message), to compare the front with etcd.

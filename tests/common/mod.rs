@@ -3,12 +3,15 @@
 //! kill or compact, and client helpers. Later layers add the daemon here.
 #![allow(dead_code, unused_imports)]
 
+pub mod cluster;
 pub mod front;
 pub mod kube_apiserver;
 pub mod kubectl;
 pub mod pki;
 pub mod server;
 pub mod tls;
+
+pub use cluster::EtcdCluster;
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -394,6 +397,8 @@ impl Drop for Daemon {
 /// directly: deterministic "disconnected while X happened" scenarios.
 pub struct TcpProxy {
     pub addr: std::net::SocketAddr,
+    /// Where new connections go (see [`TcpProxy::retarget`]).
+    target: std::sync::Arc<std::sync::Mutex<std::net::SocketAddr>>,
     /// `true` = forwarding; on `false` live connections are dropped and new
     /// ones are closed at once.
     open: tokio::sync::watch::Sender<bool>,
@@ -428,6 +433,8 @@ impl TcpProxy {
         let (live, _) = tokio::sync::watch::channel(0usize);
         let open_tx = open.clone();
         let live_tx = live.clone();
+        let target = std::sync::Arc::new(std::sync::Mutex::new(target));
+        let to = std::sync::Arc::clone(&target);
         let task = tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
                 let mut open_rx = open_tx.subscribe();
@@ -435,6 +442,7 @@ impl TcpProxy {
                     continue; // dropped: the client sees the connection close
                 }
                 let counted = LiveConnection::new(&live_tx);
+                let target = *to.lock().expect("proxy target");
                 tokio::spawn(async move {
                     let _counted = counted;
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
@@ -449,6 +457,7 @@ impl TcpProxy {
         });
         TcpProxy {
             addr,
+            target,
             open,
             live,
             task,
@@ -475,103 +484,18 @@ impl TcpProxy {
     pub fn restore(&self) {
         self.open.send_replace(true);
     }
+
+    /// Drops every forwarded connection and forwards new ones to `target`
+    /// (another member of a cluster): the client's next call reaches it.
+    pub async fn retarget(&self, target: std::net::SocketAddr) {
+        self.cut().await;
+        *self.target.lock().expect("proxy target") = target;
+        self.restore();
+    }
 }
 
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         self.task.abort();
-    }
-}
-
-/// A real etcd cluster of three members on free loopback ports (own data
-/// dirs); members are SIGKILLed on drop (and with the test thread: PDEATHSIG).
-pub struct EtcdCluster {
-    children: Vec<Option<std::process::Child>>,
-    client_ports: Vec<u16>,
-    _dir: tempfile::TempDir,
-}
-
-impl EtcdCluster {
-    /// Starts three members and waits until each answers a linearizable read.
-    pub async fn start() -> EtcdCluster {
-        let bin = watchcache::etcd_server::find_etcd_binary().expect("etcd binary");
-        let dir = tempfile::tempdir().expect("cluster dir");
-        // All six ports held at once, so no two are the same.
-        let held: Vec<std::net::TcpListener> = (0..6)
-            .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("free port"))
-            .collect();
-        let ports: Vec<u16> = held
-            .iter()
-            .map(|l| l.local_addr().expect("port").port())
-            .collect();
-        drop(held);
-        let (client_ports, peer_ports) = ports.split_at(3);
-        let initial: Vec<String> = (0..3)
-            .map(|i| format!("m{i}=http://127.0.0.1:{}", peer_ports[i]))
-            .collect();
-        let mut children = Vec::new();
-        for i in 0..3 {
-            let client = format!("http://127.0.0.1:{}", client_ports[i]);
-            let peer = format!("http://127.0.0.1:{}", peer_ports[i]);
-            let log = std::fs::File::create(dir.path().join(format!("m{i}.log"))).expect("log");
-            let mut cmd = std::process::Command::new(&bin);
-            cmd.arg(format!("--name=m{i}"))
-                .arg(format!(
-                    "--data-dir={}",
-                    dir.path().join(format!("m{i}")).display()
-                ))
-                .arg(format!("--listen-client-urls={client}"))
-                .arg(format!("--advertise-client-urls={client}"))
-                .arg(format!("--listen-peer-urls={peer}"))
-                .arg(format!("--initial-advertise-peer-urls={peer}"))
-                .arg(format!("--initial-cluster={}", initial.join(",")))
-                .arg("--log-level=warn")
-                .stdin(std::process::Stdio::null())
-                .stdout(std::process::Stdio::null())
-                .stderr(log);
-            watchcache::etcd_server::kill_with_parent(&mut cmd);
-            children.push(Some(cmd.spawn().expect("spawn etcd member")));
-        }
-        let c = EtcdCluster {
-            children,
-            client_ports: client_ports.to_vec(),
-            _dir: dir,
-        };
-        for i in 0..3 {
-            let ep = c.endpoint(i);
-            let up = eventually(Duration::from_secs(60), || {
-                let ep = ep.clone();
-                async move {
-                    match etcd_client::Client::connect([ep], None).await {
-                        Ok(mut cl) => cl.get("/", None).await.is_ok(),
-                        Err(_) => false,
-                    }
-                }
-            })
-            .await;
-            assert!(up, "etcd member m{i} serves");
-        }
-        c
-    }
-
-    /// Member `i`'s client URL.
-    pub fn endpoint(&self, i: usize) -> String {
-        format!("http://127.0.0.1:{}", self.client_ports[i])
-    }
-
-    /// SIGKILLs member `i`.
-    pub fn kill(&mut self, i: usize) {
-        if let Some(mut c) = self.children[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for EtcdCluster {
-    fn drop(&mut self) {
-        for i in 0..self.children.len() {
-            self.kill(i);
-        }
     }
 }
