@@ -1639,6 +1639,60 @@ async fn a_serializable_get_is_not_behind_a_revision_the_front_showed() {
     }
 }
 
+/// The front on a 3-member cluster, through a proxy to the leader that a
+/// test moves onto `follower`, the member it cuts off.
+struct FrontOnCluster {
+    cluster: common::EtcdCluster,
+    leader: usize,
+    follower: usize,
+    proxy: common::TcpProxy,
+    front: TestFront,
+    prefix: String,
+}
+
+impl FrontOnCluster {
+    async fn start(name: &str) -> FrontOnCluster {
+        let cluster = common::EtcdCluster::start().await;
+        let leader = cluster.leader().await.expect("a leader");
+        let follower = (0..3).find(|&i| i != leader).expect("a follower");
+        let proxy = common::TcpProxy::start(cluster.addr(leader)).await;
+        let prefix = common::unique_prefix(name);
+        let front = TestFront::start(&proxy.endpoint(), &prefix, |_| {}).await;
+        FrontOnCluster {
+            cluster,
+            leader,
+            follower,
+            proxy,
+            front,
+            prefix,
+        }
+    }
+
+    /// Waits until the follower has applied `rev` (etcd refuses a
+    /// serializable read at a revision the member has not reached).
+    async fn follower_at(&self, rev: i64) {
+        let at = common::eventually(WAIT, || {
+            let ep = self.cluster.endpoint(self.follower);
+            async move {
+                let Ok(mut c) = Client::connect([ep], None).await else {
+                    return false;
+                };
+                let opts = etcd_client::GetOptions::new()
+                    .with_serializable()
+                    .with_revision(rev);
+                c.get("/", Some(opts)).await.is_ok()
+            }
+        })
+        .await;
+        assert!(at, "the follower applied revision {rev}");
+    }
+
+    /// Moves the front's connections to etcd onto the follower.
+    async fn front_to_follower(&self) {
+        self.proxy.retarget(self.cluster.addr(self.follower)).await;
+    }
+}
+
 /// A serializable Range the front leaves to etcd, answered by a member
 /// behind a revision the front already showed the client, is asked again
 /// linearizably: the client gets what etcd answers a linearizable read
@@ -1648,38 +1702,20 @@ async fn a_serializable_get_is_not_behind_a_revision_the_front_showed() {
 /// 3`, docs/RELIABILITY.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_serializable_get_a_member_answers_behind_a_shown_revision_is_asked_again() {
-    let cluster = common::EtcdCluster::start().await;
-    let leader = cluster.leader().await.expect("a leader");
-    let behind = (0..3).find(|&i| i != leader).expect("a follower");
-    let proxy = common::TcpProxy::start(cluster.addr(leader)).await;
-    let prefix = common::unique_prefix("behind");
-    let front = TestFront::start(&proxy.endpoint(), &prefix, |_| {}).await;
-    let mut fc = front.client().await;
+    let f = FrontOnCluster::start("behind").await;
+    let mut fc = f.front.client().await;
     // Outside every cached prefix: etcd answers each read of it.
-    let key = format!("{prefix}-uncached/a");
+    let key = format!("{}-uncached/a", f.prefix);
     let serializable = || Some(etcd_client::GetOptions::new().with_serializable());
     let first = put(&mut fc, &key, "v1").await;
-    let mut member = Client::connect([cluster.endpoint(behind)], None)
+    f.follower_at(first).await;
+    let mut member = Client::connect([f.cluster.endpoint(f.follower)], None)
         .await
         .expect("client of the member");
-    let has_first = common::eventually(WAIT, || {
-        let ep = cluster.endpoint(behind);
-        let key = key.clone();
-        async move {
-            let Ok(mut c) = Client::connect([ep], None).await else {
-                return false;
-            };
-            c.get(key, serializable())
-                .await
-                .is_ok_and(|r| r.header().is_some_and(|h| h.revision() >= first))
-        }
-    })
-    .await;
-    assert!(has_first, "the member applied revision {first}");
 
-    cluster.isolate(Some(behind));
+    f.cluster.isolate(Some(f.follower));
     let shown = put(&mut fc, &key, "v2").await;
-    proxy.retarget(cluster.addr(behind)).await;
+    f.front_to_follower().await;
 
     // The member serves a serializable read at its own, older revision...
     let stale = member
@@ -1709,7 +1745,7 @@ async fn a_serializable_get_a_member_answers_behind_a_shown_revision_is_asked_ag
         }
     }
     // Healed, the member catches up and the same read is answered.
-    cluster.isolate(None);
+    f.cluster.isolate(None);
     let healed = common::eventually(Duration::from_secs(60), || {
         let mut fc = fc.clone();
         let key = key.clone();
@@ -1732,22 +1768,24 @@ async fn a_serializable_get_a_member_answers_behind_a_shown_revision_is_asked_ag
 /// grpc --etcd-members 3`, docs/RELIABILITY.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_members_word_that_a_start_is_not_compacted_is_not_taken() {
-    let cluster = common::EtcdCluster::start().await;
-    let leader = cluster.leader().await.expect("a leader");
-    let behind = (0..3).find(|&i| i != leader).expect("a follower");
-    let proxy = common::TcpProxy::start(cluster.addr(leader)).await;
-    let prefix = common::unique_prefix("behind-compact");
-    let p = format!("{prefix}/pods/");
-    let front = TestFront::start(&proxy.endpoint(), &prefix, |_| {}).await;
-    let mut lc = Client::connect([cluster.endpoint(leader)], None)
+    let f = FrontOnCluster::start("behind-compact").await;
+    let p = format!("{}/pods/", f.prefix);
+    let mut lc = Client::connect([f.cluster.endpoint(f.leader)], None)
         .await
         .expect("client of the leader");
     let mut revs = Vec::new();
     for i in 0..6 {
         revs.push(put(&mut lc, &format!("{p}k{i}"), "v").await);
     }
-    front.wait_rev(revs[5]).await;
-    let serializable_at = |rev: i64| {
+    f.front.wait_rev(revs[5]).await;
+    f.follower_at(revs[5]).await;
+
+    f.cluster.isolate(Some(f.follower));
+    lc.compact(revs[4], None).await.expect("compact");
+    f.front_to_follower().await;
+    // The cluster refuses the compacted revision; the cut-off member, which
+    // missed the compaction, serves it.
+    let at = |rev: i64| {
         Some(
             etcd_client::GetOptions::new()
                 .with_prefix()
@@ -1755,44 +1793,25 @@ async fn a_cut_off_members_word_that_a_start_is_not_compacted_is_not_taken() {
                 .with_revision(rev),
         )
     };
-    let last = revs[5];
-    let caught_up = common::eventually(WAIT, || {
-        let ep = cluster.endpoint(behind);
-        let p = p.clone();
-        async move {
-            let Ok(mut c) = Client::connect([ep], None).await else {
-                return false;
-            };
-            c.get(p, serializable_at(last)).await.is_ok()
-        }
-    })
-    .await;
-    assert!(caught_up, "the member applied revision {last}");
-
-    cluster.isolate(Some(behind));
-    lc.compact(revs[4], None).await.expect("compact");
-    proxy.retarget(cluster.addr(behind)).await;
-    // The cluster refuses the compacted revision; the cut-off member, which
-    // missed the compaction, serves it.
-    let refused = lc.get(p.as_str(), serializable_at(revs[1])).await;
+    let refused = lc.get(p.as_str(), at(revs[1])).await;
     assert!(refused.is_err(), "{refused:?}");
-    let mut member = Client::connect([cluster.endpoint(behind)], None)
+    let mut member = Client::connect([f.cluster.endpoint(f.follower)], None)
         .await
         .expect("client of the member");
     member
-        .get(p.as_str(), serializable_at(revs[1]))
+        .get(p.as_str(), at(revs[1]))
         .await
         .expect("the member serves the compacted revision");
 
-    let forwarded = front.front.creations_forwarded();
-    let mut fc = front.client().await;
+    let forwarded = f.front.front.creations_forwarded();
+    let mut fc = f.front.client().await;
     let opts = WatchOptions::new()
         .with_prefix()
         .with_start_revision(revs[1]);
     let mut s = fc.watch(p.as_str(), Some(opts)).await.expect("watch");
     let got = read_until(&mut s, |r| !r.events().is_empty() || r.canceled()).await;
     assert_eq!(
-        front.front.creations_forwarded(),
+        f.front.front.creations_forwarded(),
         forwarded + 1,
         "served from the ring on the cut-off member's word: {got:?}"
     );
