@@ -409,9 +409,7 @@ impl Daemon {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
-}
 
-impl Daemon {
     /// Leaves the daemon's directory (its config, certificates and
     /// `watchcache.log`) in place when the daemon is dropped; returns it.
     pub fn keep_dir(&mut self) -> String {

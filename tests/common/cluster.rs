@@ -4,7 +4,6 @@
 //! partition) while the test and the daemon still reach its client port.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -219,7 +218,7 @@ impl EtcdCluster {
         SocketAddr::from(([127, 0, 0, 1], self.client_ports[i]))
     }
 
-    /// The member that leads, as the members' status says.
+    /// The member that leads, as member 0's status says.
     pub async fn leader(&self) -> Option<usize> {
         let mut client = etcd_client::Client::connect([self.endpoint(0)], None)
             .await

@@ -648,9 +648,7 @@ pub async fn run(p: ChaosParams, keeper: Option<&EtcdKeeper>) -> Result<ChaosOut
         started,
     );
     json["daemon_memory"] = rss.report();
-    if let Some(d) = &kept_dir {
-        json["daemon_dir"] = json!(d);
-    }
+    json["daemon_dir"] = json!(kept_dir);
     Ok(ChaosOutcome {
         report,
         faults,

@@ -136,10 +136,10 @@ impl ClientStream {
             compaction = ?r.compaction,
             "compaction re-check answered"
         );
-        let Some(f) = self
+        let Some((&id, f)) = self
             .forwarded
-            .values_mut()
-            .find(|f| f.generation == r.generation)
+            .iter_mut()
+            .find(|(_, f)| f.generation == r.generation)
         else {
             return Vec::new(); // etcd canceled it, or the client's cancel went through
         };
@@ -151,15 +151,16 @@ impl ClientStream {
                 Vec::new()
             }
             _ => {
+                // Only this watch's held cancel can have become due.
                 f.rechecking = false;
-                self.release_held_cancels()
+                self.release_held_cancel(id).into_iter().collect()
             }
         }
     }
 
     /// The client's cancels held for a re-check (`cancel_forwarded`) that
-    /// no longer runs: etcd judged the start, or the re-check found it not
-    /// compacted or could not tell. Their requests for etcd.
+    /// no longer runs, after an etcd progress answer judged the starts of
+    /// the watches it covers. Their requests for etcd.
     pub(super) fn release_held_cancels(&mut self) -> Vec<PbWatchRequest> {
         let ids: Vec<i64> = self.forwarded.keys().copied().collect();
         ids.into_iter()

@@ -151,7 +151,7 @@ pub(super) struct Forwarded {
     /// The check to ask again once etcd's `created` comes.
     pub(super) recheck: Option<RecheckSpec>,
     /// The client canceled it while its re-check was under way: the cancel
-    /// waits for the re-check's answer (`release_held_cancels`).
+    /// waits for the re-check's answer (`release_held_cancel`).
     pub(super) cancel_held: bool,
 }
 
